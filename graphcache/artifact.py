@@ -1,0 +1,258 @@
+"""The artifact envelope: one self-describing, verifiable cache entry.
+
+Layout (big-endian)::
+
+    b"GCART"  magic (5 bytes)
+    u16       format version
+    u32       header length N
+    32 bytes  sha256 of the header bytes
+    N bytes   header: UTF-8 JSON, sorted keys
+    rest      payload: the bytes cuDNN's serialize() gave
+
+Plan, metadata and UID map travel as one unit, so they can never come from
+different builds. Nothing here unpickles anything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import hashlib
+import hmac
+import json
+import socket
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+from graphcache.errors import CorruptArtifact, SignatureError, SpecError, TargetError
+from graphcache.key import FORMAT_VERSION, is_key, key_for
+from graphcache.spec import GraphSpec
+from graphcache.target import Target
+from graphcache.uids import UidMap
+
+MAGIC = b"GCART"
+_PREFIX = struct.Struct(">5sHI32s")
+MAX_HEADER = 1 << 20
+_REQUIRED = {
+    "format": int,
+    "key": str,
+    "spec": dict,
+    "uids": dict,
+    "target": dict,
+    "payload_sha256": str,
+    "payload_size": int,
+}
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """One cache entry: header fields plus the payload bytes.
+
+    ``key`` is derived from spec, UID map and target, never stored apart from
+    them. ``unsupported`` marks a negative entry: the spec was tried on this
+    target and cannot be cached (the reason), with an empty payload.
+    """
+
+    spec: GraphSpec
+    target: Target
+    payload: bytes
+    uids: UidMap = field(default_factory=UidMap.default)
+    dialect: str = ""
+    workspace_size: int = 0
+    build_seconds: float = 0.0
+    timings: dict[str, float] = field(default_factory=dict)
+    builder_host: str = field(default_factory=socket.gethostname)
+    created_at: str = field(
+        default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    )
+    validation_error: float | None = None
+    runtime: dict[str, Any] = field(default_factory=dict)
+    unsupported: str | None = None
+    signature: str | None = None
+
+    @property
+    def key(self) -> str:
+        cached = self.__dict__.get("_key")
+        if cached is None:
+            cached = key_for(self.spec, self.target, self.uids)
+            object.__setattr__(self, "_key", cached)
+        return cached
+
+    @property
+    def payload_sha256(self) -> str:
+        cached = self.__dict__.get("_sha")
+        if cached is None:
+            cached = hashlib.sha256(self.payload).hexdigest()
+            object.__setattr__(self, "_sha", cached)
+        return cached
+
+    # -- header ----------------------------------------------------------
+
+    def header(self) -> dict[str, Any]:
+        """The header as stored (what ``inspect`` prints)."""
+        return {
+            "format": FORMAT_VERSION,
+            "key": self.key,
+            "spec": self.spec.to_dict(),
+            "uids": self.uids.to_dict(),
+            "target": self.target.to_dict(),
+            "target_text": str(self.target),
+            "dialect": self.dialect,
+            "workspace_size": self.workspace_size,
+            "build_seconds": self.build_seconds,
+            "timings": dict(self.timings),
+            "builder_host": self.builder_host,
+            "created_at": self.created_at,
+            "payload_sha256": self.payload_sha256,
+            "payload_size": len(self.payload),
+            "validation_error": self.validation_error,
+            "runtime": dict(self.runtime),
+            "unsupported": self.unsupported,
+            "signature": self.signature,
+        }
+
+    def encode(self) -> bytes:
+        """The envelope bytes."""
+        return frame(self.header(), self.payload)
+
+    # -- signing ---------------------------------------------------------
+
+    def signed(self, secret: bytes) -> Artifact:
+        """A copy signed with HMAC-SHA256 over the header (which holds the
+        payload's sha256, so the payload is covered too)."""
+        unsigned = dataclasses.replace(self, signature=None)
+        return dataclasses.replace(self, signature=_mac(secret, unsigned.header()))
+
+    def verify_signature(self, secret: bytes) -> None:
+        """Raises SignatureError when unsigned or signed with another secret."""
+        if not self.signature:
+            raise SignatureError(f"artifact {self.key[:12]} is unsigned; a signature is required")
+        head = dataclasses.replace(self, signature=None).header()
+        if not hmac.compare_digest(self.signature, _mac(secret, head)):
+            raise SignatureError(
+                f"artifact {self.key[:12]} has a wrong signature (signed with another key, "
+                "or altered after signing)"
+            )
+
+    # -- decoding --------------------------------------------------------
+
+    @classmethod
+    def decode(cls, data: bytes, expected_key: str | None = None) -> Artifact:
+        """Parse and verify an envelope.
+
+        Raises:
+            CorruptArtifact: bad magic, truncation, unknown format version,
+                malformed header, payload digest mismatch, a header key that
+                does not recompute from the header's spec/uids/target, or one
+                that differs from ``expected_key``.
+        """
+        header, offset = _parse(data)
+        view = memoryview(data)[offset:]
+        if len(view) != header["payload_size"]:
+            raise CorruptArtifact(
+                f"payload is {len(view)} bytes, header says {header['payload_size']} (truncated?)"
+            )
+        digest = hashlib.sha256(view).hexdigest()
+        if not hmac.compare_digest(digest, header["payload_sha256"]):
+            raise CorruptArtifact("payload sha256 does not match the header: corrupt payload")
+        artifact = cls._from_header(header, bytes(view))
+        object.__setattr__(artifact, "_sha", digest)
+        return _check_key(artifact, header, expected_key)
+
+    @classmethod
+    def _from_header(cls, header: dict[str, Any], payload: bytes) -> Artifact:
+        try:
+            spec = GraphSpec.from_dict(header["spec"])
+            target = Target.from_dict(header["target"])
+        except (SpecError, TargetError, TypeError) as exc:
+            raise CorruptArtifact(f"header spec/target is invalid: {exc}") from exc
+        try:
+            return cls(
+                spec=spec,
+                target=target,
+                payload=payload,
+                uids=UidMap.from_dict(header["uids"]),
+                dialect=str(header.get("dialect", "")),
+                workspace_size=int(header.get("workspace_size") or 0),
+                build_seconds=float(header.get("build_seconds") or 0.0),
+                timings=dict(header.get("timings") or {}),
+                builder_host=str(header.get("builder_host", "")),
+                created_at=str(header.get("created_at", "")),
+                validation_error=header.get("validation_error"),
+                runtime=dict(header.get("runtime") or {}),
+                unsupported=header.get("unsupported"),
+                signature=header.get("signature"),
+            )
+        except (TypeError, ValueError) as exc:
+            raise CorruptArtifact(f"header field has the wrong type: {exc}") from exc
+
+
+def read_header(data: bytes) -> dict[str, Any]:
+    """The header of an envelope without verifying the payload (for listings).
+
+    Raises CorruptArtifact when the framing or the header is malformed.
+    """
+    header, _ = _parse(data)
+    return header
+
+
+def _check_key(artifact: Artifact, header: dict[str, Any], expected: str | None) -> Artifact:
+    if artifact.key != header["key"]:
+        raise CorruptArtifact(
+            "header key does not recompute from its spec, uid map and target: "
+            "the header was altered or written by a foreign tool"
+        )
+    if expected is not None and expected != artifact.key:
+        raise CorruptArtifact(
+            f"artifact is for key {artifact.key[:12]}..., not the requested {expected[:12]}..."
+        )
+    return artifact
+
+
+def _parse(data: bytes) -> tuple[dict[str, Any], int]:
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise CorruptArtifact(f"artifact must be bytes, got {type(data).__name__}")
+    if len(data) < _PREFIX.size:
+        raise CorruptArtifact(f"artifact is {len(data)} bytes: too short to hold a header")
+    magic, version, size, head_digest = _PREFIX.unpack_from(data)
+    if magic != MAGIC:
+        raise CorruptArtifact("bad magic: these bytes are not a graphcache artifact")
+    if version != FORMAT_VERSION:
+        raise CorruptArtifact(
+            f"unknown format version {version}; this graphcache reads version {FORMAT_VERSION}"
+        )
+    end = _PREFIX.size + size
+    if size > MAX_HEADER or end > len(data):
+        raise CorruptArtifact("header length runs past the end of the data (truncated)")
+    head = bytes(data[_PREFIX.size : end])
+    if not hmac.compare_digest(hashlib.sha256(head).digest(), head_digest):
+        raise CorruptArtifact("header sha256 does not match: corrupt header")
+    try:
+        header = json.loads(head.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise CorruptArtifact(f"header is not valid JSON: {exc}") from exc
+    if not isinstance(header, dict):
+        raise CorruptArtifact("header is not a JSON object")
+    for name, kind in _REQUIRED.items():
+        if not isinstance(header.get(name), kind) or isinstance(header.get(name), bool):
+            raise CorruptArtifact(f"header field {name!r} is missing or not a {kind.__name__}")
+    if header["format"] != version:
+        raise CorruptArtifact("header format differs from the envelope's format version")
+    if not is_key(header["key"]):
+        raise CorruptArtifact("header key is not 64 lowercase hex characters")
+    return header, end
+
+
+def frame(header: dict[str, Any], payload: bytes) -> bytes:
+    """Wrap a header and payload in the envelope (no checks: ``decode`` checks)."""
+    head = _dump(header)
+    return _PREFIX.pack(MAGIC, FORMAT_VERSION, len(head), hashlib.sha256(head).digest()) + head + payload
+
+
+def _dump(header: dict[str, Any]) -> bytes:
+    return json.dumps(header, sort_keys=True, separators=(",", ":")).encode("utf-8")
+
+
+def _mac(secret: bytes, header: dict[str, Any]) -> str:
+    return hmac.new(secret, _dump(header), hashlib.sha256).hexdigest()

@@ -1,0 +1,212 @@
+"""GraphCache: the controller between specs, a store and a compiler."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from graphcache.artifact import Artifact
+from graphcache.compilers.base import Compiler, LoadedGraph
+from graphcache.errors import (
+    CorruptArtifact,
+    GraphCacheError,
+    NoGpu,
+    NotFound,
+    NotSerializable,
+    StoreUnavailable,
+    UnsupportedGpu,
+    UnsupportedSpec,
+)
+from graphcache.key import key_for
+from graphcache.spec import GraphSpec
+from graphcache.stores.base import Store
+from graphcache.target import Target
+from graphcache.uids import UidMap
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Stats:
+    hits: int = 0
+    misses: int = 0
+    builds: int = 0
+    corrupt: int = 0
+    unsupported: int = 0
+    fallbacks: int = 0
+    store_errors: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def bump(self, name: str) -> None:
+        with self._lock:
+            setattr(self, name, getattr(self, name) + 1)
+
+    def as_dict(self) -> dict[str, int]:
+        return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
+
+
+class GraphCache:
+    """key -> store -> verify -> (load); on a miss, one build per key at a time.
+
+    ``store`` holds artifact bytes; ``compiler`` builds and loads (None on a
+    machine that only reads). ``signing_key`` signs what this cache builds;
+    ``require_signed`` refuses unsigned or wrongly signed artifacts (treated
+    as corrupt). ``torch_fallback`` lets ``load`` run torch's SDPA where
+    cuDNN cannot serve a spec here.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        compiler: Compiler | None = None,
+        *,
+        uids: UidMap | None = None,
+        signing_key: bytes | None = None,
+        require_signed: bool = False,
+        torch_fallback: bool = False,
+    ) -> None:
+        if require_signed and not signing_key:
+            raise ValueError("require_signed needs a signing_key (GRAPHCACHE_SIGNING_KEY)")
+        self.store = store
+        self.compiler = compiler
+        self.uids = uids or UidMap.default()
+        self.signing_key = signing_key
+        self.require_signed = require_signed
+        self.torch_fallback = torch_fallback
+        self._stats = Stats()
+        self._lock = threading.Lock()
+        self._inflight: dict[str, Future[Artifact]] = {}
+
+    # keys and targets ---------------------------------------------------
+
+    def target(self, target: Target | None = None) -> Target:
+        if target is not None:
+            return target
+        if self.compiler is None:
+            raise NoGpu("no target given and no compiler to detect one: pass target=Target.parse(...)")
+        return self.compiler.target()
+
+    def key(self, spec: GraphSpec, target: Target | None = None) -> str:
+        return key_for(spec, self.target(target), self.uids)
+
+    # reads ----------------------------------------------------------------
+
+    def lookup(self, spec: GraphSpec, target: Target | None = None) -> Artifact | None:
+        """The verified stored artifact, or None (absent, or corrupt and removed)."""
+        key = self.key(spec, target)
+        return self._fetch(key)
+
+    def _fetch(self, key: str) -> Artifact | None:
+        try:
+            data = self.store.get(key)
+        except StoreUnavailable as exc:
+            self._stats.bump("store_errors")
+            log.warning("store unavailable, treating %s as a miss: %s", key[:12], exc)
+            return None
+        if data is None:
+            return None
+        try:
+            artifact = Artifact.decode(data, expected_key=key)
+            if self.require_signed:
+                assert self.signing_key is not None
+                artifact.verify_signature(self.signing_key)
+        except CorruptArtifact as exc:
+            self._stats.bump("corrupt")
+            log.warning("corrupt entry %s removed: %s", key[:12], exc)
+            try:
+                self.store.delete(key)
+            except GraphCacheError:
+                pass
+            return None
+        return artifact
+
+    def get(self, spec: GraphSpec, target: Target | None = None) -> Artifact:
+        """The verified artifact for ``spec``, building it on a miss.
+
+        Raises NotFound on a miss with no compiler, NotSerializable for a
+        spec recorded as unsupported on this target, and whatever the
+        compiler raises.
+        """
+        target = self.target(target)
+        key = key_for(spec, target, self.uids)
+        artifact = self._fetch(key)
+        if artifact is not None:
+            self._stats.bump("hits")
+            return self._positive(artifact)
+        self._stats.bump("misses")
+        if self.compiler is None:
+            raise NotFound(f"no artifact for {spec.summary()} on {target} (key {key[:12]}) and no compiler to build it")
+        return self._positive(self._single_flight(key, spec, target))
+
+    def _positive(self, artifact: Artifact) -> Artifact:
+        if artifact.unsupported:
+            self._stats.bump("unsupported")
+            raise NotSerializable(artifact.unsupported)
+        return artifact
+
+    def _single_flight(self, key: str, spec: GraphSpec, target: Target) -> Artifact:
+        with self._lock:
+            future = self._inflight.get(key)
+            leader = future is None
+            if future is None:
+                future = Future()
+                self._inflight[key] = future
+        if not leader:
+            return future.result()
+        try:
+            artifact = self._fetch(key) or self._build(key, spec, target)
+            future.set_result(artifact)
+            return artifact
+        except BaseException as exc:
+            future.set_exception(exc)
+            raise
+        finally:
+            with self._lock:
+                self._inflight.pop(key, None)
+
+    def _build(self, key: str, spec: GraphSpec, target: Target) -> Artifact:
+        assert self.compiler is not None
+        self._stats.bump("builds")
+        try:
+            artifact = self.compiler.build(spec, target)
+        except NotSerializable as exc:
+            # Remember it: the next request answers at once instead of rebuilding.
+            artifact = Artifact(spec=spec, target=target, payload=b"", uids=self.uids, unsupported=str(exc))
+        if self.signing_key:
+            artifact = artifact.signed(self.signing_key)
+        if artifact.key != key:
+            raise GraphCacheError(f"compiler returned an artifact for {artifact.key[:12]}, asked for {key[:12]}")
+        try:
+            self.store.put(key, artifact.encode())
+        except StoreUnavailable as exc:
+            self._stats.bump("store_errors")
+            log.warning("could not store %s: %s", key[:12], exc)
+        return artifact
+
+    def load(self, spec: GraphSpec, target: Target | None = None) -> LoadedGraph:
+        """A runnable graph for ``spec`` on this machine.
+
+        With ``torch_fallback``, a spec cuDNN cannot serve here (no GPU,
+        old GPU or cuDNN, a mask the frontend cannot express, a plan that
+        cannot be cached) runs on torch's SDPA instead, with a warning and
+        the ``fallbacks`` counter.
+        """
+        try:
+            if self.compiler is None:
+                raise NoGpu("no compiler configured")
+            artifact = self.get(spec, target)
+            return self.compiler.load(artifact)
+        except (NoGpu, UnsupportedGpu, UnsupportedSpec, NotSerializable) as exc:
+            if not self.torch_fallback:
+                raise
+            from graphcache.compilers.torch_sdpa import TorchSdpaGraph
+
+            self._stats.bump("fallbacks")
+            return TorchSdpaGraph(spec, reason=str(exc))
+
+    def stats(self) -> dict[str, Any]:
+        """Counters: hits, misses, builds, corrupt, unsupported, fallbacks, store_errors."""
+        return self._stats.as_dict()

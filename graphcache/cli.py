@@ -1,0 +1,249 @@
+"""The ``graphcache`` command line.
+
+Errors print one line (``error: ...``) and exit non-zero, never a traceback.
+Verbs that need no GPU never import torch or cudnn.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from graphcache.artifact import Artifact, read_header
+from graphcache.errors import CorruptArtifact, GraphCacheError, NotFound, SpecError
+from graphcache.key import is_key
+from graphcache.settings import Settings
+from graphcache.spec import GraphSpec
+from graphcache.stores import Store, open_store
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+class Context:
+    def __init__(self, cache_dir: str | None, store: str | None) -> None:
+        self.settings = Settings.from_env(cache_dir=Path(cache_dir) if cache_dir else None)
+        self.location = store
+        self._store: Store | None = None
+
+    def store(self) -> Store:
+        if self._store is None:
+            self._store = open_store(self.settings, self.location)
+        return self._store
+
+
+pass_ctx = click.make_pass_decorator(Context)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--cache-dir", envvar=None, help="DiskStore folder (default: $GRAPHCACHE_DIR, else the user cache folder).")
+@click.option("--store", "store", default=None, help="Store location: a folder, redis://..., or http://server (default: $GRAPHCACHE_STORE).")
+@click.version_option(package_name="graphcache")
+@click.pass_context
+def main(ctx: click.Context, cache_dir: str | None, store: str | None) -> None:
+    """graphcache: build cuDNN attention graphs once, serve them to every worker."""
+    ctx.obj = Context(cache_dir, store)
+
+
+# -- helpers ---------------------------------------------------------------------
+
+
+def resolve_key(store: Store, text: str) -> str:
+    """A full key, or a unique prefix (6+ hex characters) of a stored one."""
+    text = text.strip().lower()
+    if is_key(text):
+        return text
+    if len(text) < 6 or any(c not in "0123456789abcdef" for c in text):
+        raise click.UsageError(f"{text!r} is not a key: give 64 hex characters or a unique prefix of 6+")
+    matches = [k for k in store.keys() if k.startswith(text)]
+    if not matches:
+        raise NotFound(f"no stored key starts with {text}")
+    if len(matches) > 1:
+        raise click.UsageError(f"prefix {text} matches {len(matches)} keys; give more characters")
+    return matches[0]
+
+
+def load_spec_file(path: str) -> GraphSpec:
+    """One spec from a JSON or YAML file."""
+    text = Path(path).read_text()
+    try:
+        if path.endswith((".yaml", ".yml")):
+            import yaml
+
+            data = yaml.safe_load(text)
+        else:
+            data = json.loads(text)
+    except Exception as exc:  # noqa: BLE001 - any parse error is the user's file
+        raise SpecError(f"{path}: not valid JSON/YAML: {exc}") from exc
+    try:
+        return GraphSpec.from_dict(data)
+    except SpecError as exc:
+        raise SpecError(f"{path}: {exc}", exc.field) from exc
+
+
+def human_size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def age(created_at: str) -> str:
+    try:
+        then = _dt.datetime.fromisoformat(created_at)
+    except ValueError:
+        return "?"
+    seconds = (_dt.datetime.now(_dt.timezone.utc) - then).total_seconds()
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{max(seconds, 0):.0f}s"
+
+
+# -- verbs -----------------------------------------------------------------------
+
+
+@main.command("ls")
+@click.option("--target", default=None, help="Only entries for this target text.")
+@click.option("--json", "as_json", is_flag=True, help="Headers as JSON lines.")
+@pass_ctx
+def ls_cmd(ctx: Context, target: str | None, as_json: bool) -> None:
+    """List stored artifacts: key prefix, spec, target, size, age."""
+    store = ctx.store()
+    table = Table("key", "spec", "target", "size", "age", "note")
+    count = 0
+    for key in sorted(store.keys()):
+        data = store.get(key)
+        if data is None:
+            continue
+        try:
+            header = read_header(data)
+        except CorruptArtifact as exc:
+            table.add_row(key[:12], "-", "-", human_size(len(data)), "-", f"corrupt: {exc}")
+            continue
+        text = header.get("target_text", "")
+        if target and text != target:
+            continue
+        count += 1
+        if as_json:
+            click.echo(json.dumps({"key": key, "size": len(data), **header}, sort_keys=True))
+            continue
+        try:
+            summary = GraphSpec.from_dict(header["spec"]).summary()
+        except SpecError:
+            summary = "?"
+        note = f"unsupported: {header['unsupported']}" if header.get("unsupported") else ""
+        table.add_row(key[:12], summary, text, human_size(len(data)), age(header.get("created_at", "")), note)
+    if not as_json:
+        console.print(table)
+        console.print(f"{count} artifact(s) in {store!r}")
+
+
+@main.command("inspect")
+@click.argument("what")
+@pass_ctx
+def inspect_cmd(ctx: Context, what: str) -> None:
+    """Print the header of a stored KEY (or prefix) or an artifact FILE as JSON."""
+    path = Path(what)
+    if path.is_file():
+        data = path.read_bytes()
+        expected = None
+    else:
+        expected = resolve_key(ctx.store(), what)
+        data = ctx.store().get(expected)
+        if data is None:
+            raise NotFound(f"key {expected} is not stored")
+    header = read_header(data)
+    try:
+        Artifact.decode(data, expected_key=expected)
+        header["verified"] = True
+    except CorruptArtifact as exc:
+        header["verified"] = False
+        header["problem"] = str(exc)
+    header["size"] = len(data)
+    click.echo(json.dumps(header, indent=2, sort_keys=True))
+    if not header["verified"]:
+        sys.exit(1)
+
+
+@main.command("get")
+@click.argument("key")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="File to write.")
+@pass_ctx
+def get_cmd(ctx: Context, key: str, output: str) -> None:
+    """Write the verified artifact KEY to a file."""
+    store = ctx.store()
+    key = resolve_key(store, key)
+    data = store.get(key)
+    if data is None:
+        raise NotFound(f"key {key} is not stored")
+    Artifact.decode(data, expected_key=key)
+    Path(output).write_bytes(data)
+    click.echo(f"wrote {human_size(len(data))} to {output}")
+
+
+@main.command("rm")
+@click.argument("key")
+@pass_ctx
+def rm_cmd(ctx: Context, key: str) -> None:
+    """Remove the artifact KEY (or unique prefix)."""
+    store = ctx.store()
+    key = resolve_key(store, key)
+    if not store.delete(key):
+        raise NotFound(f"key {key} is not stored")
+    click.echo(f"removed {key}")
+
+
+@main.command("key")
+@click.argument("spec_file")
+@click.option("--target", required=True, help="Target text, e.g. h200-sm90-cudnn9.28.0-fe1.32.0.")
+def key_cmd(spec_file: str, target: str) -> None:
+    """Print the cache key of the spec in SPEC_FILE for TARGET."""
+    from graphcache.key import key_for
+    from graphcache.target import Target
+
+    click.echo(key_for(load_spec_file(spec_file), Target.parse(target)))
+
+
+@main.command("doctor")
+@click.option("--spec", "spec_file", default=None, help="JSON/YAML spec to check (default: float16 causal, 32 heads, seq 1024, dim 128).")
+def doctor_cmd(spec_file: str | None) -> None:
+    """What this machine has, and what graphcache can do on it."""
+    from graphcache.doctor import diagnose
+
+    spec = load_spec_file(spec_file) if spec_file else None
+    report = diagnose(spec)
+    table = Table("check", "found")
+    for name, value in report["rows"]:
+        table.add_row(name, value)
+    console.print(table)
+    for line in report["verdict"]:
+        console.print(line)
+
+
+def run() -> None:
+    """Entry point: one clear line on error, never a traceback."""
+    try:
+        main(standalone_mode=False)
+    except click.exceptions.Abort:
+        err_console.print("aborted")
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except (GraphCacheError, OSError) as exc:
+        msg = str(exc)
+        err_console.print(f"[red]error:[/red] {msg}", highlight=False, markup=True)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    run()

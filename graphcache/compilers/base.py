@@ -1,0 +1,46 @@
+"""What a compiler is, and what it hands back."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+from graphcache.artifact import Artifact
+from graphcache.spec import GraphSpec
+from graphcache.target import Target
+
+
+@runtime_checkable
+class LoadedGraph(Protocol):
+    """A graph ready to run. ``execute`` returns the output tensor, or
+    ``(output, stats)`` when the spec generates stats."""
+
+    spec: GraphSpec
+    backend: str
+
+    def execute(
+        self,
+        q: Any,
+        k: Any,
+        v: Any,
+        *,
+        out: Any = None,
+        seq_len_q: Any = None,
+        seq_len_kv: Any = None,
+    ) -> Any: ...
+
+
+@runtime_checkable
+class Compiler(Protocol):
+    """Builds artifacts for a target and loads them back.
+
+    ``build`` raises NoGpu / UnsupportedGpu / UnsupportedSpec /
+    NotSerializable; ``load`` raises TargetMismatch for a foreign artifact.
+    """
+
+    name: str
+
+    def target(self) -> Target: ...
+
+    def build(self, spec: GraphSpec, target: Target) -> Artifact: ...
+
+    def load(self, artifact: Artifact) -> LoadedGraph: ...

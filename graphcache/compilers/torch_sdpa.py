@@ -1,0 +1,257 @@
+"""torch's side of SDPA: the float32 reference, input checks, and the fallback.
+
+The reference and the fallback share one definition of every mask, so a
+causal spec can never come back unmasked from either.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from graphcache.errors import ExecutionError
+from graphcache.spec import GraphSpec
+
+log = logging.getLogger(__name__)
+
+# Relative error ||out - ref|| / ||ref|| allowed against the float32 reference.
+# Starting points from the issue; tighten to what GPUs show (docs/gpu-results.md).
+TOLERANCE = {"float16": 5e-3, "bfloat16": 2e-2}
+
+
+def torch_dtype(spec: GraphSpec) -> Any:
+    import torch
+
+    return {"float16": torch.float16, "bfloat16": torch.bfloat16}[spec.dtype]
+
+
+def allowed_mask(
+    spec: GraphSpec, seq_len_q: int | None = None, seq_len_kv: int | None = None, device: Any = None
+) -> Any:
+    """Boolean (seq_q, seq_kv) matrix, True where query i may attend key j.
+
+    ``seq_len_q``/``seq_len_kv`` are the valid lengths of one padded sequence;
+    keys at or past ``seq_len_kv`` are never attended, and bottom-right
+    alignment follows the valid lengths.
+    """
+    import torch
+
+    assert spec.seq_kv is not None
+    len_q = spec.seq_q if seq_len_q is None else int(seq_len_q)
+    len_kv = spec.seq_kv if seq_len_kv is None else int(seq_len_kv)
+    i = torch.arange(spec.seq_q, device=device).unsqueeze(1)
+    j = torch.arange(spec.seq_kv, device=device).unsqueeze(0)
+    allowed = j < len_kv
+    if spec.mask == "causal":
+        allowed = allowed & (j <= i)
+    elif spec.mask == "causal_bottom_right":
+        allowed = allowed & (j <= i + (len_kv - len_q))
+    elif spec.mask == "sliding_window":
+        assert spec.window_left is not None and spec.window_right is not None
+        allowed = allowed & (j >= i - spec.window_left) & (j <= i + spec.window_right)
+    return allowed
+
+
+def to_bhsd(spec: GraphSpec, tensor: Any) -> Any:
+    """A (b, h, s, d) view of a q/k/v/o tensor stored in the spec's layout."""
+    return tensor.transpose(1, 2) if spec.layout == "bshd" else tensor
+
+
+def from_bhsd(spec: GraphSpec, tensor: Any) -> Any:
+    return tensor.transpose(1, 2).contiguous() if spec.layout == "bshd" else tensor.contiguous()
+
+
+def reference(
+    spec: GraphSpec,
+    q: Any,
+    k: Any,
+    v: Any,
+    seq_len_q: Any = None,
+    seq_len_kv: Any = None,
+) -> tuple[Any, Any]:
+    """SDPA computed in float32 by plain matrix products (torch's math path).
+
+    Returns ``(out, stats)``: out in the spec's storage layout (float32), and
+    the log-sum-exp per query row (b, h, s, 1). Rows with no allowed key and
+    padded query rows are zero.
+    """
+    import torch
+
+    qf, kf, vf = (to_bhsd(spec, t).float() for t in (q, k, v))
+    group = spec.heads_q // (spec.heads_kv or spec.heads_q)
+    if group > 1:
+        kf = kf.repeat_interleave(group, dim=1)
+        vf = vf.repeat_interleave(group, dim=1)
+    scores = torch.matmul(qf, kf.transpose(-1, -2)) * spec.attn_scale
+    masks = []
+    for b in range(spec.batch):
+        lq = None if seq_len_q is None else int(seq_len_q.reshape(-1)[b])
+        lkv = None if seq_len_kv is None else int(seq_len_kv.reshape(-1)[b])
+        masks.append(allowed_mask(spec, lq, lkv, device=q.device))
+    allowed = torch.stack(masks).unsqueeze(1)  # (b, 1, sq, skv)
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    stats = torch.logsumexp(scores, dim=-1, keepdim=True)
+    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+    out = torch.matmul(probs, vf)
+    if seq_len_q is not None:
+        rows = torch.arange(spec.seq_q, device=q.device).view(1, 1, -1, 1)
+        valid = rows < seq_len_q.reshape(-1, 1, 1, 1).to(q.device)
+        out = out * valid
+        stats = stats.masked_fill(~valid, 0.0)
+    return from_bhsd(spec, out), stats
+
+
+def relative_error(out: Any, ref: Any) -> float:
+    """||out - ref|| / ||ref|| in float32 (0 when both are zero)."""
+    import torch
+
+    diff = torch.linalg.vector_norm((out.float() - ref.float()).reshape(-1)).item()
+    norm = torch.linalg.vector_norm(ref.float().reshape(-1)).item()
+    return diff / norm if norm else diff
+
+
+def random_inputs(spec: GraphSpec, device: str, seed: int = 0) -> dict[str, Any]:
+    """Fresh random q, k, v (never zeros) and, with padding, valid lengths."""
+    import torch
+
+    gen = torch.Generator(device=device).manual_seed(seed)
+    dtype = torch_dtype(spec)
+    inputs = {
+        role: torch.randn(spec.storage_shape(role), generator=gen, device=device, dtype=torch.float32)
+        .mul_(0.5)
+        .to(dtype)
+        for role in ("q", "k", "v")
+    }
+    if spec.padding:
+        assert spec.seq_kv is not None
+        inputs["seq_len_q"] = torch.randint(
+            max(1, spec.seq_q // 2), spec.seq_q + 1, (spec.batch, 1, 1, 1),
+            generator=gen, device=device, dtype=torch.int32,
+        )
+        inputs["seq_len_kv"] = torch.randint(
+            max(1, spec.seq_kv // 2), spec.seq_kv + 1, (spec.batch, 1, 1, 1),
+            generator=gen, device=device, dtype=torch.int32,
+        )
+    return inputs
+
+
+def check_inputs(
+    spec: GraphSpec,
+    tensors: dict[str, Any],
+    device_type: str | None = None,
+) -> None:
+    """Raise ExecutionError unless every tensor has the spec's shape, dtype,
+    device and a packed layout. ``tensors`` maps roles to tensors (None = absent)."""
+    import torch
+
+    want_dtype = torch_dtype(spec)
+    device = None
+    for role in ("q", "k", "v", "o"):
+        t = tensors.get(role)
+        if t is None:
+            if role == "o":
+                continue
+            raise ExecutionError(f"{role} is missing")
+        _check_tensor(spec, role, t, spec.storage_shape(role), want_dtype)
+        if device is None:
+            device = t.device
+        elif t.device != device:
+            raise ExecutionError(f"{role} is on {t.device} but q is on {device}: put all on one device")
+    assert device is not None
+    if device_type is not None and device.type != device_type:
+        raise ExecutionError(f"q is on {device}; this graph runs on {device_type}: move the tensors")
+    for role in ("seq_len_q", "seq_len_kv"):
+        t = tensors.get(role)
+        if spec.padding and t is None:
+            raise ExecutionError(f"{role} is missing: the spec has padding=true, pass {role} (int32, ({spec.batch}, 1, 1, 1))")
+        if not spec.padding and t is not None:
+            raise ExecutionError(f"{role} was given but the spec has padding=false")
+        if t is not None:
+            _check_tensor(spec, role, t, (spec.batch, 1, 1, 1), torch.int32)
+            if t.device != device:
+                raise ExecutionError(f"{role} is on {t.device} but q is on {device}")
+
+
+def _check_tensor(spec: GraphSpec, role: str, t: Any, shape: tuple[int, ...], dtype: Any) -> None:
+    if tuple(t.shape) != tuple(shape):
+        raise ExecutionError(
+            f"{role} has shape {tuple(t.shape)}; the spec ({spec.summary()}) needs {tuple(shape)}"
+        )
+    if t.dtype != dtype:
+        raise ExecutionError(f"{role} is {t.dtype}; the spec needs {dtype}")
+    if not t.is_contiguous():
+        raise ExecutionError(
+            f"{role} has strides {tuple(t.stride())}; pass a contiguous tensor in the "
+            f"spec's layout {spec.layout} (call .contiguous())"
+        )
+
+
+class TorchSdpaGraph:
+    """The fallback: torch's scaled_dot_product_attention with the spec's
+    exact semantics, for machines where cuDNN cannot serve a spec.
+
+    Causal top-left goes through ``is_causal``; every other mask, and padding,
+    through an explicit boolean mask. Stats come from the float32 reference.
+    """
+
+    backend = "torch"
+
+    def __init__(self, spec: GraphSpec, reason: str = "") -> None:
+        self.spec = spec
+        self.reason = reason
+        self.workspace_size = 0
+        if reason:
+            log.warning("serving %s with torch SDPA instead of cuDNN: %s", spec.summary(), reason)
+
+    def execute(
+        self,
+        q: Any,
+        k: Any,
+        v: Any,
+        *,
+        out: Any = None,
+        seq_len_q: Any = None,
+        seq_len_kv: Any = None,
+    ) -> Any:
+        import torch
+        import torch.nn.functional as F
+
+        spec = self.spec
+        check_inputs(spec, {"q": q, "k": k, "v": v, "o": out, "seq_len_q": seq_len_q, "seq_len_kv": seq_len_kv})
+        qb, kb, vb = (to_bhsd(spec, t) for t in (q, k, v))
+        group = spec.heads_q // (spec.heads_kv or spec.heads_q)
+        if group > 1:
+            kb = kb.repeat_interleave(group, dim=1)
+            vb = vb.repeat_interleave(group, dim=1)
+        kwargs: dict[str, Any] = {"scale": spec.attn_scale, "dropout_p": spec.dropout}
+        if spec.mask == "causal" and not spec.padding:
+            kwargs["is_causal"] = True
+        elif spec.mask != "none" or spec.padding:
+            masks = [
+                allowed_mask(
+                    spec,
+                    None if seq_len_q is None else int(seq_len_q.reshape(-1)[b]),
+                    None if seq_len_kv is None else int(seq_len_kv.reshape(-1)[b]),
+                    device=q.device,
+                )
+                for b in range(spec.batch)
+            ]
+            kwargs["attn_mask"] = torch.stack(masks).unsqueeze(1)
+        result = F.scaled_dot_product_attention(qb, kb, vb, **kwargs).nan_to_num(0.0)
+        if seq_len_q is not None:
+            rows = torch.arange(spec.seq_q, device=q.device).view(1, 1, -1, 1)
+            result = result * (rows < seq_len_q.reshape(-1, 1, 1, 1))
+        o = from_bhsd(spec, result)
+        if out is not None:
+            out.copy_(o)
+            o = out
+        if spec.generate_stats:
+            _, stats = reference(spec, q, k, v, seq_len_q, seq_len_kv)
+            return o, stats
+        return o
+
+
+def score_matrix_bytes(spec: GraphSpec) -> int:
+    """Bytes of the float32 score matrix torch's math path must hold."""
+    assert spec.seq_kv is not None
+    return spec.batch * spec.heads_q * spec.seq_q * spec.seq_kv * 4

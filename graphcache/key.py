@@ -1,0 +1,38 @@
+"""The cache key: the only thing stores and the HTTP API index by."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+
+from graphcache.spec import GraphSpec
+from graphcache.target import Target
+from graphcache.uids import UidMap
+
+# Bump when the envelope or the key encoding changes: old entries then miss
+# instead of being misread.
+FORMAT_VERSION = 1
+KEY_PATTERN = re.compile(r"^[0-9a-f]{64}$")
+
+
+def key_for(spec: GraphSpec, target: Target, uids: UidMap | None = None) -> str:
+    """Lowercase hex sha256 over format version, canonical spec, UID map and target.
+
+    Stable across processes, machines and Python versions (canonical JSON with
+    sorted keys and shortest round-trip floats); any field change changes it.
+    """
+    uids = uids or UidMap.default()
+    document = {
+        "format": FORMAT_VERSION,
+        "spec": spec.to_dict(),
+        "target": target.to_dict(),
+        "uids": uids.to_dict(),
+    }
+    text = json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode("ascii")).hexdigest()
+
+
+def is_key(text: str) -> bool:
+    """True for 64 lowercase hex characters."""
+    return isinstance(text, str) and KEY_PATTERN.fullmatch(text) is not None

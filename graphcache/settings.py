@@ -1,0 +1,116 @@
+"""Settings: one object, read once from GRAPHCACHE_* environment variables."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from graphcache.errors import GraphCacheError
+
+MiB = 1024**2
+
+
+class SettingsError(GraphCacheError, ValueError):
+    """An environment variable holds a value graphcache cannot use."""
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "graphcache"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything configurable, with the environment variable that sets it.
+
+    cache_dir        GRAPHCACHE_DIR            the DiskStore folder
+    store            GRAPHCACHE_STORE          '' (DiskStore in cache_dir), redis://..., http://...
+    size_limit       GRAPHCACHE_SIZE_LIMIT     DiskStore bytes before LRU eviction
+    max_upload       GRAPHCACHE_MAX_UPLOAD     largest accepted upload, bytes
+    write_tokens     GRAPHCACHE_WRITE_TOKENS   comma-separated bearer tokens for PUT/build
+    read_tokens      GRAPHCACHE_READ_TOKENS    tokens for reads; reads are open when unset
+    admin_tokens     GRAPHCACHE_ADMIN_TOKENS   tokens for DELETE and purge
+    signing_key      GRAPHCACHE_SIGNING_KEY    HMAC key: builders sign, the server requires it
+    require_signed   GRAPHCACHE_REQUIRE_SIGNED clients refuse unsigned artifacts (1/0)
+    server           GRAPHCACHE_SERVER         service URL the CLI and workers use
+    token            GRAPHCACHE_TOKEN          bearer token the CLI and workers send
+    timeout          GRAPHCACHE_TIMEOUT        client timeout in seconds
+    """
+
+    cache_dir: Path = field(default_factory=default_cache_dir)
+    store: str = ""
+    size_limit: int = 10 * 1024 * MiB
+    max_upload: int = 64 * MiB
+    write_tokens: tuple[str, ...] = ()
+    read_tokens: tuple[str, ...] = ()
+    admin_tokens: tuple[str, ...] = ()
+    signing_key: bytes | None = None
+    require_signed: bool = False
+    server: str = ""
+    token: str | None = None
+    timeout: float = 5.0
+    build: bool = True
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:
+        """Read GRAPHCACHE_* variables; ``overrides`` (non-None) win.
+
+        Raises SettingsError naming the variable and the expected form.
+        """
+        env = os.environ if environ is None else environ
+
+        def get(name: str) -> str | None:
+            value = env.get("GRAPHCACHE_" + name)
+            return value if value not in (None, "") else None
+
+        values: dict[str, object] = {}
+        if (v := get("DIR")) is not None:
+            values["cache_dir"] = Path(v).expanduser()
+        if (v := get("STORE")) is not None:
+            values["store"] = v
+        for name, attr in (("SIZE_LIMIT", "size_limit"), ("MAX_UPLOAD", "max_upload")):
+            if (v := get(name)) is not None:
+                values[attr] = _int("GRAPHCACHE_" + name, v)
+        for name in ("WRITE_TOKENS", "READ_TOKENS", "ADMIN_TOKENS"):
+            if (v := get(name)) is not None:
+                values[name.lower()] = tuple(t.strip() for t in v.split(",") if t.strip())
+        if (v := get("SIGNING_KEY")) is not None:
+            values["signing_key"] = v.encode("utf-8")
+        for name in ("REQUIRE_SIGNED", "BUILD"):
+            if (v := get(name)) is not None:
+                values[name.lower()] = _bool("GRAPHCACHE_" + name, v)
+        if (v := get("SERVER")) is not None:
+            values["server"] = v.rstrip("/")
+        if (v := get("TOKEN")) is not None:
+            values["token"] = v
+        if (v := get("TIMEOUT")) is not None:
+            try:
+                values["timeout"] = float(v)
+            except ValueError:
+                raise SettingsError(f"GRAPHCACHE_TIMEOUT={v!r} must be seconds, e.g. 5") from None
+        values.update({k: val for k, val in overrides.items() if val is not None})
+        settings = cls(**values)  # type: ignore[arg-type]
+        if settings.require_signed and not settings.signing_key:
+            raise SettingsError("GRAPHCACHE_REQUIRE_SIGNED=1 needs GRAPHCACHE_SIGNING_KEY")
+        return settings
+
+
+def _int(name: str, value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise SettingsError(f"{name}={value!r} must be a whole number of bytes") from None
+    if number <= 0:
+        raise SettingsError(f"{name}={value!r} must be > 0")
+    return number
+
+
+def _bool(name: str, value: str) -> bool:
+    text = value.strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise SettingsError(f"{name}={value!r} must be 1 or 0")

@@ -1,0 +1,270 @@
+"""GraphSpec: everything that decides which SDPA forward graph is built."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from graphcache.errors import SpecError
+
+DTYPES = ("float16", "bfloat16")
+LAYOUTS = ("bshd", "bhsd")
+MASKS = ("none", "causal", "causal_bottom_right", "sliding_window")
+MAX_HEAD_DIM = 256
+
+_SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16"}
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    """An SDPA forward graph, validated on construction.
+
+    Sizes: ``batch``, ``heads_q``, ``heads_kv`` (defaults to heads_q; fewer
+    for GQA/MQA), ``seq_q``, ``seq_kv`` (defaults to seq_q), ``head_dim``,
+    ``head_dim_v`` (defaults to head_dim).
+
+    Masks: ``none``, ``causal`` (top-left aligned), ``causal_bottom_right``
+    and ``sliding_window``: query i sees key j when
+    ``i - window_left <= j <= i + window_right`` (top-left aligned;
+    ``window_right`` defaults to 0, a causal window).
+
+    Raises:
+        SpecError: naming the field, the value and what is allowed.
+    """
+
+    batch: int
+    heads_q: int
+    seq_q: int
+    head_dim: int
+    heads_kv: int | None = None
+    seq_kv: int | None = None
+    head_dim_v: int | None = None
+    dtype: str = "float16"
+    layout: str = "bshd"
+    mask: str = "none"
+    window_left: int | None = None
+    window_right: int | None = None
+    attn_scale: float | None = None
+    generate_stats: bool = False
+    padding: bool = False
+    dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("batch", "heads_q", "seq_q", "head_dim"):
+            _positive_int(name, getattr(self, name))
+        for name, default in (
+            ("heads_kv", self.heads_q),
+            ("seq_kv", self.seq_q),
+            ("head_dim_v", self.head_dim),
+        ):
+            value = getattr(self, name)
+            if value is None:
+                object.__setattr__(self, name, default)
+            else:
+                _positive_int(name, value)
+        assert self.heads_kv is not None and self.head_dim_v is not None
+        if self.heads_q % self.heads_kv:
+            raise SpecError(
+                f"heads_q={self.heads_q} is not divisible by heads_kv={self.heads_kv}: "
+                "heads_kv must divide heads_q (equal for MHA, fewer for GQA, 1 for MQA)",
+                "heads_q",
+            )
+        for name in ("head_dim", "head_dim_v"):
+            value = getattr(self, name)
+            if value % 8 or value > MAX_HEAD_DIM:
+                raise SpecError(
+                    f"{name}={value} is not supported: head dims must be a multiple of 8 "
+                    f"and at most {MAX_HEAD_DIM}",
+                    name,
+                )
+        _choice("dtype", self.dtype, DTYPES)
+        _choice("layout", self.layout, LAYOUTS)
+        _choice("mask", self.mask, MASKS)
+        self._check_window()
+        self._check_scale()
+        for name in ("generate_stats", "padding"):
+            if not isinstance(getattr(self, name), bool):
+                raise SpecError(
+                    f"{name}={getattr(self, name)!r} must be true or false", name
+                )
+        dropout = self.dropout
+        if (
+            isinstance(dropout, bool)
+            or not isinstance(dropout, (int, float))
+            or not (0.0 <= dropout < 1.0)
+        ):
+            raise SpecError(
+                f"dropout={dropout!r} is out of range: it must be a number in [0, 1)",
+                "dropout",
+            )
+        object.__setattr__(self, "dropout", float(dropout))
+
+    def _check_window(self) -> None:
+        if self.mask == "sliding_window":
+            if self.window_left is None:
+                raise SpecError(
+                    "window_left is missing: mask 'sliding_window' needs window_left "
+                    "(keys a query sees to its left) and optionally window_right (default 0)",
+                    "window_left",
+                )
+            if self.window_right is None:
+                object.__setattr__(self, "window_right", 0)
+            for name in ("window_left", "window_right"):
+                value = getattr(self, name)
+                if not _is_int(value) or value < 0:
+                    raise SpecError(
+                        f"{name}={value!r} is invalid: window bounds are integers >= 0",
+                        name,
+                    )
+        else:
+            for name in ("window_left", "window_right"):
+                if getattr(self, name) is not None:
+                    raise SpecError(
+                        f"{name}={getattr(self, name)!r} is given for mask '{self.mask}': "
+                        "window bounds apply only to mask 'sliding_window'; remove it "
+                        "or set mask to 'sliding_window'",
+                        name,
+                    )
+
+    def _check_scale(self) -> None:
+        scale = self.attn_scale
+        if scale is None:
+            object.__setattr__(self, "attn_scale", 1.0 / math.sqrt(self.head_dim))
+            return
+        if (
+            isinstance(scale, bool)
+            or not isinstance(scale, (int, float))
+            or not math.isfinite(scale)
+            or scale <= 0
+        ):
+            raise SpecError(
+                f"attn_scale={scale!r} is invalid: it must be a finite number > 0 "
+                f"(default 1/sqrt(head_dim) = {1.0 / math.sqrt(self.head_dim)!r})",
+                "attn_scale",
+            )
+        object.__setattr__(self, "attn_scale", float(scale))
+
+    # -- forms -----------------------------------------------------------
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    @classmethod
+    def from_dict(cls, data: Any) -> GraphSpec:
+        """Build a spec from a mapping (JSON/YAML). Unknown fields are errors.
+
+        Raises:
+            SpecError: for a non-mapping, a missing or unknown field, or an invalid value.
+        """
+        if not isinstance(data, dict):
+            raise SpecError(
+                f"a spec must be a mapping of field names to values, got {type(data).__name__}"
+            )
+        names = cls.field_names()
+        for name in data:
+            if name not in names:
+                close = difflib.get_close_matches(str(name), names, n=1)
+                hint = f"; did you mean '{close[0]}'?" if close else ""
+                raise SpecError(
+                    f"unknown field '{name}'{hint} (fields: {', '.join(sorted(names))})",
+                    str(name),
+                )
+        for name in ("batch", "heads_q", "seq_q", "head_dim"):
+            if name not in data:
+                raise SpecError(f"{name} is missing: a spec needs {name}", name)
+        return cls(**data)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field, defaults resolved and written out."""
+        return dataclasses.asdict(self)
+
+    def canonical_json(self) -> str:
+        """One stable text per spec: sorted keys, no spaces, shortest round-trip floats."""
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    def replace(self, **changes: Any) -> GraphSpec:
+        """A copy with some fields changed (validated like any spec)."""
+        data = self.to_dict()
+        if "head_dim" in changes and "attn_scale" not in changes:
+            data["attn_scale"] = None
+        data.update(changes)
+        return GraphSpec.from_dict(data)
+
+    # -- derived ---------------------------------------------------------
+
+    def dims(self, role: str) -> tuple[int, ...]:
+        """Logical dims (b, h, s, d) of a tensor role, as cuDNN wants them."""
+        b = self.batch
+        assert self.heads_kv is not None and self.seq_kv is not None
+        assert self.head_dim_v is not None
+        shapes = {
+            "q": (b, self.heads_q, self.seq_q, self.head_dim),
+            "k": (b, self.heads_kv, self.seq_kv, self.head_dim),
+            "v": (b, self.heads_kv, self.seq_kv, self.head_dim_v),
+            "o": (b, self.heads_q, self.seq_q, self.head_dim_v),
+            "stats": (b, self.heads_q, self.seq_q, 1),
+            "seq_len_q": (b, 1, 1, 1),
+            "seq_len_kv": (b, 1, 1, 1),
+        }
+        return shapes[role]
+
+    def strides(self, role: str) -> tuple[int, ...]:
+        """Strides of a role's (b, h, s, d) dims in memory, fixed by the layout.
+
+        q, k, v and o follow the layout (bshd: interleaved heads, as most
+        models store them; bhsd: contiguous per head); stats and seq_len
+        tensors are always packed.
+        """
+        b, h, s, d = self.dims(role)
+        if role in ("q", "k", "v", "o") and self.layout == "bshd":
+            return (s * h * d, d, h * d, 1)
+        return (h * s * d, s * d, d, 1)
+
+    def storage_shape(self, role: str) -> tuple[int, ...]:
+        """The shape of a contiguous torch tensor holding a role in this layout."""
+        b, h, s, d = self.dims(role)
+        if role in ("q", "k", "v", "o") and self.layout == "bshd":
+            return (b, s, h, d)
+        return (b, h, s, d)
+
+    def summary(self) -> str:
+        """A short human form, e.g. ``b1 h32/8 s4096 d128 bf16 bshd causal``."""
+        heads = f"h{self.heads_q}" + (
+            f"/{self.heads_kv}" if self.heads_kv != self.heads_q else ""
+        )
+        seq = f"s{self.seq_q}" + (f"/{self.seq_kv}" if self.seq_kv != self.seq_q else "")
+        dim = f"d{self.head_dim}" + (
+            f"/{self.head_dim_v}" if self.head_dim_v != self.head_dim else ""
+        )
+        mask = self.mask
+        if mask == "sliding_window":
+            mask = f"window({self.window_left},{self.window_right})"
+        parts = [f"b{self.batch}", heads, seq, dim, _SHORT_DTYPE[self.dtype], self.layout, mask]
+        if self.padding:
+            parts.append("padded")
+        if self.generate_stats:
+            parts.append("stats")
+        if self.dropout:
+            parts.append(f"dropout{self.dropout:g}")
+        return " ".join(parts)
+
+
+def _positive_int(name: str, value: Any) -> None:
+    if not _is_int(value) or value <= 0:
+        raise SpecError(f"{name}={value!r} is invalid: it must be an integer > 0", name)
+
+
+def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise SpecError(
+            f"{name}={value!r} is not supported; allowed: {', '.join(allowed)}", name
+        )

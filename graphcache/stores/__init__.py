@@ -1,0 +1,24 @@
+"""Stores: bytes by key. ``open_store`` turns a location into one."""
+
+from __future__ import annotations
+
+from graphcache.settings import Settings
+from graphcache.stores.base import Store
+from graphcache.stores.disk import DiskStore
+
+__all__ = ["DiskStore", "Store", "open_store"]
+
+
+def open_store(settings: Settings, location: str | None = None) -> Store:
+    """The store a location names: '' or a path -> DiskStore; redis://... ->
+    RedisStore; http(s)://... -> HttpStore."""
+    where = settings.store if location is None else location
+    if where.startswith(("redis://", "rediss://", "unix://")):
+        from graphcache.stores.redis import RedisStore
+
+        return RedisStore(where)
+    if where.startswith(("http://", "https://")):
+        from graphcache.stores.http import HttpStore
+
+        return HttpStore(where, token=settings.token, timeout=settings.timeout)
+    return DiskStore(where or settings.cache_dir, size_limit=settings.size_limit)

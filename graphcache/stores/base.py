@@ -1,0 +1,39 @@
+"""The Store protocol: bytes by key, nothing more."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Protocol, runtime_checkable
+
+
+@runtime_checkable
+class Store(Protocol):
+    """A bytes backend. Keys are 64-hex cache keys; values are artifact bytes.
+
+    Stores do not interpret the bytes: verification happens above them
+    (``Artifact.decode``), so every backend is interchangeable.
+    """
+
+    def get(self, key: str) -> bytes | None:
+        """The stored bytes, or None when absent."""
+        ...
+
+    def put(self, key: str, data: bytes) -> bool:
+        """Store atomically; True when written, False when identical bytes were there."""
+        ...
+
+    def exists(self, key: str) -> bool:
+        """True when the key is stored (does not count as a use for LRU)."""
+        ...
+
+    def delete(self, key: str) -> bool:
+        """Remove; True when something was removed."""
+        ...
+
+    def keys(self) -> Iterator[str]:
+        """Every stored key, in no particular order."""
+        ...
+
+    def close(self) -> None:
+        """Release connections and handles."""
+        ...

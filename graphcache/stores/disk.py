@@ -1,0 +1,129 @@
+"""DiskStore: the embedded default store, on diskcache."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import diskcache
+
+DEFAULT_SIZE_LIMIT = 10 * 1024**3
+PINNED = "pinned"
+
+
+class DiskStore:
+    """Artifacts in a local folder, shared safely by threads and processes.
+
+    diskcache writes each large value to its own file and publishes it with
+    one SQLite transaction, so a put is atomic: readers see the old entry or
+    the whole new one. Eviction is least-recently-used once the folder
+    exceeds ``size_limit`` bytes.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], size_limit: int = DEFAULT_SIZE_LIMIT) -> None:
+        self.path = Path(path)
+        self.size_limit = size_limit
+        self._cache = diskcache.Cache(
+            str(self.path),
+            size_limit=size_limit,
+            eviction_policy="least-recently-used",
+            # Large values go to files; reading one through its open handle
+            # is what keeps the GET path close to a static file server.
+            disk_min_file_size=32 * 1024,
+            statistics=False,
+            # diskcache culls ten entries at a time on set, hot ones included;
+            # we evict one least-recently-used entry at a time instead (_evict).
+            cull_limit=0,
+        )
+
+    def get(self, key: str) -> bytes | None:
+        """The stored bytes, or None. Counts as a use for LRU."""
+        value = self._cache.get(key, default=None, read=True, retry=True)
+        if value is None:
+            return None
+        if isinstance(value, bytes):
+            return value
+        with value:  # an open file: diskcache keeps large values in files
+            return _read_all(value)
+
+    def put(self, key: str, data: bytes, *, pin: bool = False) -> bool:
+        """Atomic publish; False when identical bytes are already stored.
+
+        ``pin`` keeps the entry out of LRU eviction (entries warmed from a
+        manifest); re-putting without ``pin`` keeps an existing pin.
+        """
+        current = self._cache.get(key, default=None, tag=True, retry=True)
+        value, tag = current
+        if value is not None and value == data and (tag == PINNED or not pin):
+            return False
+        keep_pin = pin or tag == PINNED
+        self._cache.set(key, bytes(data), tag=PINNED if keep_pin else None, retry=True)
+        self._evict(keep=key)
+        return True
+
+    def pin(self, key: str) -> bool:
+        """Exempt a stored entry from eviction; False when absent."""
+        return self._set_tag(key, PINNED)
+
+    def unpin(self, key: str) -> bool:
+        return self._set_tag(key, None)
+
+    def pinned(self, key: str) -> bool:
+        _, tag = self._cache.get(key, default=None, tag=True, retry=True)
+        return tag == PINNED
+
+    def _set_tag(self, key: str, tag: str | None) -> bool:
+        value, _ = self._cache.get(key, default=None, tag=True, retry=True)
+        if value is None:
+            return False
+        self._cache.set(key, value, tag=tag, retry=True)
+        return True
+
+    def _evict(self, keep: str) -> None:
+        """Remove least-recently-used unpinned entries until under size_limit."""
+        while self._cache.volume() > self.size_limit:
+            # diskcache has no public "oldest key" query; its SQLite schema
+            # (Cache.key, access_time, tag) has been stable since 4.x.
+            rows = self._cache._sql(  # noqa: SLF001
+                "SELECT key FROM Cache WHERE (tag IS NULL OR tag != ?) AND key != ?"
+                " ORDER BY access_time LIMIT 1",
+                (PINNED, keep),
+            ).fetchall()
+            if not rows:
+                return
+            self._cache.delete(rows[0][0], retry=True)
+
+    def exists(self, key: str) -> bool:
+        return key in self._cache
+
+    def delete(self, key: str) -> bool:
+        return bool(self._cache.delete(key, retry=True))
+
+    def keys(self) -> Iterator[str]:
+        for key in self._cache.iterkeys():
+            if isinstance(key, str):
+                yield key
+
+    def volume(self) -> int:
+        """Bytes used on disk (payload files plus the index)."""
+        return int(self._cache.volume())
+
+    def ping(self) -> None:
+        """Raises when the index cannot be read."""
+        self._cache.get("__ping__", default=None, retry=True)
+
+    def close(self) -> None:
+        self._cache.close()
+
+    def __repr__(self) -> str:
+        return f"DiskStore({str(self.path)!r})"
+
+
+def _read_all(handle: object) -> bytes:
+    fileno = handle.fileno()  # type: ignore[attr-defined]
+    size = os.fstat(fileno).st_size
+    data = os.read(fileno, size) if size else b""
+    if len(data) < size:  # short read: finish through the buffered reader
+        data += handle.read()  # type: ignore[attr-defined]
+    return data

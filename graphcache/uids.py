@@ -1,0 +1,66 @@
+"""UidMap: the fixed tensor-role -> UID table shared by builder and executor."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from graphcache.errors import CorruptArtifact
+
+# Never renumber: UIDs are baked into every serialized plan and into every key.
+_DEFAULT = {
+    "q": 1,
+    "k": 2,
+    "v": 3,
+    "o": 4,
+    "stats": 5,
+    "seq_len_q": 6,
+    "seq_len_kv": 7,
+    "dropout_seed": 8,
+    "dropout_offset": 9,
+}
+REQUIRED_ROLES = ("q", "k", "v", "o")
+
+
+@dataclass(frozen=True)
+class UidMap:
+    """Role name -> tensor UID. The builder sets these UIDs on every tensor and
+    ``execute`` keys its variant pack by them, so a plan and its executor can
+    never disagree. Part of the cache key and stored in every artifact."""
+
+    uids: Mapping[str, int] = field(default_factory=lambda: dict(_DEFAULT))
+
+    def __post_init__(self) -> None:
+        missing = [r for r in REQUIRED_ROLES if r not in self.uids]
+        if missing:
+            raise ValueError(f"UidMap lacks roles {missing}; every map needs q, k, v, o")
+        values = list(self.uids.values())
+        if any(not isinstance(v, int) or isinstance(v, bool) or v <= 0 for v in values):
+            raise ValueError(f"UidMap values must be integers > 0, got {dict(self.uids)}")
+        if len(set(values)) != len(values):
+            raise ValueError(f"UidMap has duplicate UIDs: {dict(self.uids)}")
+        object.__setattr__(self, "uids", dict(sorted(self.uids.items())))
+
+    @classmethod
+    def default(cls) -> UidMap:
+        return cls(dict(_DEFAULT))
+
+    @classmethod
+    def from_dict(cls, data: Any) -> UidMap:
+        """Raises CorruptArtifact: the map comes from a stored header."""
+        if not isinstance(data, dict):
+            raise CorruptArtifact("uid map in header is not a mapping")
+        try:
+            return cls(dict(data))
+        except ValueError as exc:
+            raise CorruptArtifact(f"uid map in header is invalid: {exc}") from exc
+
+    def to_dict(self) -> dict[str, int]:
+        return dict(self.uids)
+
+    def __getitem__(self, role: str) -> int:
+        return self.uids[role]
+
+    def __hash__(self) -> int:
+        return hash(tuple(self.uids.items()))

@@ -1,0 +1,91 @@
+"""Stand-ins for what cannot run without a GPU.
+
+FakeCompiler stands in for CudnnCompiler (cuDNN needs a GPU to build or
+load a plan): it makes a deterministic payload from the spec, so everything
+above the compiler (GraphCache, stores, the service, the CLI) is tested for
+real on a CPU machine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from dataclasses import dataclass
+
+from graphcache import Artifact, GraphSpec, NotSerializable, Target, TargetMismatch
+
+TARGET = Target.parse("h200-sm90-cudnn9.28.0-fe1.32.0")
+OTHER_TARGET = Target.parse("a100_sxm4_80gb-sm80-cudnn9.28.0-fe1.32.0")
+
+
+@dataclass
+class FakeLoaded:
+    spec: GraphSpec
+    artifact: Artifact
+    backend: str = "fake"
+
+    def execute(self, q, k, v, *, out=None, seq_len_q=None, seq_len_kv=None):  # noqa: ANN001
+        return self.artifact.payload
+
+
+class FakeCompiler:
+    """Deterministic builds: payload = the spec's digest repeated to ``size``."""
+
+    name = "fake"
+
+    def __init__(
+        self,
+        target: Target = TARGET,
+        *,
+        size: int = 4096,
+        delay: float = 0.0,
+        unsupported: set[str] | None = None,
+    ) -> None:
+        self._target = target
+        self.size = size
+        self.delay = delay
+        self.unsupported = unsupported or set()
+        self.builds = 0
+        self._lock = threading.Lock()
+
+    def target(self) -> Target:
+        return self._target
+
+    def build(self, spec: GraphSpec, target: Target) -> Artifact:
+        with self._lock:
+            self.builds += 1
+        if self.delay:
+            time.sleep(self.delay)
+        if spec.mask in self.unsupported:
+            raise NotSerializable(f"fake: mask {spec.mask} has no serializable plan")
+        return make_artifact(spec, target, size=self.size)
+
+    def load(self, artifact: Artifact) -> FakeLoaded:
+        if artifact.target != self._target:
+            raise TargetMismatch(f"built for {artifact.target}, this is {self._target}")
+        return FakeLoaded(artifact.spec, artifact)
+
+
+def payload_for(spec: GraphSpec, size: int) -> bytes:
+    seed = hashlib.sha256(spec.canonical_json().encode()).digest()
+    return (seed * (size // len(seed) + 1))[:size]
+
+
+def make_artifact(spec: GraphSpec, target: Target = TARGET, size: int = 4096) -> Artifact:
+    return Artifact(
+        spec=spec,
+        target=target,
+        payload=payload_for(spec, size),
+        dialect="fake",
+        workspace_size=1024,
+        build_seconds=0.5,
+        created_at="2026-11-29T00:00:00+00:00",
+        builder_host="test",
+    )
+
+
+def spec(**changes) -> GraphSpec:  # noqa: ANN003
+    base = {"batch": 1, "heads_q": 8, "seq_q": 128, "head_dim": 64, "mask": "causal"}
+    base.update(changes)
+    return GraphSpec.from_dict(base)

@@ -1,0 +1,114 @@
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from graphcache import GraphCache, NotFound, NotSerializable
+from graphcache.stores import DiskStore
+from tests.fakes import TARGET, FakeCompiler, spec
+
+
+@pytest.fixture
+def store(tmp_path):
+    return DiskStore(tmp_path / "store")
+
+
+def test_miss_builds_stores_and_then_hits(store):
+    compiler = FakeCompiler()
+    cache = GraphCache(store, compiler)
+    first = cache.get(spec())
+    assert compiler.builds == 1 and store.exists(first.key)
+    second = cache.get(spec())
+    assert second == first and compiler.builds == 1
+    stats = cache.stats()
+    assert (stats["hits"], stats["misses"], stats["builds"], stats["corrupt"]) == (1, 1, 1, 0)
+
+
+def test_sixteen_threads_missing_one_key_cause_one_build(store):
+    compiler = FakeCompiler(delay=0.3)
+    cache = GraphCache(store, compiler)
+    barrier = threading.Barrier(16)
+    results, errors = [], []
+
+    def worker():
+        barrier.wait()
+        try:
+            results.append(cache.get(spec()))
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors
+    assert compiler.builds == 1
+    assert len(results) == 16 and len({r.key for r in results}) == 1
+
+
+def test_corrupt_entry_is_counted_removed_and_rebuilt(store):
+    compiler = FakeCompiler()
+    cache = GraphCache(store, compiler)
+    art = cache.get(spec())
+    data = bytearray(store.get(art.key))
+    data[-1] ^= 0xFF
+    store.put(art.key, bytes(data))
+    again = cache.get(spec())
+    assert again.payload == art.payload
+    stats = cache.stats()
+    assert stats["corrupt"] == 1 and stats["builds"] == 2
+
+
+def test_an_entry_for_another_key_is_corrupt(store):
+    cache = GraphCache(store, FakeCompiler())
+    a = cache.get(spec(batch=1))
+    b = cache.get(spec(batch=2))
+    store.put(b.key, store.get(a.key))  # the right bytes under the wrong key
+    assert cache.get(spec(batch=2)).key == b.key
+    assert cache.stats()["corrupt"] == 1
+
+
+def test_unsupported_spec_is_remembered_not_rebuilt(store):
+    compiler = FakeCompiler(unsupported={"sliding_window"})
+    cache = GraphCache(store, compiler)
+    window = spec(mask="sliding_window", window_left=16)
+    for _ in range(3):
+        with pytest.raises(NotSerializable, match="no serializable plan"):
+            cache.get(window)
+    assert compiler.builds == 1
+    # A fresh cache over the same store knows too: the negative entry is stored.
+    with pytest.raises(NotSerializable):
+        GraphCache(store, compiler).get(window)
+    assert compiler.builds == 1
+
+
+def test_reader_without_compiler_gets_not_found_for_a_miss(store):
+    cache = GraphCache(store)
+    with pytest.raises(NotFound, match="no compiler"):
+        cache.get(spec(), TARGET)
+    GraphCache(store, FakeCompiler()).get(spec())
+    assert cache.get(spec(), TARGET).spec == spec()
+
+
+def test_signed_cache_refuses_unsigned_entries(store):
+    GraphCache(store, FakeCompiler()).get(spec())  # unsigned entry
+    strict = GraphCache(store, FakeCompiler(), signing_key=b"k", require_signed=True)
+    art = strict.get(spec())  # unsigned one is corrupt for it: rebuilt and signed
+    assert art.signature and strict.stats()["corrupt"] == 1
+    assert strict.get(spec()).signature == art.signature
+
+
+def test_torch_fallback_when_no_gpu(store):
+    torch = pytest.importorskip("torch")
+    from graphcache.compilers.cudnn import CudnnCompiler
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    cache = GraphCache(store, CudnnCompiler(), torch_fallback=True)
+    s = spec(mask="causal")
+    graph = cache.load(s, TARGET)
+    assert graph.backend == "torch" and cache.stats()["fallbacks"] == 1
+    q, k, v = (torch.randn(s.storage_shape(r), dtype=torch.float16) for r in "qkv")
+    assert graph.execute(q, k, v).shape == s.storage_shape("o")

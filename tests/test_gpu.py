@@ -1,0 +1,101 @@
+"""cuDNN on a real GPU. Skipped, with the reason, where there is none.
+
+Not yet run on a GPU from this repository's CI (which has none): see
+docs/gpu-results.md for what a lent GPU showed, when one was lent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import pytest
+
+from graphcache import GraphCache, GraphSpec, Target, TargetMismatch
+from graphcache.stores import DiskStore
+
+pytestmark = pytest.mark.gpu
+
+SPECS = [
+    dict(dtype="float16", layout="bshd", mask="causal"),
+    dict(dtype="bfloat16", layout="bshd", mask="causal"),
+    dict(dtype="float16", layout="bhsd", mask="none"),
+    dict(dtype="bfloat16", layout="bhsd", mask="none"),
+    dict(dtype="bfloat16", layout="bshd", mask="causal", heads_kv=2),
+    dict(dtype="float16", layout="bshd", mask="causal_bottom_right", seq_q=64),
+    dict(dtype="bfloat16", layout="bshd", mask="sliding_window", window_left=31),
+    dict(dtype="float16", layout="bshd", mask="causal", generate_stats=True),
+    dict(dtype="bfloat16", layout="bshd", mask="causal", padding=True),
+]
+
+
+def make(**changes) -> GraphSpec:
+    return GraphSpec.from_dict({"batch": 2, "heads_q": 8, "seq_q": 256, "head_dim": 128, **changes})
+
+
+@pytest.fixture(scope="module")
+def compiler():
+    from graphcache.compilers.cudnn import CudnnCompiler
+
+    return CudnnCompiler()
+
+
+FRESH = r"""
+import json, sys
+from graphcache import Artifact
+from graphcache.compilers.cudnn import CudnnCompiler
+from graphcache.compilers.torch_sdpa import random_inputs, reference, relative_error
+art = Artifact.decode(open(sys.argv[1], "rb").read())
+graph = CudnnCompiler().load(art)
+inputs = random_inputs(art.spec, "cuda", seed=7)
+result = graph.execute(**inputs)
+out = result[0] if art.spec.generate_stats else result
+ref, _ = reference(art.spec, **inputs)
+print(json.dumps({"error": relative_error(out, ref)}))
+"""
+
+
+@pytest.mark.parametrize("changes", SPECS, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
+def test_build_serialize_then_load_in_a_fresh_process(compiler, tmp_path, changes):
+    from graphcache.compilers.torch_sdpa import TOLERANCE
+
+    spec = make(**changes)
+    artifact = compiler.build(spec)
+    assert artifact.payload and artifact.validation_error is not None
+    assert artifact.validation_error < TOLERANCE[spec.dtype]
+    path = tmp_path / "a.gcart"
+    path.write_bytes(artifact.encode())
+    out = subprocess.run([sys.executable, "-c", FRESH, str(path)], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    error = json.loads(out.stdout.strip().splitlines()[-1])["error"]
+    print(f"{spec.summary()}: build {artifact.build_seconds:.3f}s, error {error:.2e}")
+    assert error < TOLERANCE[spec.dtype]
+
+
+def test_foreign_target_is_refused(compiler):
+    artifact = compiler.build(make(mask="causal"))
+    doctored = dataclasses.replace(artifact, target=Target(**{**artifact.target.to_dict(), "cudnn": "8.9.7"}))
+    with pytest.raises(TargetMismatch, match="was built for"):
+        compiler.load(doctored)
+
+
+def test_workspace_is_allocated_once_across_executions(compiler):
+    from graphcache.compilers.torch_sdpa import random_inputs
+
+    spec = make(mask="causal")
+    graph = compiler.load(compiler.build(spec))
+    pointer = graph.workspace.data_ptr()
+    for seed in range(3):
+        graph.execute(**random_inputs(spec, "cuda", seed=seed))
+        assert graph.workspace.data_ptr() == pointer
+
+
+def test_graph_cache_end_to_end(compiler, tmp_path):
+    cache = GraphCache(DiskStore(tmp_path), compiler)
+    spec = make(mask="causal")
+    graph = cache.load(spec)
+    assert graph.backend == "cudnn"
+    GraphCache(DiskStore(tmp_path), compiler).load(spec)
+    assert cache.stats()["builds"] == 1

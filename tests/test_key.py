@@ -1,0 +1,93 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from graphcache import GraphSpec, Target, UidMap, key_for
+from graphcache.key import is_key
+
+TARGET = Target.parse("h200-sm90-cudnn9.28.0-fe1.32.0")
+LLAMA = GraphSpec(batch=1, heads_q=32, heads_kv=8, seq_q=4096, head_dim=128, dtype="bfloat16", mask="causal")
+BERT = GraphSpec(batch=8, heads_q=12, seq_q=512, head_dim=64)
+
+# Golden keys: if one of these changes, the key encoding changed. That must be
+# deliberate and must bump FORMAT_VERSION, or every deployed cache misses.
+GOLDEN = {
+    "llama": "a903749faeec8fa24ee4914e53452e82b52d4d33eaa06ccc7ced9abc49633831",
+    "bert": "6fb7a7de3e85acabb04c6ba77f0367bd6f85a9eccb0ecdc819cceccc5cac56e6",
+}
+
+
+def test_key_is_64_lowercase_hex():
+    key = key_for(LLAMA, TARGET)
+    assert is_key(key) and len(key) == 64
+    assert not is_key(key.upper()) and not is_key(key + "\n") and not is_key(key[:-1])
+
+
+def test_golden_keys():
+    assert key_for(LLAMA, TARGET) == GOLDEN["llama"]
+    assert key_for(BERT, TARGET) == GOLDEN["bert"]
+
+
+def test_key_is_sha256_of_the_documented_encoding():
+    import hashlib
+
+    document = {"format": 1, "spec": BERT.to_dict(), "target": TARGET.to_dict(), "uids": UidMap.default().to_dict()}
+    text = json.dumps(document, sort_keys=True, separators=(",", ":"))
+    assert key_for(BERT, TARGET) == hashlib.sha256(text.encode()).hexdigest()
+
+
+def test_key_is_the_same_in_a_fresh_process():
+    code = (
+        "import json,sys; from graphcache import *; "
+        "s=GraphSpec.from_dict(json.loads(sys.argv[1])); print(key_for(s, Target.parse(sys.argv[2])))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, LLAMA.canonical_json(), str(TARGET)],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()
+    assert out == key_for(LLAMA, TARGET)
+
+
+SPEC_CHANGES = [
+    ("batch", 2), ("heads_q", 64), ("heads_kv", 4), ("seq_q", 2048), ("seq_kv", 8192), ("head_dim", 64),
+    ("head_dim_v", 64), ("dtype", "float16"), ("layout", "bhsd"), ("mask", "causal_bottom_right"),
+    ("attn_scale", 0.1), ("generate_stats", True), ("padding", True), ("dropout", 0.1),
+]
+
+
+@pytest.mark.parametrize("field, value", SPEC_CHANGES)
+def test_every_spec_field_changes_the_key(field, value):
+    assert key_for(LLAMA.replace(**{field: value}), TARGET) != key_for(LLAMA, TARGET)
+
+
+def test_window_bounds_change_the_key():
+    a = LLAMA.replace(mask="sliding_window", window_left=128)
+    assert key_for(a, TARGET) != key_for(a.replace(window_left=256), TARGET)
+    assert key_for(a, TARGET) != key_for(a.replace(window_right=4), TARGET)
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("gpu", "h100_sxm"), ("compute_capability", "8.9"), ("cudnn", "9.27.0"), ("frontend", "1.31.0")],
+)
+def test_every_target_field_changes_the_key(field, value):
+    other = Target(**{**TARGET.to_dict(), field: value})
+    assert key_for(LLAMA, other) != key_for(LLAMA, TARGET)
+
+
+def test_uid_map_changes_the_key():
+    uids = UidMap({**UidMap.default().to_dict(), "o": 40})
+    assert key_for(LLAMA, TARGET, uids) != key_for(LLAMA, TARGET)
+    assert key_for(LLAMA, TARGET, UidMap.default()) == key_for(LLAMA, TARGET)
+
+
+def test_uid_map_refuses_duplicates_and_missing_roles():
+    with pytest.raises(ValueError, match="duplicate"):
+        UidMap({"q": 1, "k": 1, "v": 3, "o": 4})
+    with pytest.raises(ValueError, match="lacks roles"):
+        UidMap({"q": 1, "k": 2, "v": 3})
+    assert json.dumps(UidMap.default().to_dict())

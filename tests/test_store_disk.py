@@ -1,0 +1,67 @@
+from __future__ import annotations
+
+import multiprocessing as mp
+
+from graphcache import Artifact
+from graphcache.stores import DiskStore, Store
+from tests.fakes import make_artifact, spec
+
+
+def test_put_get_exists_delete_keys(tmp_path):
+    store = DiskStore(tmp_path)
+    assert isinstance(store, Store)
+    art = make_artifact(spec(), size=100_000)
+    data = art.encode()
+    assert store.get(art.key) is None and not store.exists(art.key)
+    assert store.put(art.key, data) is True
+    assert store.put(art.key, data) is False  # identical bytes: nothing written
+    assert store.exists(art.key)
+    assert store.get(art.key) == data
+    assert list(store.keys()) == [art.key]
+    assert store.delete(art.key) is True
+    assert store.delete(art.key) is False
+    assert store.get(art.key) is None
+
+
+def test_small_and_large_values_read_back_identically(tmp_path):
+    store = DiskStore(tmp_path)
+    for size in (10, 40_000, 5 * 1024 * 1024):
+        art = make_artifact(spec(seq_q=size // 8 * 8 or 8), size=size)
+        store.put(art.key, art.encode())
+        assert Artifact.decode(store.get(art.key), expected_key=art.key).payload == art.payload
+
+
+def _writer(path: str, batch: int) -> None:
+    store = DiskStore(path)
+    art = make_artifact(spec(batch=batch), size=50_000)
+    store.put(art.key, art.encode())
+    store.close()
+
+
+def test_shared_by_two_processes(tmp_path):
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_writer, args=(str(tmp_path), b)) for b in (1, 2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    store = DiskStore(tmp_path)
+    keys = {make_artifact(spec(batch=b)).key for b in (1, 2)}
+    assert set(store.keys()) == keys
+    for key in keys:
+        Artifact.decode(store.get(key), expected_key=key)
+
+
+def test_lru_eviction_keeps_size_under_limit(tmp_path):
+    limit = 2 * 1024 * 1024
+    store = DiskStore(tmp_path, size_limit=limit)
+    arts = [make_artifact(spec(batch=b), size=256 * 1024) for b in range(1, 21)]
+    for i, art in enumerate(arts):
+        store.put(art.key, art.encode())
+        store.get(arts[0].key)  # keep the first one hot
+        assert store.volume() < limit + 512 * 1024
+    kept = set(store.keys())
+    assert arts[0].key in kept, "the most recently used entry must survive"
+    assert arts[1].key not in kept, "an old unused entry must be evicted"
+    assert len(kept) < len(arts)

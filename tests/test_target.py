@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+import pytest
+
+from graphcache import NoGpu, Target, TargetError
+from graphcache.target import cudnn_version_text, normalise_gpu_name
+
+
+def test_text_form_round_trips():
+    text = "h200-sm90-cudnn9.28.0-fe1.32.0"
+    target = Target.parse(text)
+    assert target == Target("h200", "9.0", "9.28.0", "1.32.0")
+    assert str(target) == text
+
+
+@pytest.mark.parametrize(
+    "text, cc",
+    [("a100_sxm4_80gb-sm80-cudnn9.1.0-fe1.8.0", "8.0"), ("b200-sm100-cudnn9.10.2-fe1.28.0", "10.0"),
+     ("rtx_4090-sm89-cudnn9.5.1-fe1.12.0", "8.9")],
+)
+def test_compute_capability_from_sm(text, cc):
+    target = Target.parse(text)
+    assert target.compute_capability == cc
+    assert str(target) == text
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "h200", "H200-sm90-cudnn9.28.0-fe1.32.0", "h200-90-cudnn9.28.0-fe1.32.0",
+     "h200-sm90-cudnn9-fe1.32.0", "h200-sm90-cudnn9.28.0", "h200-sm90-cudnn9.28.0-fe1.32.0-x"],
+)
+def test_malformed_text_shows_the_expected_form(text):
+    with pytest.raises(TargetError, match="expected GPU-smMAJORMINOR"):
+        Target.parse(text)
+
+
+def test_gpu_names_are_normalised():
+    assert normalise_gpu_name("NVIDIA H200") == "h200"
+    assert normalise_gpu_name("NVIDIA A100-SXM4-80GB") == "a100_sxm4_80gb"
+    assert normalise_gpu_name("NVIDIA GeForce RTX 4090") == "rtx_4090"
+    assert normalise_gpu_name("Tesla T4") == "t4"
+
+
+def test_cudnn_integer_versions():
+    assert cudnn_version_text(92800) == "9.28.0"
+    assert cudnn_version_text(91002) == "9.10.2"
+    assert cudnn_version_text(8902) == "8.9.2"
+
+
+def test_detect_without_gpu_raises_no_gpu_with_a_clear_message():
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(NoGpu, match="no CUDA GPU found"):
+        Target.detect()
