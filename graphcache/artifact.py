@@ -50,7 +50,8 @@ class Artifact:
     """One cache entry: header fields plus the payload bytes.
 
     ``key`` is derived from spec, UID map and target, never stored apart from
-    them. ``unsupported`` marks a negative entry: the spec was tried on this
+    them. After ``decode`` the payload is a read-only memoryview of the
+    envelope (``bytes(artifact.payload)`` copies it out). ``unsupported`` marks a negative entry: the spec was tried on this
     target and cannot be cached (the reason), with an empty payload.
     """
 
@@ -127,12 +128,13 @@ class Artifact:
     def verify_signature(self, secret: bytes) -> None:
         """Raises SignatureError when unsigned or signed with another secret."""
         if not self.signature:
-            raise SignatureError(f"artifact {self.key[:12]} is unsigned; a signature is required")
+            raise SignatureError(f"artifact {self.key[:12]} is unsigned; a signature is required", "unsigned")
         head = dataclasses.replace(self, signature=None).header()
         if not hmac.compare_digest(self.signature, _mac(secret, head)):
             raise SignatureError(
                 f"artifact {self.key[:12]} has a wrong signature (signed with another key, "
-                "or altered after signing)"
+                "or altered after signing)",
+                "bad_signature",
             )
 
     # -- decoding --------------------------------------------------------
@@ -151,12 +153,15 @@ class Artifact:
         view = memoryview(data)[offset:]
         if len(view) != header["payload_size"]:
             raise CorruptArtifact(
-                f"payload is {len(view)} bytes, header says {header['payload_size']} (truncated?)"
+                f"payload is {len(view)} bytes, header says {header['payload_size']} (truncated?)",
+                "truncated",
             )
         digest = hashlib.sha256(view).hexdigest()
         if not hmac.compare_digest(digest, header["payload_sha256"]):
-            raise CorruptArtifact("payload sha256 does not match the header: corrupt payload")
-        artifact = cls._from_header(header, bytes(view))
+            raise CorruptArtifact("payload sha256 does not match the header: corrupt payload", "digest_mismatch")
+        # The payload stays a zero-copy view of ``data``: copying 4 MiB into a
+        # fresh allocation cost more than hashing it (page faults).
+        artifact = cls._from_header(header, view)  # type: ignore[arg-type]
         object.__setattr__(artifact, "_sha", digest)
         return _check_key(artifact, header, expected_key)
 
@@ -166,7 +171,7 @@ class Artifact:
             spec = GraphSpec.from_dict(header["spec"])
             target = Target.from_dict(header["target"])
         except (SpecError, TargetError, TypeError) as exc:
-            raise CorruptArtifact(f"header spec/target is invalid: {exc}") from exc
+            raise CorruptArtifact(f"header spec/target is invalid: {exc}", "bad_header") from exc
         try:
             return cls(
                 spec=spec,
@@ -185,7 +190,7 @@ class Artifact:
                 signature=header.get("signature"),
             )
         except (TypeError, ValueError) as exc:
-            raise CorruptArtifact(f"header field has the wrong type: {exc}") from exc
+            raise CorruptArtifact(f"header field has the wrong type: {exc}", "bad_header") from exc
 
 
 def read_header(data: bytes) -> dict[str, Any]:
@@ -201,46 +206,49 @@ def _check_key(artifact: Artifact, header: dict[str, Any], expected: str | None)
     if artifact.key != header["key"]:
         raise CorruptArtifact(
             "header key does not recompute from its spec, uid map and target: "
-            "the header was altered or written by a foreign tool"
+            "the header was altered or written by a foreign tool",
+            "key_not_recomputable",
         )
     if expected is not None and expected != artifact.key:
         raise CorruptArtifact(
-            f"artifact is for key {artifact.key[:12]}..., not the requested {expected[:12]}..."
+            f"artifact is for key {artifact.key[:12]}..., not the requested {expected[:12]}...",
+            "key_mismatch",
         )
     return artifact
 
 
 def _parse(data: bytes) -> tuple[dict[str, Any], int]:
     if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise CorruptArtifact(f"artifact must be bytes, got {type(data).__name__}")
+        raise CorruptArtifact(f"artifact must be bytes, got {type(data).__name__}", "bad_header")
     if len(data) < _PREFIX.size:
-        raise CorruptArtifact(f"artifact is {len(data)} bytes: too short to hold a header")
+        raise CorruptArtifact(f"artifact is {len(data)} bytes: too short to hold a header", "truncated")
     magic, version, size, head_digest = _PREFIX.unpack_from(data)
     if magic != MAGIC:
-        raise CorruptArtifact("bad magic: these bytes are not a graphcache artifact")
+        raise CorruptArtifact("bad magic: these bytes are not a graphcache artifact", "bad_magic")
     if version != FORMAT_VERSION:
         raise CorruptArtifact(
-            f"unknown format version {version}; this graphcache reads version {FORMAT_VERSION}"
+            f"unknown format version {version}; this graphcache reads version {FORMAT_VERSION}",
+            "unknown_version",
         )
     end = _PREFIX.size + size
     if size > MAX_HEADER or end > len(data):
-        raise CorruptArtifact("header length runs past the end of the data (truncated)")
+        raise CorruptArtifact("header length runs past the end of the data (truncated)", "truncated")
     head = bytes(data[_PREFIX.size : end])
     if not hmac.compare_digest(hashlib.sha256(head).digest(), head_digest):
-        raise CorruptArtifact("header sha256 does not match: corrupt header")
+        raise CorruptArtifact("header sha256 does not match: corrupt header", "header_digest_mismatch")
     try:
         header = json.loads(head.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
-        raise CorruptArtifact(f"header is not valid JSON: {exc}") from exc
+        raise CorruptArtifact(f"header is not valid JSON: {exc}", "bad_header") from exc
     if not isinstance(header, dict):
-        raise CorruptArtifact("header is not a JSON object")
+        raise CorruptArtifact("header is not a JSON object", "bad_header")
     for name, kind in _REQUIRED.items():
         if not isinstance(header.get(name), kind) or isinstance(header.get(name), bool):
-            raise CorruptArtifact(f"header field {name!r} is missing or not a {kind.__name__}")
+            raise CorruptArtifact(f"header field {name!r} is missing or not a {kind.__name__}", "bad_header")
     if header["format"] != version:
-        raise CorruptArtifact("header format differs from the envelope's format version")
+        raise CorruptArtifact("header format differs from the envelope's format version", "bad_header")
     if not is_key(header["key"]):
-        raise CorruptArtifact("header key is not 64 lowercase hex characters")
+        raise CorruptArtifact("header key is not 64 lowercase hex characters", "bad_header")
     return header, end
 
 

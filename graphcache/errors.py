@@ -46,8 +46,15 @@ class NotSerializable(GraphCacheError):
 class CorruptArtifact(GraphCacheError):
     """Bytes that claim to be an artifact failed verification.
 
-    Corrupt data is never deserialized: treat it as a miss.
+    Corrupt data is never deserialized: treat it as a miss. ``reason`` is a
+    short code (bad_magic, truncated, unknown_version, bad_header,
+    header_digest_mismatch, digest_mismatch, key_not_recomputable,
+    key_mismatch, unsigned, bad_signature) for metrics and HTTP errors.
     """
+
+    def __init__(self, message: str, reason: str = "corrupt") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class SignatureError(CorruptArtifact):

@@ -156,7 +156,7 @@ class GraphSpec:
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in dataclasses.fields(cls))
+        return _FIELDS
 
     @classmethod
     def from_dict(cls, data: Any) -> GraphSpec:
@@ -185,7 +185,7 @@ class GraphSpec:
 
     def to_dict(self) -> dict[str, Any]:
         """Every field, defaults resolved and written out."""
-        return dataclasses.asdict(self)
+        return {name: getattr(self, name) for name in _FIELDS}
 
     def canonical_json(self) -> str:
         """One stable text per spec: sorted keys, no spaces, shortest round-trip floats."""
@@ -256,6 +256,9 @@ class GraphSpec:
         if self.dropout:
             parts.append(f"dropout{self.dropout:g}")
         return " ".join(parts)
+
+
+_FIELDS = tuple(f.name for f in dataclasses.fields(GraphSpec))
 
 
 def _positive_int(name: str, value: Any) -> None:

@@ -50,11 +50,11 @@ class UidMap:
     def from_dict(cls, data: Any) -> UidMap:
         """Raises CorruptArtifact: the map comes from a stored header."""
         if not isinstance(data, dict):
-            raise CorruptArtifact("uid map in header is not a mapping")
+            raise CorruptArtifact("uid map in header is not a mapping", "bad_header")
         try:
             return cls(dict(data))
         except ValueError as exc:
-            raise CorruptArtifact(f"uid map in header is invalid: {exc}") from exc
+            raise CorruptArtifact(f"uid map in header is invalid: {exc}", "bad_header") from exc
 
     def to_dict(self) -> dict[str, int]:
         return dict(self.uids)

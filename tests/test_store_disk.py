@@ -55,7 +55,7 @@ def test_shared_by_two_processes(tmp_path):
 
 def test_lru_eviction_keeps_size_under_limit(tmp_path):
     limit = 2 * 1024 * 1024
-    store = DiskStore(tmp_path, size_limit=limit)
+    store = DiskStore(tmp_path, size_limit=limit, touch_interval=0)
     arts = [make_artifact(spec(batch=b), size=256 * 1024) for b in range(1, 21)]
     for i, art in enumerate(arts):
         store.put(art.key, art.encode())

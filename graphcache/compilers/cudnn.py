@@ -235,6 +235,7 @@ def payload_bytes(serialized: Any) -> bytes:
 def payload_for_frontend(payload: bytes, frontend: str) -> Any:
     """What this frontend's ``deserialize`` takes: bytes from 1.32 (where it
     avoids building a list), a list of ints before (1.23 refuses bytes)."""
+    payload = bytes(payload)
     try:
         major, minor = (int(p) for p in frontend.split(".")[:2])
     except ValueError:
