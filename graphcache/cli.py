@@ -229,6 +229,43 @@ def doctor_cmd(spec_file: str | None) -> None:
         console.print(line)
 
 
+@main.command("serve")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8080, show_default=True, type=int)
+@click.option("--workers", default=1, show_default=True, type=click.IntRange(1, 64), help="uvicorn worker processes.")
+@click.option("--log-level", default="info", show_default=True)
+@pass_ctx
+def serve_cmd(ctx: Context, host: str, port: int, workers: int, log_level: str) -> None:
+    """Run the HTTP service on the configured store (default: DiskStore in --cache-dir)."""
+    import os
+
+    import uvicorn
+
+    # Workers are separate processes: hand them the settings through the
+    # environment, which create_app_from_env reads once at start.
+    os.environ["GRAPHCACHE_DIR"] = str(ctx.settings.cache_dir)
+    if ctx.location is not None:
+        os.environ["GRAPHCACHE_STORE"] = ctx.location
+    if not ctx.location and not ctx.settings.store:
+        ctx.settings.cache_dir.mkdir(parents=True, exist_ok=True)
+    where = ctx.location or ctx.settings.store or str(ctx.settings.cache_dir)
+    err_console.print(f"graphcache serving {where} on http://{host}:{port} ({workers} worker(s)); docs at /docs")
+    uvicorn.run(
+        "service.app:create_app_from_env",
+        factory=True,
+        host=host,
+        port=port,
+        workers=workers,
+        loop="uvloop",
+        http="httptools",
+        log_level=log_level,
+        access_log=False,
+        timeout_keep_alive=5,
+        timeout_graceful_shutdown=10,
+        limit_concurrency=1024,
+    )
+
+
 def run() -> None:
     """Entry point: one clear line on error, never a traceback."""
     try:

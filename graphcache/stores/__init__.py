@@ -5,8 +5,10 @@ from __future__ import annotations
 from graphcache.settings import Settings
 from graphcache.stores.base import Store
 from graphcache.stores.disk import DiskStore
+from graphcache.stores.http import HttpStore
+from graphcache.stores.tiered import TieredStore
 
-__all__ = ["DiskStore", "Store", "open_store"]
+__all__ = ["DiskStore", "HttpStore", "Store", "TieredStore", "open_store"]
 
 
 def open_store(settings: Settings, location: str | None = None) -> Store:
@@ -18,7 +20,5 @@ def open_store(settings: Settings, location: str | None = None) -> Store:
 
         return RedisStore(where)
     if where.startswith(("http://", "https://")):
-        from graphcache.stores.http import HttpStore
-
         return HttpStore(where, token=settings.token, timeout=settings.timeout)
     return DiskStore(where or settings.cache_dir, size_limit=settings.size_limit)

@@ -1,0 +1,85 @@
+"""TieredStore: a fast local store in front of a shared remote one."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+from graphcache.errors import StoreError
+from graphcache.stores.base import Store
+
+log = logging.getLogger(__name__)
+
+
+class TieredStore:
+    """Local first, then remote (filling local on a remote hit); puts go to
+    both. When the remote fails, the local tier still answers: reads fall
+    back to it and a failed remote put is counted and logged, never raised,
+    so a worker keeps starting while the service is down.
+    """
+
+    def __init__(self, local: Store, remote: Store) -> None:
+        self.local = local
+        self.remote = remote
+        self.remote_errors = 0
+
+    def get(self, key: str) -> bytes | None:
+        data = self.local.get(key)
+        if data is not None:
+            return data
+        try:
+            data = self.remote.get(key)
+        except StoreError as exc:
+            self._remote_failed("get", key, exc)
+            return None
+        if data is not None:
+            self.local.put(key, data)
+        return data
+
+    def put(self, key: str, data: bytes) -> bool:
+        created = self.local.put(key, data)
+        try:
+            created = self.remote.put(key, data) or created
+        except StoreError as exc:
+            self._remote_failed("put", key, exc)
+        return created
+
+    def exists(self, key: str) -> bool:
+        if self.local.exists(key):
+            return True
+        try:
+            return self.remote.exists(key)
+        except StoreError as exc:
+            self._remote_failed("exists", key, exc)
+            return False
+
+    def delete(self, key: str) -> bool:
+        removed = self.local.delete(key)
+        try:
+            removed = self.remote.delete(key) or removed
+        except StoreError as exc:
+            self._remote_failed("delete", key, exc)
+        return removed
+
+    def keys(self) -> Iterator[str]:
+        seen = set()
+        for key in self.local.keys():
+            seen.add(key)
+            yield key
+        try:
+            for key in self.remote.keys():
+                if key not in seen:
+                    yield key
+        except StoreError as exc:
+            self._remote_failed("keys", "*", exc)
+
+    def close(self) -> None:
+        self.local.close()
+        self.remote.close()
+
+    def _remote_failed(self, op: str, key: str, exc: Exception) -> None:
+        self.remote_errors += 1
+        log.warning("remote %s %s failed, using the local tier: %s", op, key[:12], exc)
+
+    def __repr__(self) -> str:
+        return f"TieredStore({self.local!r}, {self.remote!r})"

@@ -1,0 +1,1 @@
+"""The graphcache HTTP service: a thin skin over the library's stores."""

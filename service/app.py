@@ -1,0 +1,593 @@
+"""The FastAPI app over a Store (and a compiler where the host has a GPU).
+
+Routes parse, call the library, and let ``service.errors`` map library errors
+to status codes. Artifact GET/HEAD, the hot path, is answered by a small ASGI
+layer in front of FastAPI (``ArtifactFastPath``): reading through the open
+file handle and skipping FastAPI's routing and response machinery made it
+several times faster (docs/benchmarks.md). FastAPI still declares those
+routes, so they appear in the OpenAPI schema and serve if the layer is off.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from graphcache.artifact import Artifact, read_header
+from graphcache.cache import GraphCache
+from graphcache.errors import CorruptArtifact, GraphCacheError, NoGpu, StoreError
+from graphcache.key import is_key, key_for
+from graphcache.settings import Settings
+from graphcache.spec import GraphSpec
+from graphcache.stores import Store, open_store
+from graphcache.target import Target
+from service.errors import ServiceError, body, from_library
+from service.metrics import Metrics
+
+log = logging.getLogger("graphcache.service")
+
+ARTIFACTS = "/v1/artifacts/"
+OCTET = b"application/octet-stream"
+JSON = b"application/json"
+VERIFIED_MEMO = 100_000
+
+
+# -- auth -------------------------------------------------------------------------
+
+
+class Auth:
+    """Bearer tokens, compared in constant time. Unset read tokens: reads are
+    open. Unset write tokens: writes are open (a warning at start). Admin
+    actions need an admin token, or a write token when none is set."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.admin = tuple(t.encode() for t in settings.admin_tokens)
+        self.write = tuple(t.encode() for t in settings.write_tokens) + self.admin
+        self.read = tuple(t.encode() for t in settings.read_tokens) + self.write
+        self.read_open = not settings.read_tokens
+        self.write_open = not settings.write_tokens and not settings.admin_tokens
+        if self.write_open:
+            log.warning("GRAPHCACHE_WRITE_TOKENS is unset: anyone who reaches this server may upload")
+
+    def check(self, authorization: bytes | None, need: str) -> None:
+        if need == "read" and self.read_open:
+            return
+        if need == "write" and self.write_open:
+            return
+        if need == "admin" and not self.admin:
+            need = "write"
+            if self.write_open:
+                return
+        allowed = {"read": self.read, "write": self.write, "admin": self.admin}[need]
+        if not authorization:
+            raise ServiceError(
+                401, "unauthorized", f"this route needs a {need} token: send 'Authorization: Bearer TOKEN'",
+                {"www-authenticate": "Bearer"},
+            )
+        scheme, _, token = authorization.partition(b" ")
+        token = token.strip()
+        ok = False
+        for candidate in allowed:  # no early exit: constant time in the match position
+            ok |= hmac.compare_digest(candidate, token)
+        if scheme.lower() != b"bearer" or not ok:
+            raise ServiceError(403, "forbidden", f"the token given is not a {need} token")
+
+
+# -- reading verified artifacts -----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Served:
+    data: bytes
+    etag: str
+
+
+class ArtifactReader:
+    """Reads entries and verifies them before they are served.
+
+    Verification hashes the payload (about 3 ms per 4 MiB here). For
+    DiskStore entries kept in files, the reader remembers the file identity
+    (inode, size, mtime, ctime) it verified: any rewrite of the file changes
+    it, so a flipped or truncated file is verified again and never served.
+    Corrupt entries are moved to a quarantine folder and counted.
+    """
+
+    def __init__(self, store: Store, metrics: Metrics, quarantine: Path | None) -> None:
+        self.store = store
+        self.metrics = metrics
+        self.quarantine = quarantine
+        self._read = getattr(store, "read", None)
+        self._memo: OrderedDict[str, tuple[tuple[int, ...], str]] = OrderedDict()
+
+    def read(self, key: str) -> tuple[bytes, tuple[int, ...] | None, str | None] | None:
+        """Fast part, safe on the event loop: bytes, identity, and the etag when
+        these exact bytes were verified before."""
+        if self._read is not None:
+            found = self._read(key)
+            if found is None:
+                return None
+            data, identity = found
+            memo = self._memo.get(key)
+            if identity is not None and memo is not None and memo[0] == identity:
+                return data, identity, memo[1]
+            return data, identity, None
+        data = self.store.get(key)
+        return None if data is None else (data, None, None)
+
+    def verify(self, key: str, data: bytes, identity: tuple[int, ...] | None) -> Served | None:
+        """Slow part (hashing): the verified entry, or None after quarantining it."""
+        try:
+            artifact = Artifact.decode(data, expected_key=key)
+        except CorruptArtifact as exc:
+            self._quarantine(key, data, exc)
+            return None
+        etag = artifact.payload_sha256
+        if identity is not None:
+            self._memo[key] = (identity, etag)
+            self._memo.move_to_end(key)
+            while len(self._memo) > VERIFIED_MEMO:
+                self._memo.popitem(last=False)
+            self.metrics.verified_cache.set(len(self._memo))
+        return Served(data, etag)
+
+    def forget(self, key: str) -> None:
+        self._memo.pop(key, None)
+
+    def _quarantine(self, key: str, data: bytes, exc: CorruptArtifact) -> None:
+        log.error("stored entry %s failed verification (%s): quarantined", key, exc)
+        self.metrics.quarantined.labels(exc.reason).inc()
+        self.forget(key)
+        if self.quarantine is not None:
+            try:
+                self.quarantine.mkdir(parents=True, exist_ok=True)
+                (self.quarantine / f"{key}.{int(time.time())}.{exc.reason}").write_bytes(data)
+            except OSError as err:
+                log.error("could not write quarantine copy of %s: %s", key, err)
+        try:
+            self.store.delete(key)
+        except StoreError as err:
+            log.error("could not remove corrupt entry %s: %s", key, err)
+
+
+# -- state shared by routes and the fast path -------------------------------------------
+
+
+class State:
+    def __init__(self, settings: Settings, store: Store, compiler: Any) -> None:
+        self.settings = settings
+        self.store = store
+        self.metrics = Metrics()
+        self.auth = Auth(settings)
+        quarantine = None
+        if hasattr(store, "path"):
+            quarantine = Path(store.path) / "quarantine"
+        self.reader = ArtifactReader(store, self.metrics, quarantine)
+        self._compiler = compiler
+        self._compiler_error: str | None = None
+        self._cache: GraphCache | None = None
+        self.started = time.time()
+
+    def graph_cache(self) -> GraphCache:
+        """The build path's controller; detects a GPU on first use (imports torch)."""
+        if self._cache is not None:
+            return self._cache
+        if self._compiler is None:
+            if self._compiler_error is None and not self.settings.build:
+                self._compiler_error = "building is disabled on this server (GRAPHCACHE_BUILD=0)"
+            if self._compiler_error is None:
+                try:
+                    from graphcache.compilers.cudnn import CudnnCompiler
+
+                    compiler = CudnnCompiler()
+                    compiler.target()
+                    self._compiler = compiler
+                except GraphCacheError as exc:
+                    self._compiler_error = f"this server cannot build: {exc}"
+            if self._compiler is None:
+                raise NoGpu(self._compiler_error or "no compiler")
+        self._cache = GraphCache(self.store, self._compiler, signing_key=self.settings.signing_key)
+        return self._cache
+
+    async def artifact(self, method: str, key: str, headers: dict[bytes, bytes]) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        """Status, headers and body for GET/HEAD of one artifact."""
+        self.auth.check(headers.get(b"authorization"), "read")
+        if not is_key(key):
+            raise ServiceError(400, "invalid_key", "a key is 64 lowercase hex characters (sha256 of the spec and target)")
+        try:
+            found = self.reader.read(key)
+        except StoreError as exc:
+            self.metrics.store_errors.inc()
+            raise ServiceError(503, "store_unavailable", f"the store did not answer: {exc}") from exc
+        served = None
+        if found is not None:
+            data, identity, etag = found
+            if etag is not None:
+                served = Served(data, etag)
+            else:
+                served = await anyio.to_thread.run_sync(self.reader.verify, key, data, identity)
+        if served is None:
+            self.metrics.misses.inc()
+            raise ServiceError(404, "not_found", f"no artifact stored for key {key}")
+        self.metrics.hits.inc()
+        etag = f'"{served.etag}"'.encode()
+        if _etag_matches(headers.get(b"if-none-match"), etag):
+            return 304, [(b"etag", etag)], b""
+        out = [
+            (b"content-type", OCTET),
+            (b"content-length", str(len(served.data)).encode()),
+            (b"etag", etag),
+            (b"cache-control", b"no-cache"),
+        ]
+        if method == "HEAD":
+            return 200, out, b""
+        self.metrics.bytes_served.inc(len(served.data))
+        return 200, out, served.data
+
+
+def _etag_matches(header: bytes | None, etag: bytes) -> bool:
+    if not header:
+        return False
+    for part in header.split(b","):
+        tag = part.strip()
+        if tag == b"*" or tag.removeprefix(b"W/") == etag:
+            return True
+    return False
+
+
+# -- ASGI layers ------------------------------------------------------------------------
+
+
+class ArtifactFastPath:
+    """Answers GET/HEAD /v1/artifacts/{key} without FastAPI's routing."""
+
+    def __init__(self, app: Any, state: State) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if (
+            scope["type"] != "http"
+            or scope["method"] not in ("GET", "HEAD")
+            or not scope["path"].startswith(ARTIFACTS)
+        ):
+            await self.app(scope, receive, send)
+            return
+        key = scope["path"][len(ARTIFACTS):]
+        headers = dict(scope["headers"])
+        try:
+            status, out, payload = await self.state.artifact(scope["method"], key, headers)
+        except Exception as exc:  # noqa: BLE001 - every error becomes JSON, never a crash
+            err = from_library(exc)
+            if err.status >= 500 and not isinstance(exc, ServiceError):
+                log.exception("GET %s failed", key[:80])
+            data = body(err.code, err.detail)
+            status = err.status
+            out = [(b"content-type", JSON), (b"content-length", str(len(data)).encode())]
+            out += [(k.encode(), v.encode()) for k, v in err.headers.items()]
+            payload = data if scope["method"] == "GET" else b""
+        await send({"type": "http.response.start", "status": status, "headers": out})
+        await send({"type": "http.response.body", "body": payload})
+
+
+KNOWN_ROUTES = ("/v1/artifacts", "/v1/resolve", "/v1/build", "/v1/stats", "/healthz", "/metrics", "/docs",
+                "/openapi.json", "/docs/oauth2-redirect", "/redoc")
+
+
+class RequestMetrics:
+    """Counts every request by route template, method and status."""
+
+    def __init__(self, app: Any, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        route = "/v1/artifacts/{key}" if path.startswith(ARTIFACTS) else path if path in KNOWN_ROUTES else "other"
+        status = 500
+
+        async def counting_send(message: dict[str, Any]) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, counting_send)
+        finally:
+            self.metrics.requests.labels(route, scope["method"], str(status)).inc()
+
+
+# -- request bodies ---------------------------------------------------------------------
+
+
+class ResolveRequest(BaseModel):
+    spec: dict[str, Any] = Field(description="GraphSpec fields, e.g. {batch, heads_q, seq_q, head_dim, ...}")
+    target: str = Field(description="target text, e.g. h200-sm90-cudnn9.28.0-fe1.32.0")
+
+
+class BuildRequest(BaseModel):
+    spec: dict[str, Any] = Field(description="GraphSpec fields")
+
+
+def _json(status: int, data: Any, headers: dict[str, str] | None = None) -> Response:
+    return Response(json.dumps(data), status_code=status, media_type="application/json", headers=headers)
+
+
+def _error(err: ServiceError) -> Response:
+    return Response(body(err.code, err.detail), status_code=err.status, media_type="application/json",
+                    headers=err.headers or None)
+
+
+# -- the app -----------------------------------------------------------------------------
+
+
+def create_app(settings: Settings | None = None, *, store: Store | None = None, compiler: Any = None) -> FastAPI:
+    """The service over ``store`` (default: the one ``settings`` names).
+
+    ``compiler`` builds for POST /v1/build; by default a CudnnCompiler is
+    tried on first use, and the route answers 503 with the reason where this
+    host has no GPU.
+    """
+    settings = settings or Settings.from_env()
+    store = store if store is not None else open_store(settings)
+    state = State(settings, store, compiler)
+    app = FastAPI(
+        title="graphcache",
+        version="0.1.0",
+        description="Prebuilt cuDNN attention graphs, keyed by spec and target, verified end to end.",
+    )
+    app.state.gc = state
+
+    @app.exception_handler(ServiceError)
+    async def _service_error(request: Request, exc: ServiceError) -> Response:
+        return _error(exc)
+
+    @app.exception_handler(GraphCacheError)
+    async def _library_error(request: Request, exc: GraphCacheError) -> Response:
+        return _error(from_library(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> Response:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e.get('loc', ()) if p != 'body') or 'body'}: {e.get('msg')}"
+            for e in exc.errors()
+        )
+        return _error(ServiceError(422, "invalid_request", problems))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return _error(ServiceError(exc.status_code, code, str(exc.detail)))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> Response:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return _error(from_library(exc))
+
+    def auth(request: Request, need: str) -> None:
+        value = request.headers.get("authorization")
+        state.auth.check(value.encode() if value is not None else None, need)
+
+    @app.get("/v1/artifacts/{key}", response_class=Response, summary="Download an artifact",
+             responses={200: {"content": {"application/octet-stream": {}}}, 304: {}, 400: {}, 404: {}})
+    async def get_artifact(key: str, request: Request) -> Response:
+        status, headers, payload = await state.artifact("GET", key, _raw_headers(request))
+        return Response(payload, status_code=status, headers={k.decode(): v.decode() for k, v in headers})
+
+    @app.head("/v1/artifacts/{key}", response_class=Response, summary="Whether an artifact is stored")
+    async def head_artifact(key: str, request: Request) -> Response:
+        status, headers, _ = await state.artifact("HEAD", key, _raw_headers(request))
+        return Response(b"", status_code=status, headers={k.decode(): v.decode() for k, v in headers})
+
+    @app.put("/v1/artifacts/{key}", summary="Upload an artifact (write token)", status_code=201,
+             responses={200: {"description": "identical artifact already stored"}, 400: {}, 401: {}, 403: {}, 413: {}})
+    async def put_artifact(key: str, request: Request) -> Response:
+        auth(request, "write")
+        if not is_key(key):
+            raise ServiceError(400, "invalid_key", "a key is 64 lowercase hex characters")
+        data = await _read_limited(request, settings.max_upload, state)
+        try:
+            artifact = await anyio.to_thread.run_sync(_verify_upload, data, key, settings.signing_key)
+        except CorruptArtifact as exc:
+            state.metrics.rejected.labels(exc.reason).inc()
+            raise ServiceError(400, exc.reason, f"upload refused: {exc}") from exc
+        try:
+            created = await anyio.to_thread.run_sync(store.put, key, data)
+        except StoreError as exc:
+            state.metrics.store_errors.inc()
+            raise ServiceError(503, "store_unavailable", str(exc)) from exc
+        state.reader.forget(key)
+        state.metrics.uploads.labels("created" if created else "identical").inc()
+        return _json(201 if created else 200, {
+            "key": key, "created": created, "size": len(data), "target": str(artifact.target),
+            "spec": artifact.spec.summary(),
+        })
+
+    @app.delete("/v1/artifacts/{key}", status_code=204, summary="Remove an artifact (admin token)")
+    async def delete_artifact(key: str, request: Request) -> Response:
+        auth(request, "admin")
+        if not is_key(key):
+            raise ServiceError(400, "invalid_key", "a key is 64 lowercase hex characters")
+        removed = await anyio.to_thread.run_sync(store.delete, key)
+        state.reader.forget(key)
+        if not removed:
+            raise ServiceError(404, "not_found", f"no artifact stored for key {key}")
+        return Response(status_code=204)
+
+    @app.get("/v1/artifacts", summary="List artifact headers, paged")
+    async def list_artifacts(request: Request, target: str | None = None, limit: int = 100,
+                             cursor: str | None = None, keys_only: bool = False) -> Response:
+        auth(request, "read")
+        if not 1 <= limit <= 1000:
+            raise ServiceError(422, "invalid_request", "limit: must be between 1 and 1000")
+        if target is not None:
+            Target.parse(target)
+        if cursor is not None and not is_key(cursor):
+            raise ServiceError(422, "invalid_request", "cursor: must be a key from next_cursor")
+        if keys_only and target is not None:
+            raise ServiceError(422, "invalid_request", "keys_only: cannot filter by target without reading headers")
+        items, next_cursor = await anyio.to_thread.run_sync(_page, store, target, limit, cursor, keys_only)
+        return _json(200, {"items": items, "next_cursor": next_cursor})
+
+    @app.post("/v1/resolve", summary="The key of a spec on a target, and whether it is stored")
+    async def resolve(request: Request, payload: ResolveRequest) -> Response:
+        auth(request, "read")
+        spec = GraphSpec.from_dict(payload.spec)
+        target = Target.parse(payload.target)
+        key = key_for(spec, target)
+        present = await anyio.to_thread.run_sync(store.exists, key)
+        return _json(200, {"key": key, "present": present, "target": str(target), "spec": spec.to_dict()})
+
+    @app.post("/v1/build", summary="Build a spec on this host's GPU and store it (write token)")
+    async def build(request: Request, payload: BuildRequest) -> Response:
+        auth(request, "write")
+        spec = GraphSpec.from_dict(payload.spec)
+        cache = state.graph_cache()
+        before = cache.stats()["builds"]
+        start = time.perf_counter()
+        try:
+            artifact = await anyio.to_thread.run_sync(cache.get, spec)
+        except GraphCacheError:
+            state.metrics.builds.labels("failed").inc()
+            raise
+        built = cache.stats()["builds"] > before
+        if built:
+            state.metrics.builds.labels("built").inc()
+            state.metrics.build_seconds.observe(time.perf_counter() - start)
+        return _json(200, {"key": artifact.key, "built": built, "target": str(artifact.target)})
+
+    @app.get("/healthz", summary="Whether the store answers")
+    async def healthz() -> Response:
+        try:
+            with anyio.fail_after(5):
+                await anyio.to_thread.run_sync(_ping, store)
+        except (StoreError, OSError, TimeoutError) as exc:
+            state.metrics.store_errors.inc()
+            return _error(ServiceError(503, "store_unavailable", f"{store!r} did not answer: {exc}"))
+        return _json(200, {"status": "ok", "store": repr(store)})
+
+    @app.get("/metrics", summary="Prometheus metrics", response_class=Response)
+    async def metrics() -> Response:
+        return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/stats", summary="Counters as JSON")
+    async def stats() -> Response:
+        reg = state.metrics.registry
+
+        def value(name: str, **labels: str) -> int:
+            return int(reg.get_sample_value(name, labels) or 0)
+
+        rejected = {
+            s.labels["reason"]: int(s.value)
+            for m in state.metrics.rejected.collect() for s in m.samples if s.name.endswith("_total")
+        }
+        return _json(200, {
+            "store": repr(store),
+            "uptime_seconds": round(time.time() - state.started, 1),
+            "hits": value("graphcache_hits_total"),
+            "misses": value("graphcache_misses_total"),
+            "bytes_served": value("graphcache_bytes_served_total"),
+            "uploads": value("graphcache_uploads_total", result="created"),
+            "uploads_identical": value("graphcache_uploads_total", result="identical"),
+            "uploads_rejected": rejected,
+            "quarantined": sum(
+                int(s.value) for m in state.metrics.quarantined.collect() for s in m.samples if s.name.endswith("_total")
+            ),
+            "builds": value("graphcache_builds_total", result="built"),
+        })
+
+    app.add_middleware(ArtifactFastPath, state=state)
+    app.add_middleware(RequestMetrics, metrics=state.metrics)
+    return app
+
+
+def create_app_from_env() -> FastAPI:
+    """uvicorn factory: ``uvicorn --factory service.app:create_app_from_env``."""
+    return create_app(Settings.from_env())
+
+
+# -- helpers -----------------------------------------------------------------------------
+
+
+def _raw_headers(request: Request) -> dict[bytes, bytes]:
+    return dict(request.scope["headers"])
+
+
+async def _read_limited(request: Request, limit: int, state: State) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise ServiceError(400, "bad_request", "Content-Length must be a number")
+        if int(declared) > limit:
+            state.metrics.rejected.labels("too_large").inc()
+            raise ServiceError(413, "too_large", f"upload of {declared} bytes exceeds the limit of {limit} bytes "
+                               "(GRAPHCACHE_MAX_UPLOAD)")
+    chunks = bytearray()
+    async for chunk in request.stream():
+        chunks += chunk
+        if len(chunks) > limit:
+            state.metrics.rejected.labels("too_large").inc()
+            raise ServiceError(413, "too_large", f"upload exceeds the limit of {limit} bytes (GRAPHCACHE_MAX_UPLOAD)")
+    return bytes(chunks)
+
+
+def _verify_upload(data: bytes, key: str, signing_key: bytes | None) -> Artifact:
+    """The server never trusts what it is sent: full decode, key recomputed,
+    the path key matched, and the signature checked when signing is on."""
+    artifact = Artifact.decode(data, expected_key=key)
+    if signing_key:
+        artifact.verify_signature(signing_key)
+    return artifact
+
+
+def _page(
+    store: Store, target: str | None, limit: int, cursor: str | None, keys_only: bool = False
+) -> tuple[list[dict[str, Any]], str | None]:
+    keys = sorted(k for k in store.keys() if cursor is None or k > cursor)
+    if keys_only:
+        page = keys[:limit]
+        return [{"key": k} for k in page], (page[-1] if len(keys) > limit else None)
+    items: list[dict[str, Any]] = []
+    last = None
+    for key in keys:
+        data = store.get(key)
+        if data is None:
+            continue
+        last = key
+        try:
+            header = read_header(data)
+        except CorruptArtifact as exc:
+            items.append({"key": key, "size": len(data), "corrupt": str(exc)})
+        else:
+            if target is not None and header.get("target_text") != target:
+                continue
+            items.append({"key": key, "size": len(data), "header": header})
+        if len(items) >= limit:
+            break
+    more = last is not None and any(k > last for k in keys)
+    return items, (last if more else None)
+
+
+def _ping(store: Store) -> None:
+    ping = getattr(store, "ping", None)
+    if ping is not None:
+        ping()
+    else:
+        store.exists("0" * 64)
+
+
