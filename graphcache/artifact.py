@@ -64,9 +64,7 @@ class Artifact:
     build_seconds: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
     builder_host: str = field(default_factory=socket.gethostname)
-    created_at: str = field(
-        default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    )
+    created_at: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
     validation_error: float | None = None
     runtime: dict[str, Any] = field(default_factory=dict)
     unsupported: str | None = None
@@ -132,8 +130,7 @@ class Artifact:
         head = dataclasses.replace(self, signature=None).header()
         if not hmac.compare_digest(self.signature, _mac(secret, head)):
             raise SignatureError(
-                f"artifact {self.key[:12]} has a wrong signature (signed with another key, "
-                "or altered after signing)",
+                f"artifact {self.key[:12]} has a wrong signature (signed with another key, or altered after signing)",
                 "bad_signature",
             )
 

@@ -10,7 +10,6 @@ import datetime as _dt
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 import click
 from rich.console import Console
@@ -43,8 +42,15 @@ pass_ctx = click.make_pass_decorator(Context)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--cache-dir", envvar=None, help="DiskStore folder (default: $GRAPHCACHE_DIR, else the user cache folder).")
-@click.option("--store", "store", default=None, help="Store location: a folder, redis://..., or http://server (default: $GRAPHCACHE_STORE).")
+@click.option(
+    "--cache-dir", envvar=None, help="DiskStore folder (default: $GRAPHCACHE_DIR, else the user cache folder)."
+)
+@click.option(
+    "--store",
+    "store",
+    default=None,
+    help="Store location: a folder, redis://..., or http://server (default: $GRAPHCACHE_STORE).",
+)
 @click.version_option(package_name="graphcache")
 @click.pass_context
 def main(ctx: click.Context, cache_dir: str | None, store: str | None) -> None:
@@ -214,7 +220,12 @@ def key_cmd(spec_file: str, target: str) -> None:
 
 
 @main.command("doctor")
-@click.option("--spec", "spec_file", default=None, help="JSON/YAML spec to check (default: float16 causal, 32 heads, seq 1024, dim 128).")
+@click.option(
+    "--spec",
+    "spec_file",
+    default=None,
+    help="JSON/YAML spec to check (default: float16 causal, 32 heads, seq 1024, dim 128).",
+)
 def doctor_cmd(spec_file: str | None) -> None:
     """What this machine has, and what graphcache can do on it."""
     from graphcache.doctor import diagnose

@@ -81,8 +81,7 @@ class GraphSpec:
             value = getattr(self, name)
             if value % 8 or value > MAX_HEAD_DIM:
                 raise SpecError(
-                    f"{name}={value} is not supported: head dims must be a multiple of 8 "
-                    f"and at most {MAX_HEAD_DIM}",
+                    f"{name}={value} is not supported: head dims must be a multiple of 8 and at most {MAX_HEAD_DIM}",
                     name,
                 )
         _choice("dtype", self.dtype, DTYPES)
@@ -92,15 +91,9 @@ class GraphSpec:
         self._check_scale()
         for name in ("generate_stats", "padding"):
             if not isinstance(getattr(self, name), bool):
-                raise SpecError(
-                    f"{name}={getattr(self, name)!r} must be true or false", name
-                )
+                raise SpecError(f"{name}={getattr(self, name)!r} must be true or false", name)
         dropout = self.dropout
-        if (
-            isinstance(dropout, bool)
-            or not isinstance(dropout, (int, float))
-            or not (0.0 <= dropout < 1.0)
-        ):
+        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not (0.0 <= dropout < 1.0):
             raise SpecError(
                 f"dropout={dropout!r} is out of range: it must be a number in [0, 1)",
                 "dropout",
@@ -139,12 +132,7 @@ class GraphSpec:
         if scale is None:
             object.__setattr__(self, "attn_scale", 1.0 / math.sqrt(self.head_dim))
             return
-        if (
-            isinstance(scale, bool)
-            or not isinstance(scale, (int, float))
-            or not math.isfinite(scale)
-            or scale <= 0
-        ):
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
             raise SpecError(
                 f"attn_scale={scale!r} is invalid: it must be a finite number > 0 "
                 f"(default 1/sqrt(head_dim) = {1.0 / math.sqrt(self.head_dim)!r})",
@@ -166,9 +154,7 @@ class GraphSpec:
             SpecError: for a non-mapping, a missing or unknown field, or an invalid value.
         """
         if not isinstance(data, dict):
-            raise SpecError(
-                f"a spec must be a mapping of field names to values, got {type(data).__name__}"
-            )
+            raise SpecError(f"a spec must be a mapping of field names to values, got {type(data).__name__}")
         names = cls.field_names()
         for name in data:
             if name not in names:
@@ -238,13 +224,9 @@ class GraphSpec:
 
     def summary(self) -> str:
         """A short human form, e.g. ``b1 h32/8 s4096 d128 bf16 bshd causal``."""
-        heads = f"h{self.heads_q}" + (
-            f"/{self.heads_kv}" if self.heads_kv != self.heads_q else ""
-        )
+        heads = f"h{self.heads_q}" + (f"/{self.heads_kv}" if self.heads_kv != self.heads_q else "")
         seq = f"s{self.seq_q}" + (f"/{self.seq_kv}" if self.seq_kv != self.seq_q else "")
-        dim = f"d{self.head_dim}" + (
-            f"/{self.head_dim_v}" if self.head_dim_v != self.head_dim else ""
-        )
+        dim = f"d{self.head_dim}" + (f"/{self.head_dim_v}" if self.head_dim_v != self.head_dim else "")
         mask = self.mask
         if mask == "sliding_window":
             mask = f"window({self.window_left},{self.window_right})"
@@ -268,6 +250,4 @@ def _positive_int(name: str, value: Any) -> None:
 
 def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
-        raise SpecError(
-            f"{name}={value!r} is not supported; allowed: {', '.join(allowed)}", name
-        )
+        raise SpecError(f"{name}={value!r} is not supported; allowed: {', '.join(allowed)}", name)

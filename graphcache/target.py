@@ -10,9 +10,7 @@ from graphcache.errors import NoGpu, TargetError
 
 FORM = "GPU-smMAJORMINOR-cudnnX.Y.Z-feX.Y.Z (for example h200-sm90-cudnn9.28.0-fe1.32.0)"
 _VERSION = r"\d+(?:\.\d+){1,3}"
-_TEXT = re.compile(
-    rf"^(?P<gpu>[a-z0-9_]+)-sm(?P<sm>\d{{2,3}})-cudnn(?P<cudnn>{_VERSION})-fe(?P<fe>{_VERSION})$"
-)
+_TEXT = re.compile(rf"^(?P<gpu>[a-z0-9_]+)-sm(?P<sm>\d{{2,3}})-cudnn(?P<cudnn>{_VERSION})-fe(?P<fe>{_VERSION})$")
 _GPU = re.compile(r"^[a-z0-9_]+$")
 _CC = re.compile(r"^\d{1,2}\.\d$")
 _NOISE = ("nvidia", "geforce", "tesla", "quadro")
@@ -50,9 +48,7 @@ class Target:
         if not _GPU.match(self.gpu):
             raise TargetError(f"gpu={self.gpu!r} must be lowercase letters, digits and _")
         if not _CC.match(self.compute_capability):
-            raise TargetError(
-                f"compute_capability={self.compute_capability!r} must look like '9.0'"
-            )
+            raise TargetError(f"compute_capability={self.compute_capability!r} must look like '9.0'")
         for name in ("cudnn", "frontend"):
             if not re.fullmatch(_VERSION, getattr(self, name)):
                 raise TargetError(f"{name}={getattr(self, name)!r} must look like '9.28.0'")
@@ -117,9 +113,7 @@ class Target:
         try:
             import cudnn  # type: ignore[import-not-found]
         except ImportError as exc:
-            raise NoGpu(
-                "nvidia-cudnn-frontend is not installed: pip install 'graphcache[gpu]'"
-            ) from exc
+            raise NoGpu("nvidia-cudnn-frontend is not installed: pip install 'graphcache[gpu]'") from exc
         try:
             cudnn_text = cudnn.backend_version_string()
         except (AttributeError, RuntimeError):
@@ -158,7 +152,5 @@ def _import_torch() -> Any:
     try:
         import torch
     except ImportError as exc:
-        raise NoGpu(
-            "torch is not installed, so no GPU can be used: pip install 'graphcache[gpu]'"
-        ) from exc
+        raise NoGpu("torch is not installed, so no GPU can be used: pip install 'graphcache[gpu]'") from exc
     return torch

@@ -69,7 +69,9 @@ def main() -> None:
             rows.append((f"{size // 1024} KiB", base, g, gv))
         spec = GraphSpec(batch=1, heads_q=32, heads_kv=8, seq_q=4096, head_dim=128, dtype="bfloat16", mask="causal")
         kf = median_us(lambda: key_for(spec, TARGET), args.repeat * 10)
-    print(f"{'size':>8} {'open().read()':>14} {'store.get':>12} {'get+verify':>12} {'get/raw':>8} {'get+verify/raw':>15}")
+    print(
+        f"{'size':>8} {'open().read()':>14} {'store.get':>12} {'get+verify':>12} {'get/raw':>8} {'get+verify/raw':>15}"
+    )
     for label, base, g, gv in rows:
         print(f"{label:>8} {base:>12.0f}us {g:>10.0f}us {gv:>10.0f}us {g / base:>7.2f}x {gv / base:>14.2f}x")
     print(f"key_for: {kf:.1f} us per call")

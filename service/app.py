@@ -73,7 +73,9 @@ class Auth:
         allowed = {"read": self.read, "write": self.write, "admin": self.admin}[need]
         if not authorization:
             raise ServiceError(
-                401, "unauthorized", f"this route needs a {need} token: send 'Authorization: Bearer TOKEN'",
+                401,
+                "unauthorized",
+                f"this route needs a {need} token: send 'Authorization: Bearer TOKEN'",
                 {"www-authenticate": "Bearer"},
             )
         scheme, _, token = authorization.partition(b" ")
@@ -200,11 +202,15 @@ class State:
         self._cache = GraphCache(self.store, self._compiler, signing_key=self.settings.signing_key)
         return self._cache
 
-    async def artifact(self, method: str, key: str, headers: dict[bytes, bytes]) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    async def artifact(
+        self, method: str, key: str, headers: dict[bytes, bytes]
+    ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
         """Status, headers and body for GET/HEAD of one artifact."""
         self.auth.check(headers.get(b"authorization"), "read")
         if not is_key(key):
-            raise ServiceError(400, "invalid_key", "a key is 64 lowercase hex characters (sha256 of the spec and target)")
+            raise ServiceError(
+                400, "invalid_key", "a key is 64 lowercase hex characters (sha256 of the spec and target)"
+            )
         try:
             found = self.reader.read(key)
         except StoreError as exc:
@@ -257,14 +263,10 @@ class ArtifactFastPath:
         self.state = state
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if (
-            scope["type"] != "http"
-            or scope["method"] not in ("GET", "HEAD")
-            or not scope["path"].startswith(ARTIFACTS)
-        ):
+        if scope["type"] != "http" or scope["method"] not in ("GET", "HEAD") or not scope["path"].startswith(ARTIFACTS):
             await self.app(scope, receive, send)
             return
-        key = scope["path"][len(ARTIFACTS):]
+        key = scope["path"][len(ARTIFACTS) :]
         headers = dict(scope["headers"])
         try:
             status, out, payload = await self.state.artifact(scope["method"], key, headers)
@@ -281,8 +283,18 @@ class ArtifactFastPath:
         await send({"type": "http.response.body", "body": payload})
 
 
-KNOWN_ROUTES = ("/v1/artifacts", "/v1/resolve", "/v1/build", "/v1/stats", "/healthz", "/metrics", "/docs",
-                "/openapi.json", "/docs/oauth2-redirect", "/redoc")
+KNOWN_ROUTES = (
+    "/v1/artifacts",
+    "/v1/resolve",
+    "/v1/build",
+    "/v1/stats",
+    "/healthz",
+    "/metrics",
+    "/docs",
+    "/openapi.json",
+    "/docs/oauth2-redirect",
+    "/redoc",
+)
 
 
 class RequestMetrics:
@@ -329,8 +341,9 @@ def _json(status: int, data: Any, headers: dict[str, str] | None = None) -> Resp
 
 
 def _error(err: ServiceError) -> Response:
-    return Response(body(err.code, err.detail), status_code=err.status, media_type="application/json",
-                    headers=err.headers or None)
+    return Response(
+        body(err.code, err.detail), status_code=err.status, media_type="application/json", headers=err.headers or None
+    )
 
 
 # -- the app -----------------------------------------------------------------------------
@@ -383,8 +396,12 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None, 
         value = request.headers.get("authorization")
         state.auth.check(value.encode() if value is not None else None, need)
 
-    @app.get("/v1/artifacts/{key}", response_class=Response, summary="Download an artifact",
-             responses={200: {"content": {"application/octet-stream": {}}}, 304: {}, 400: {}, 404: {}})
+    @app.get(
+        "/v1/artifacts/{key}",
+        response_class=Response,
+        summary="Download an artifact",
+        responses={200: {"content": {"application/octet-stream": {}}}, 304: {}, 400: {}, 404: {}},
+    )
     async def get_artifact(key: str, request: Request) -> Response:
         status, headers, payload = await state.artifact("GET", key, _raw_headers(request))
         return Response(payload, status_code=status, headers={k.decode(): v.decode() for k, v in headers})
@@ -394,8 +411,12 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None, 
         status, headers, _ = await state.artifact("HEAD", key, _raw_headers(request))
         return Response(b"", status_code=status, headers={k.decode(): v.decode() for k, v in headers})
 
-    @app.put("/v1/artifacts/{key}", summary="Upload an artifact (write token)", status_code=201,
-             responses={200: {"description": "identical artifact already stored"}, 400: {}, 401: {}, 403: {}, 413: {}})
+    @app.put(
+        "/v1/artifacts/{key}",
+        summary="Upload an artifact (write token)",
+        status_code=201,
+        responses={200: {"description": "identical artifact already stored"}, 400: {}, 401: {}, 403: {}, 413: {}},
+    )
     async def put_artifact(key: str, request: Request) -> Response:
         auth(request, "write")
         if not is_key(key):
@@ -413,10 +434,16 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None, 
             raise ServiceError(503, "store_unavailable", str(exc)) from exc
         state.reader.forget(key)
         state.metrics.uploads.labels("created" if created else "identical").inc()
-        return _json(201 if created else 200, {
-            "key": key, "created": created, "size": len(data), "target": str(artifact.target),
-            "spec": artifact.spec.summary(),
-        })
+        return _json(
+            201 if created else 200,
+            {
+                "key": key,
+                "created": created,
+                "size": len(data),
+                "target": str(artifact.target),
+                "spec": artifact.spec.summary(),
+            },
+        )
 
     @app.delete("/v1/artifacts/{key}", status_code=204, summary="Remove an artifact (admin token)")
     async def delete_artifact(key: str, request: Request) -> Response:
@@ -430,8 +457,13 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None, 
         return Response(status_code=204)
 
     @app.get("/v1/artifacts", summary="List artifact headers, paged")
-    async def list_artifacts(request: Request, target: str | None = None, limit: int = 100,
-                             cursor: str | None = None, keys_only: bool = False) -> Response:
+    async def list_artifacts(
+        request: Request,
+        target: str | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+        keys_only: bool = False,
+    ) -> Response:
         auth(request, "read")
         if not 1 <= limit <= 1000:
             raise ServiceError(422, "invalid_request", "limit: must be between 1 and 1000")
@@ -494,22 +526,30 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None, 
 
         rejected = {
             s.labels["reason"]: int(s.value)
-            for m in state.metrics.rejected.collect() for s in m.samples if s.name.endswith("_total")
+            for m in state.metrics.rejected.collect()
+            for s in m.samples
+            if s.name.endswith("_total")
         }
-        return _json(200, {
-            "store": repr(store),
-            "uptime_seconds": round(time.time() - state.started, 1),
-            "hits": value("graphcache_hits_total"),
-            "misses": value("graphcache_misses_total"),
-            "bytes_served": value("graphcache_bytes_served_total"),
-            "uploads": value("graphcache_uploads_total", result="created"),
-            "uploads_identical": value("graphcache_uploads_total", result="identical"),
-            "uploads_rejected": rejected,
-            "quarantined": sum(
-                int(s.value) for m in state.metrics.quarantined.collect() for s in m.samples if s.name.endswith("_total")
-            ),
-            "builds": value("graphcache_builds_total", result="built"),
-        })
+        return _json(
+            200,
+            {
+                "store": repr(store),
+                "uptime_seconds": round(time.time() - state.started, 1),
+                "hits": value("graphcache_hits_total"),
+                "misses": value("graphcache_misses_total"),
+                "bytes_served": value("graphcache_bytes_served_total"),
+                "uploads": value("graphcache_uploads_total", result="created"),
+                "uploads_identical": value("graphcache_uploads_total", result="identical"),
+                "uploads_rejected": rejected,
+                "quarantined": sum(
+                    int(s.value)
+                    for m in state.metrics.quarantined.collect()
+                    for s in m.samples
+                    if s.name.endswith("_total")
+                ),
+                "builds": value("graphcache_builds_total", result="built"),
+            },
+        )
 
     app.add_middleware(ArtifactFastPath, state=state)
     app.add_middleware(RequestMetrics, metrics=state.metrics)
@@ -535,8 +575,11 @@ async def _read_limited(request: Request, limit: int, state: State) -> bytes:
             raise ServiceError(400, "bad_request", "Content-Length must be a number")
         if int(declared) > limit:
             state.metrics.rejected.labels("too_large").inc()
-            raise ServiceError(413, "too_large", f"upload of {declared} bytes exceeds the limit of {limit} bytes "
-                               "(GRAPHCACHE_MAX_UPLOAD)")
+            raise ServiceError(
+                413,
+                "too_large",
+                f"upload of {declared} bytes exceeds the limit of {limit} bytes (GRAPHCACHE_MAX_UPLOAD)",
+            )
     chunks = bytearray()
     async for chunk in request.stream():
         chunks += chunk
@@ -589,5 +632,3 @@ def _ping(store: Store) -> None:
         ping()
     else:
         store.exists("0" * 64)
-
-

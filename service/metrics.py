@@ -10,8 +10,10 @@ class Metrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
-            "graphcache_requests_total", "HTTP requests by route, method and status",
-            ["route", "method", "status"], registry=r,
+            "graphcache_requests_total",
+            "HTTP requests by route, method and status",
+            ["route", "method", "status"],
+            registry=r,
         )
         self.hits = Counter("graphcache_hits_total", "artifact GETs answered from the store", registry=r)
         self.misses = Counter("graphcache_misses_total", "artifact GETs for absent keys", registry=r)
@@ -21,13 +23,17 @@ class Metrics:
             "graphcache_uploads_rejected_total", "refused uploads by reason", ["reason"], registry=r
         )
         self.quarantined = Counter(
-            "graphcache_quarantined_total", "stored entries that failed verification and were set aside",
-            ["reason"], registry=r,
+            "graphcache_quarantined_total",
+            "stored entries that failed verification and were set aside",
+            ["reason"],
+            registry=r,
         )
         self.builds = Counter("graphcache_builds_total", "graphs built by POST /v1/build", ["result"], registry=r)
         self.build_seconds = Histogram(
-            "graphcache_build_seconds", "seconds per build",
-            buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300), registry=r,
+            "graphcache_build_seconds",
+            "seconds per build",
+            buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300),
+            registry=r,
         )
         self.store_errors = Counter("graphcache_store_errors_total", "store operations that failed", registry=r)
         self.verified_cache = Gauge(

@@ -11,8 +11,20 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-COMMON = {"name", "q", "k", "v", "attn_scale", "use_padding_mask", "seq_len_q", "seq_len_kv", "dropout",
-          "use_alibi_mask", "bias", "compute_data_type"}
+COMMON = {
+    "name",
+    "q",
+    "k",
+    "v",
+    "attn_scale",
+    "use_padding_mask",
+    "seq_len_q",
+    "seq_len_kv",
+    "dropout",
+    "use_alibi_mask",
+    "bias",
+    "compute_data_type",
+}
 FE_1_7 = COMMON | {"is_inference", "use_causal_mask", "use_causal_mask_bottom_right", "sliding_window_length"}
 FE_1_12 = FE_1_7 | {"diagonal_alignment", "diagonal_band_left_bound", "diagonal_band_right_bound"}
 FE_1_27 = FE_1_12 | {"generate_stats"}

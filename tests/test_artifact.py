@@ -23,8 +23,20 @@ def test_round_trip_keeps_every_field(artifact):
     assert back.payload == artifact.payload
     assert back.key == key_for(artifact.spec, TARGET)
     header = read_header(data)
-    for name in ("key", "spec", "uids", "target", "dialect", "workspace_size", "build_seconds",
-                 "builder_host", "created_at", "payload_sha256", "payload_size", "validation_error"):
+    for name in (
+        "key",
+        "spec",
+        "uids",
+        "target",
+        "dialect",
+        "workspace_size",
+        "build_seconds",
+        "builder_host",
+        "created_at",
+        "payload_sha256",
+        "payload_size",
+        "validation_error",
+    ):
         assert name in header
     assert header["target_text"] == str(TARGET)
 

@@ -15,7 +15,10 @@ from tests.fakes import FakeCompiler, spec
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "graphcache.cli", *args],
-        capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200", **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "200", **(env or {})},
     )
 
 

@@ -78,8 +78,11 @@ EXPECTED = {
         "none": {},
         "causal": {"diagonal_alignment": "TOP_LEFT", "diagonal_band_right_bound": 0},
         "causal_bottom_right": {"diagonal_alignment": "BOTTOM_RIGHT", "diagonal_band_right_bound": 0},
-        "sliding_window": {"diagonal_alignment": "TOP_LEFT", "diagonal_band_left_bound": 33,
-                           "diagonal_band_right_bound": 0},
+        "sliding_window": {
+            "diagonal_alignment": "TOP_LEFT",
+            "diagonal_band_left_bound": 33,
+            "diagonal_band_right_bound": 0,
+        },
     },
     "causal_flags": {
         "none": {},
@@ -111,8 +114,13 @@ def test_each_frontend_gets_its_dialect_and_keeps_the_mask(frontend, dialect, ma
     received = cudnn.lowered[-1]
     mask_words = {k: v for k, v in received.items() if k.startswith(("diagonal", "use_causal", "sliding"))}
     assert mask_words == EXPECTED[dialect][spec.mask]
-    assert set(built.timings) >= {"validate", "build_operation_graph", "create_execution_plans",
-                                  "check_support", "build_plans"}
+    assert set(built.timings) >= {
+        "validate",
+        "build_operation_graph",
+        "create_execution_plans",
+        "check_support",
+        "build_plans",
+    }
     if dialect == "diagonal_band":
         assert received["generate_stats"] is False and "is_inference" not in received
     else:

@@ -47,15 +47,28 @@ def test_key_is_the_same_in_a_fresh_process():
     )
     out = subprocess.run(
         [sys.executable, "-c", code, LLAMA.canonical_json(), str(TARGET)],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.strip()
     assert out == key_for(LLAMA, TARGET)
 
 
 SPEC_CHANGES = [
-    ("batch", 2), ("heads_q", 64), ("heads_kv", 4), ("seq_q", 2048), ("seq_kv", 8192), ("head_dim", 64),
-    ("head_dim_v", 64), ("dtype", "float16"), ("layout", "bhsd"), ("mask", "causal_bottom_right"),
-    ("attn_scale", 0.1), ("generate_stats", True), ("padding", True), ("dropout", 0.1),
+    ("batch", 2),
+    ("heads_q", 64),
+    ("heads_kv", 4),
+    ("seq_q", 2048),
+    ("seq_kv", 8192),
+    ("head_dim", 64),
+    ("head_dim_v", 64),
+    ("dtype", "float16"),
+    ("layout", "bhsd"),
+    ("mask", "causal_bottom_right"),
+    ("attn_scale", 0.1),
+    ("generate_stats", True),
+    ("padding", True),
+    ("dropout", 0.1),
 ]
 
 

@@ -114,8 +114,11 @@ def test_upload_verification_refuses_every_bad_case(client, store):
     for code, bad in cases.items():
         assert_error(put(client, art, data=bad), 400, code)
     # a genuine artifact uploaded under another key
-    assert_error(client.put(f"/v1/artifacts/{other.key}", content=data,
-                            headers={"authorization": f"Bearer {WRITE}"}), 400, "key_mismatch")
+    assert_error(
+        client.put(f"/v1/artifacts/{other.key}", content=data, headers={"authorization": f"Bearer {WRITE}"}),
+        400,
+        "key_mismatch",
+    )
     # a header whose key is its own path key but does not recompute from its spec
     from graphcache.artifact import frame
 
@@ -177,8 +180,10 @@ def test_resolve(client):
     "body, words",
     [
         ({"spec": {"batch": 1, "heads_q": 8, "seq_q": 128, "head_dim": 60}, "target": str(TARGET)}, "spec.head_dim"),
-        ({"spec": {"batch": 1, "heads_q": 8, "seq_q": 128, "head_dim": 64, "mask": "diag"}, "target": str(TARGET)},
-         "spec.mask"),
+        (
+            {"spec": {"batch": 1, "heads_q": 8, "seq_q": 128, "head_dim": 64, "mask": "diag"}, "target": str(TARGET)},
+            "spec.mask",
+        ),
         ({"spec": {"batch": 1, "heads_q": 8, "seq_q": 128, "head_dim": 64}, "target": "h200"}, "target"),
         ({"spec": {"batch": 1, "heads_q": 8, "seq_q": 128, "head_dim": 64}}, "target"),
         ({"target": str(TARGET)}, "spec"),

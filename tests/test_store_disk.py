@@ -57,7 +57,7 @@ def test_lru_eviction_keeps_size_under_limit(tmp_path):
     limit = 2 * 1024 * 1024
     store = DiskStore(tmp_path, size_limit=limit, touch_interval=0)
     arts = [make_artifact(spec(batch=b), size=256 * 1024) for b in range(1, 21)]
-    for i, art in enumerate(arts):
+    for art in arts:
         store.put(art.key, art.encode())
         store.get(arts[0].key)  # keep the first one hot
         assert store.volume() < limit + 512 * 1024

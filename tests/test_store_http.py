@@ -51,7 +51,9 @@ def test_http_store_refuses_corrupt_downloads(tmp_path):
     bad[-1] ^= 1
 
     async def app(scope, receive, send):
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/octet-stream")]})
+        await send(
+            {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/octet-stream")]}
+        )
         await send({"type": "http.response.body", "body": bytes(bad)})
 
     with ServerThread(app) as srv:

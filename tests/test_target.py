@@ -15,8 +15,11 @@ def test_text_form_round_trips():
 
 @pytest.mark.parametrize(
     "text, cc",
-    [("a100_sxm4_80gb-sm80-cudnn9.1.0-fe1.8.0", "8.0"), ("b200-sm100-cudnn9.10.2-fe1.28.0", "10.0"),
-     ("rtx_4090-sm89-cudnn9.5.1-fe1.12.0", "8.9")],
+    [
+        ("a100_sxm4_80gb-sm80-cudnn9.1.0-fe1.8.0", "8.0"),
+        ("b200-sm100-cudnn9.10.2-fe1.28.0", "10.0"),
+        ("rtx_4090-sm89-cudnn9.5.1-fe1.12.0", "8.9"),
+    ],
 )
 def test_compute_capability_from_sm(text, cc):
     target = Target.parse(text)
@@ -26,8 +29,15 @@ def test_compute_capability_from_sm(text, cc):
 
 @pytest.mark.parametrize(
     "text",
-    ["", "h200", "H200-sm90-cudnn9.28.0-fe1.32.0", "h200-90-cudnn9.28.0-fe1.32.0",
-     "h200-sm90-cudnn9-fe1.32.0", "h200-sm90-cudnn9.28.0", "h200-sm90-cudnn9.28.0-fe1.32.0-x"],
+    [
+        "",
+        "h200",
+        "H200-sm90-cudnn9.28.0-fe1.32.0",
+        "h200-90-cudnn9.28.0-fe1.32.0",
+        "h200-sm90-cudnn9-fe1.32.0",
+        "h200-sm90-cudnn9.28.0",
+        "h200-sm90-cudnn9.28.0-fe1.32.0-x",
+    ],
 )
 def test_malformed_text_shows_the_expected_form(text):
     with pytest.raises(TargetError, match="expected GPU-smMAJORMINOR"):

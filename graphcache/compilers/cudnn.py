@@ -300,8 +300,7 @@ class CudnnCompiler:
         version = int(self.cudnn().backend_version())
         if version < MIN_CUDNN_SERIALIZE:
             raise UnsupportedGpu(
-                f"serialized SDPA plans need cuDNN >= 9.0; found {target.cudnn}: "
-                "install nvidia-cudnn-cu12 9.x"
+                f"serialized SDPA plans need cuDNN >= 9.0; found {target.cudnn}: install nvidia-cudnn-cu12 9.x"
             )
 
     def handle(self) -> Any:
@@ -447,9 +446,7 @@ class CudnnGraph:
         self.uids = artifact.uids
         self._graph = graph
         self.workspace_size = int(graph.get_workspace_size())
-        self.workspace = torch.empty(
-            max(self.workspace_size, 1), device=f"cuda:{compiler.device}", dtype=torch.uint8
-        )
+        self.workspace = torch.empty(max(self.workspace_size, 1), device=f"cuda:{compiler.device}", dtype=torch.uint8)
         self._dropout_calls = 0
 
     def execute(

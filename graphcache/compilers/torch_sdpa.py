@@ -125,12 +125,20 @@ def random_inputs(spec: GraphSpec, device: str, seed: int = 0) -> dict[str, Any]
     if spec.padding:
         assert spec.seq_kv is not None
         inputs["seq_len_q"] = torch.randint(
-            max(1, spec.seq_q // 2), spec.seq_q + 1, (spec.batch, 1, 1, 1),
-            generator=gen, device=device, dtype=torch.int32,
+            max(1, spec.seq_q // 2),
+            spec.seq_q + 1,
+            (spec.batch, 1, 1, 1),
+            generator=gen,
+            device=device,
+            dtype=torch.int32,
         )
         inputs["seq_len_kv"] = torch.randint(
-            max(1, spec.seq_kv // 2), spec.seq_kv + 1, (spec.batch, 1, 1, 1),
-            generator=gen, device=device, dtype=torch.int32,
+            max(1, spec.seq_kv // 2),
+            spec.seq_kv + 1,
+            (spec.batch, 1, 1, 1),
+            generator=gen,
+            device=device,
+            dtype=torch.int32,
         )
     return inputs
 
@@ -163,7 +171,9 @@ def check_inputs(
     for role in ("seq_len_q", "seq_len_kv"):
         t = tensors.get(role)
         if spec.padding and t is None:
-            raise ExecutionError(f"{role} is missing: the spec has padding=true, pass {role} (int32, ({spec.batch}, 1, 1, 1))")
+            raise ExecutionError(
+                f"{role} is missing: the spec has padding=true, pass {role} (int32, ({spec.batch}, 1, 1, 1))"
+            )
         if not spec.padding and t is not None:
             raise ExecutionError(f"{role} was given but the spec has padding=false")
         if t is not None:
@@ -174,9 +184,7 @@ def check_inputs(
 
 def _check_tensor(spec: GraphSpec, role: str, t: Any, shape: tuple[int, ...], dtype: Any) -> None:
     if tuple(t.shape) != tuple(shape):
-        raise ExecutionError(
-            f"{role} has shape {tuple(t.shape)}; the spec ({spec.summary()}) needs {tuple(shape)}"
-        )
+        raise ExecutionError(f"{role} has shape {tuple(t.shape)}; the spec ({spec.summary()}) needs {tuple(shape)}")
     if t.dtype != dtype:
         raise ExecutionError(f"{role} is {t.dtype}; the spec needs {dtype}")
     if not t.is_contiguous():

@@ -119,8 +119,7 @@ class DiskStore:
             # diskcache has no public "oldest key" query; its SQLite schema
             # (Cache.key, access_time, tag) has been stable since 4.x.
             rows = self._cache._sql(  # noqa: SLF001
-                "SELECT key FROM Cache WHERE (tag IS NULL OR tag != ?) AND key != ?"
-                " ORDER BY access_time LIMIT 1",
+                "SELECT key FROM Cache WHERE (tag IS NULL OR tag != ?) AND key != ? ORDER BY access_time LIMIT 1",
                 (PINNED, keep),
             ).fetchall()
             if not rows:

@@ -93,7 +93,9 @@ class HttpStore:
 
     def put(self, key: str, data: bytes) -> bool:
         response = self._request(
-            "PUT", f"/v1/artifacts/{key}", content=data,
+            "PUT",
+            f"/v1/artifacts/{key}",
+            content=data,
             headers={"content-type": "application/octet-stream"},
         )
         if response.status_code in (200, 201):
@@ -160,5 +162,7 @@ def _code(response: httpx.Response) -> str:
 
 def _expect(response: httpx.Response, status: int) -> None:
     if response.status_code != status:
-        raise StoreError(f"{response.request.method} {response.request.url.path} answered "
-                         f"{response.status_code}: {_detail(response)}")
+        raise StoreError(
+            f"{response.request.method} {response.request.url.path} answered "
+            f"{response.status_code}: {_detail(response)}"
+        )
