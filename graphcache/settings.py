@@ -29,6 +29,7 @@ class Settings:
     store            GRAPHCACHE_STORE          '' (DiskStore in cache_dir), redis://..., http://...
     size_limit       GRAPHCACHE_SIZE_LIMIT     DiskStore bytes before LRU eviction
     max_upload       GRAPHCACHE_MAX_UPLOAD     largest accepted upload, bytes
+    hot_cache_bytes  GRAPHCACHE_HOT_CACHE      memory for small verified entries the server keeps hot (0: off)
     write_tokens     GRAPHCACHE_WRITE_TOKENS   comma-separated bearer tokens for PUT/build
     read_tokens      GRAPHCACHE_READ_TOKENS    tokens for reads; reads are open when unset
     admin_tokens     GRAPHCACHE_ADMIN_TOKENS   tokens for DELETE and purge
@@ -43,6 +44,7 @@ class Settings:
     store: str = ""
     size_limit: int = 10 * 1024 * MiB
     max_upload: int = 64 * MiB
+    hot_cache_bytes: int = 64 * MiB
     write_tokens: tuple[str, ...] = ()
     read_tokens: tuple[str, ...] = ()
     admin_tokens: tuple[str, ...] = ()
@@ -70,6 +72,8 @@ class Settings:
             values["cache_dir"] = Path(v).expanduser()
         if (v := get("STORE")) is not None:
             values["store"] = v
+        if (v := get("HOT_CACHE")) is not None:
+            values["hot_cache_bytes"] = _int("GRAPHCACHE_HOT_CACHE", v, allow_zero=True)
         for name, attr in (("SIZE_LIMIT", "size_limit"), ("MAX_UPLOAD", "max_upload")):
             if (v := get(name)) is not None:
                 values[attr] = _int("GRAPHCACHE_" + name, v)
@@ -97,12 +101,12 @@ class Settings:
         return settings
 
 
-def _int(name: str, value: str) -> int:
+def _int(name: str, value: str, allow_zero: bool = False) -> int:
     try:
         number = int(value)
     except ValueError:
         raise SettingsError(f"{name}={value!r} must be a whole number of bytes") from None
-    if number <= 0:
+    if number < 0 or (number == 0 and not allow_zero):
         raise SettingsError(f"{name}={value!r} must be > 0")
     return number
 

@@ -64,6 +64,17 @@ def test_upload_then_download(client):
     assert Artifact.decode(got.content, expected_key=art.key) == art
 
 
+def test_large_artifacts_stream_intact_every_time(client):
+    art = make_artifact(spec(), size=3 * 1024 * 1024 + 17)
+    put(client, art)
+    for _ in range(3):  # first verified in full, then streamed from the open file
+        got = client.get(f"/v1/artifacts/{art.key}")
+        assert got.status_code == 200
+        assert int(got.headers["content-length"]) == len(got.content)
+        assert Artifact.decode(got.content, expected_key=art.key).payload == art.payload
+    assert client.head(f"/v1/artifacts/{art.key}").status_code == 200
+
+
 def test_identical_upload_is_200(client):
     art = make_artifact(spec())
     assert put(client, art).status_code == 201

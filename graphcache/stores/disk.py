@@ -6,11 +6,13 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import diskcache
 
 DEFAULT_SIZE_LIMIT = 10 * 1024**3
 PINNED = "pinned"
+_PATH_MEMO = 100_000
 
 
 class DiskStore:
@@ -33,6 +35,7 @@ class DiskStore:
         self.size_limit = size_limit
         self.touch_interval = touch_interval
         self._touched: dict[str, float] = {}
+        self._paths: dict[str, str] = {}
         self._cache = diskcache.Cache(
             str(self.path),
             size_limit=size_limit,
@@ -61,15 +64,58 @@ class DiskStore:
         the index. Any rewrite of the file changes its identity, so a reader
         may remember that it verified these exact bytes.
         """
+        opened = self.open(key)
+        if opened is None:
+            return None
+        value, identity = opened
+        if isinstance(value, bytes):
+            return value, None
+        with value:
+            return read_all(value, identity[1]), identity
+
+    def open(self, key: str) -> tuple[Any, tuple[int, ...]] | tuple[bytes, None] | None:
+        """An open binary file of the value and its identity, or the bytes of
+        a value kept inline in the index (identity None), or None when absent.
+        The caller closes the file. Reading through the open handle is safe
+        against eviction: the file may be unlinked, never changed under it.
+        """
+        path = self._paths.get(key)
+        if path is not None:
+            # Hot path: the file of a key seen before, opened without asking
+            # SQLite. diskcache writes every new value to a new file and
+            # deletes the old one, so an open that succeeds reads a complete
+            # value of this key; one that fails falls back to the index.
+            try:
+                fh = open(path, "rb", buffering=0)  # noqa: SIM115 - handed to the caller
+            except FileNotFoundError:
+                self._paths.pop(key, None)
+            else:
+                self._touch(key)
+                return fh, _identity(os.fstat(fh.fileno()))
         value = self._cache.get(key, default=None, read=True, retry=True)
         if value is None:
             return None
         self._touch(key)
         if isinstance(value, bytes):
             return value, None
-        with value:  # an open file: diskcache keeps large values in files
-            st = os.fstat(value.fileno())
-            return _read_all(value, st.st_size), (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        if len(self._paths) >= _PATH_MEMO:
+            self._paths.clear()
+        self._paths[key] = value.name
+        return value, _identity(os.fstat(value.fileno()))
+
+    def stat(self, key: str) -> tuple[int, ...] | None:
+        """The identity ``read`` would report for a key read before, from one
+        stat() call; None when unknown (not read yet, inline, or gone)."""
+        path = self._paths.get(key)
+        if path is None:
+            return None
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            self._paths.pop(key, None)
+            return None
+        self._touch(key)
+        return _identity(st)
 
     def _touch(self, key: str) -> None:
         now = time.time()
@@ -130,6 +176,7 @@ class DiskStore:
         return key in self._cache
 
     def delete(self, key: str) -> bool:
+        self._paths.pop(key, None)
         return bool(self._cache.delete(key, retry=True))
 
     def keys(self) -> Iterator[str]:
@@ -152,9 +199,16 @@ class DiskStore:
         return f"DiskStore({str(self.path)!r})"
 
 
-def _read_all(handle: object, size: int) -> bytes:
-    fileno = handle.fileno()  # type: ignore[attr-defined]
+def _identity(st: os.stat_result) -> tuple[int, ...]:
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def read_all(handle: Any, size: int) -> bytes:
+    fileno = handle.fileno()
     data = os.read(fileno, size) if size else b""
-    if len(data) < size:  # short read: finish through the buffered reader
-        data += handle.read()  # type: ignore[attr-defined]
+    while len(data) < size:  # short read
+        more = os.read(fileno, size - len(data))
+        if not more:
+            break
+        data += more
     return data
