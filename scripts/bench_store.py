@@ -10,6 +10,7 @@ the ratio. Also times key_for per call.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import statistics
 import sys
@@ -59,21 +60,25 @@ def main() -> None:
             def get_only(key: str = art.key) -> bytes | None:
                 return store.get(key)
 
+            def sha_only(data: bytes = data) -> bytes:
+                return hashlib.sha256(data).digest()
+
             for fn in (raw_read, get_verify, get_only):  # warm the page cache
                 fn()
             base = median_us(raw_read, args.repeat)
             gv = median_us(get_verify, args.repeat)
             g = median_us(get_only, args.repeat)
+            sha = median_us(sha_only, args.repeat)
             base2 = median_us(raw_read, args.repeat)  # again, to see drift
             base = min(base, base2)
-            rows.append((f"{size // 1024} KiB", base, g, gv))
+            rows.append((f"{size // 1024} KiB", base, g, gv, sha))
         spec = GraphSpec(batch=1, heads_q=32, heads_kv=8, seq_q=4096, head_dim=128, dtype="bfloat16", mask="causal")
         kf = median_us(lambda: key_for(spec, TARGET), args.repeat * 10)
-    print(
-        f"{'size':>8} {'open().read()':>14} {'store.get':>12} {'get+verify':>12} {'get/raw':>8} {'get+verify/raw':>15}"
-    )
-    for label, base, g, gv in rows:
-        print(f"{label:>8} {base:>12.0f}us {g:>10.0f}us {gv:>10.0f}us {g / base:>7.2f}x {gv / base:>14.2f}x")
+    print(f"{'size':>8} {'open().read()':>14} {'store.get':>10} {'get+verify':>11} {'sha256 only':>12} "
+          f"{'get/raw':>8} {'get+verify/raw':>15}")
+    for label, base, g, gv, sha in rows:
+        print(f"{label:>8} {base:>12.0f}us {g:>8.0f}us {gv:>9.0f}us {sha:>10.0f}us "
+              f"{g / base:>7.2f}x {gv / base:>14.2f}x")
     print(f"key_for: {kf:.1f} us per call")
 
 
