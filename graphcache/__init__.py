@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from graphcache import manifest
 from graphcache.artifact import Artifact
 from graphcache.cache import GraphCache
 from graphcache.errors import (
@@ -51,4 +52,5 @@ __all__ = [
     "UnsupportedGpu",
     "UnsupportedSpec",
     "key_for",
+    "manifest",
 ]

@@ -10,6 +10,7 @@ import datetime as _dt
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.console import Console
@@ -23,7 +24,7 @@ from graphcache.spec import GraphSpec
 from graphcache.stores import Store, open_store
 
 console = Console()
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, soft_wrap=True)
 
 
 class Context:
@@ -217,6 +218,212 @@ def key_cmd(spec_file: str, target: str) -> None:
     from graphcache.target import Target
 
     click.echo(key_for(load_spec_file(spec_file), Target.parse(target)))
+
+
+def _manifest_specs(manifest: str | None, spec_args: tuple[str, ...]) -> list[GraphSpec]:
+    from graphcache import manifest as manifest_mod
+
+    specs = manifest_mod.load(manifest) if manifest else []
+    for text in spec_args:
+        specs.append(parse_spec_arg(text))
+    if not specs:
+        raise click.UsageError("give a MANIFEST or at least one --spec")
+    return specs
+
+
+def parse_spec_arg(text: str) -> GraphSpec:
+    """--spec takes a JSON/YAML file, inline JSON, or key=value pairs
+    (``batch=1,heads_q=32,seq_q=4096,head_dim=128,dtype=bfloat16,mask=causal``)."""
+    if Path(text).is_file():
+        return load_spec_file(text)
+    stripped = text.strip()
+    if stripped.startswith("{"):
+        try:
+            return GraphSpec.from_dict(json.loads(stripped))
+        except json.JSONDecodeError as exc:
+            raise SpecError(f"--spec: not valid JSON: {exc}") from exc
+    data: dict[str, Any] = {}
+    for part in filter(None, stripped.split(",")):
+        name, sep, value = part.partition("=")
+        if not sep:
+            raise SpecError(f"--spec: {part!r} is not name=value (or give a spec file or JSON)")
+        data[name.strip()] = _scalar(value.strip())
+    return GraphSpec.from_dict(data)
+
+
+def _scalar(value: str) -> Any:
+    import yaml
+
+    return yaml.safe_load(value) if value else value
+
+
+def _server_store(ctx: Context, server: str | None) -> Store:
+    from graphcache.stores import HttpStore
+
+    url = server or ctx.settings.server
+    if url:
+        return HttpStore(url, token=ctx.settings.token, timeout=ctx.settings.timeout)
+    return ctx.store()
+
+
+def _load_compiler(path: str) -> Any:
+    import importlib
+
+    module, _, name = path.partition(":")
+    try:
+        return getattr(importlib.import_module(module), name)()
+    except (ImportError, AttributeError) as exc:
+        raise click.UsageError(f"--compiler {path}: cannot load it ({exc})") from exc
+
+
+def _progress(total: int, label: str) -> Any:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(
+        TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err_console, transient=False
+    )
+
+
+@main.command("warm")
+@click.argument("manifest")
+@click.option(
+    "--server",
+    default=None,
+    help="Service URL to check and upload to (default: $GRAPHCACHE_SERVER, else the local store).",
+)
+@click.option(
+    "--jobs",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, 64),
+    help="Specs handled at once (builds share one GPU and take turns).",
+)
+@click.option(
+    "--check",
+    "check_only",
+    is_flag=True,
+    help="Only report coverage for --target; needs no GPU. Exits 1 when anything is missing.",
+)
+@click.option("--target", default=None, help="Target text for --check, e.g. h200-sm90-cudnn9.28.0-fe1.32.0.")
+@click.option("--no-pin", is_flag=True, help="Do not pin warmed entries against eviction.")
+@click.option(
+    "--compiler",
+    "compiler_path",
+    default="graphcache.compilers.cudnn:CudnnCompiler",
+    show_default=True,
+    help="Compiler class as module:Class.",
+)
+@click.option(
+    "--json", "json_out", default=None, type=click.Path(dir_okay=False), help="Also write the report as JSON."
+)
+@pass_ctx
+def warm_cmd(
+    ctx: Context,
+    manifest: str,
+    server: str | None,
+    jobs: int,
+    check_only: bool,
+    target: str | None,
+    no_pin: bool,
+    compiler_path: str,
+    json_out: str | None,
+) -> None:
+    """Build and upload what MANIFEST needs for this GPU, or (--check) gate a deploy on coverage."""
+    from graphcache import manifest as manifest_mod
+    from graphcache import ops
+    from graphcache.target import Target
+
+    specs = manifest_mod.load(manifest)
+    store = _server_store(ctx, server)
+    if check_only:
+        if not target:
+            raise click.UsageError("--check needs --target (the serving GPUs' target, e.g. from 'graphcache doctor')")
+        tgt = Target.parse(target)
+        with _progress(len(specs), f"checking {tgt}") as bar:
+            task = bar.add_task("check", total=len(specs))
+            rows = ops.check(specs, tgt, store, jobs=max(jobs, 8), progress=lambda: bar.advance(task))
+        table = Table("spec", "key", "status")
+        for row in rows:
+            table.add_row(row.spec.summary(), row.key[:12], "[green]present[/]" if row.present else "[red]missing[/]")
+        console.print(table)
+        missing = sum(not r.present for r in rows)
+        console.print(f"{len(rows) - missing}/{len(rows)} present for {tgt} in {store!r}")
+        if json_out:
+            Path(json_out).write_text(
+                json.dumps(
+                    {
+                        "target": str(tgt),
+                        "rows": [{"spec": r.spec.to_dict(), "key": r.key, "present": r.present} for r in rows],
+                    },
+                    indent=2,
+                )
+            )
+        if missing:
+            err_console.print(f"[red]coverage gate failed:[/] {missing} spec(s) missing")
+            sys.exit(1)
+        return
+    from graphcache.cache import GraphCache
+
+    compiler = _load_compiler(compiler_path)
+    here = compiler.target()  # NoGpu here, before the progress bar, with a clear message
+    if target and Target.parse(target) != here:
+        raise click.UsageError(f"--target {target} is not this machine ({here}); warm builds for this machine only")
+    cache = GraphCache(store, compiler, signing_key=ctx.settings.signing_key)
+    with _progress(len(specs), f"warming {compiler.target()}") as bar:
+        task = bar.add_task("warm", total=len(specs))
+        rows = ops.warm(specs, cache, jobs=jobs, pin=not no_pin, progress=lambda: bar.advance(task))
+    table = Table("spec", "key", "status", "detail")
+    colour = {"present": "green", "built": "cyan", "unsupported": "yellow", "failed": "red"}
+    for row in rows:
+        table.add_row(row.spec.summary(), row.key[:12], f"[{colour[row.status]}]{row.status}[/]", row.detail)
+    console.print(table)
+    counts = {s: sum(r.status == s for r in rows) for s in colour}
+    console.print(", ".join(f"{n} {s}" for s, n in counts.items()))
+    if json_out:
+        Path(json_out).write_text(
+            json.dumps(
+                {
+                    "target": str(compiler.target()),
+                    "rows": [
+                        {"spec": r.spec.to_dict(), "key": r.key, "status": r.status, "detail": r.detail} for r in rows
+                    ],
+                },
+                indent=2,
+            )
+        )
+    if counts["failed"]:
+        sys.exit(1)
+
+
+@main.command("explain")
+@click.argument("spec_file")
+@click.option("--target", required=True, help="Target text the key was asked for.")
+@click.option("--server", default=None, help="Service URL (default: $GRAPHCACHE_SERVER, else the local store).")
+@pass_ctx
+def explain_cmd(ctx: Context, spec_file: str, target: str, server: str | None) -> None:
+    """Why SPEC_FILE misses on TARGET: the nearest stored entries and the fields that differ."""
+    from graphcache import ops
+    from graphcache.target import Target
+
+    spec = load_spec_file(spec_file)
+    tgt = Target.parse(target)
+    result = ops.explain(spec, tgt, _server_store(ctx, server))
+    if result.present:
+        console.print(f"present: {spec.summary()} on {tgt} is stored as {result.key}")
+        return
+    console.print(
+        f"missing: {spec.summary()} on {tgt} (key {result.key[:12]}); {result.scanned} stored entries compared"
+    )
+    if not result.nearest:
+        console.print("the store holds no entries to compare with")
+    for cand in result.nearest:
+        console.print(
+            f"\n[bold]{cand.key[:12]}[/] {cand.spec.summary() if cand.spec else '?'} on {cand.target}: "
+            f"{len(cand.differences)} difference(s)"
+        )
+        for diff in cand.differences:
+            console.print(f"  - {diff}", highlight=False)
+    sys.exit(1)
 
 
 @main.command("doctor")

@@ -74,11 +74,14 @@ def main() -> None:
             rows.append((f"{size // 1024} KiB", base, g, gv, sha))
         spec = GraphSpec(batch=1, heads_q=32, heads_kv=8, seq_q=4096, head_dim=128, dtype="bfloat16", mask="causal")
         kf = median_us(lambda: key_for(spec, TARGET), args.repeat * 10)
-    print(f"{'size':>8} {'open().read()':>14} {'store.get':>10} {'get+verify':>11} {'sha256 only':>12} "
-          f"{'get/raw':>8} {'get+verify/raw':>15}")
+    print(
+        f"{'size':>8} {'open().read()':>14} {'store.get':>10} {'get+verify':>11} {'sha256 only':>12} "
+        f"{'get/raw':>8} {'get+verify/raw':>15}"
+    )
     for label, base, g, gv, sha in rows:
-        print(f"{label:>8} {base:>12.0f}us {g:>8.0f}us {gv:>9.0f}us {sha:>10.0f}us "
-              f"{g / base:>7.2f}x {gv / base:>14.2f}x")
+        print(
+            f"{label:>8} {base:>12.0f}us {g:>8.0f}us {gv:>9.0f}us {sha:>10.0f}us {g / base:>7.2f}x {gv / base:>14.2f}x"
+        )
     print(f"key_for: {kf:.1f} us per call")
 
 

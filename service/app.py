@@ -568,6 +568,18 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None, 
             raise ServiceError(404, "not_found", f"no artifact stored for key {key}")
         return Response(status_code=204)
 
+    @app.post("/v1/artifacts/{key}/pin", summary="Exempt an artifact from eviction (write token)")
+    async def pin_artifact(key: str, request: Request) -> Response:
+        auth(request, "write")
+        if not is_key(key):
+            raise ServiceError(400, "invalid_key", "a key is 64 lowercase hex characters")
+        pin = getattr(store, "pin", None)
+        if pin is None:
+            raise ServiceError(501, "not_supported", f"{store!r} cannot pin entries")
+        if not await anyio.to_thread.run_sync(pin, key):
+            raise ServiceError(404, "not_found", f"no artifact stored for key {key}")
+        return _json(200, {"key": key, "pinned": True})
+
     @app.get("/v1/artifacts", summary="List artifact headers, paged")
     async def list_artifacts(
         request: Request,

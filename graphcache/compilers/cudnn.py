@@ -11,6 +11,7 @@ lowered, so one attempt covers the whole build, not one call.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -268,6 +269,8 @@ class CudnnCompiler:
         self._cudnn = cudnn_module
         self._handle: Any = None
         self._target: Target | None = None
+        # One cuDNN handle per compiler; builds and loads take turns on it.
+        self._lock = threading.RLock()
 
     # environment ------------------------------------------------------------
 
@@ -322,6 +325,10 @@ class CudnnCompiler:
         another target), UnsupportedSpec, NotSerializable, and ExecutionError
         when the plan's output disagrees with the float32 reference.
         """
+        with self._lock:
+            return self._build(spec, target, uids)
+
+    def _build(self, spec: GraphSpec, target: Target | None, uids: UidMap | None) -> Artifact:
         here = self.target()
         if target is not None and target != here:
             raise TargetMismatch(f"cannot build for {target} on this machine ({here}); run the build there")
@@ -389,6 +396,10 @@ class CudnnCompiler:
         Raises NotSerializable for a negative entry and TargetMismatch for an
         artifact built for another GPU, cuDNN or frontend.
         """
+        with self._lock:
+            return self._load(artifact)
+
+    def _load(self, artifact: Artifact) -> CudnnGraph:
         if artifact.unsupported:
             raise NotSerializable(artifact.unsupported)
         here = self.target()

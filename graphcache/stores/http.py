@@ -130,6 +130,33 @@ class HttpStore:
             if not cursor:
                 return
 
+    def headers(self, target: str | None = None) -> Iterator[dict[str, Any]]:
+        """Every stored header (optionally of one target), page by page."""
+        cursor: str | None = None
+        while True:
+            params: dict[str, Any] = {"limit": 200}
+            if cursor:
+                params["cursor"] = cursor
+            if target:
+                params["target"] = target
+            response = self._request("GET", "/v1/artifacts", params=params)
+            _expect(response, 200)
+            page = response.json()
+            for item in page["items"]:
+                if "header" in item:
+                    yield item["header"]
+            cursor = page.get("next_cursor")
+            if not cursor:
+                return
+
+    def pin(self, key: str) -> bool:
+        """Exempt an entry from eviction on the server (write token)."""
+        response = self._request("POST", f"/v1/artifacts/{key}/pin")
+        if response.status_code == 404:
+            return False
+        _expect(response, 200)
+        return True
+
     def resolve(self, spec: dict[str, Any], target: str) -> dict[str, Any]:
         """POST /v1/resolve: ``{key, present, ...}``."""
         response = self._request("POST", "/v1/resolve", json={"spec": spec, "target": target})

@@ -1,0 +1,180 @@
+"""What ops run at deploy: warm a cache from a manifest, gate on coverage,
+and explain a miss. The CLI prints what these return."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from graphcache.artifact import read_header
+from graphcache.cache import GraphCache
+from graphcache.errors import CorruptArtifact, GraphCacheError, NotSerializable, SpecError, TargetError
+from graphcache.key import key_for
+from graphcache.spec import GraphSpec
+from graphcache.stores.base import Store
+from graphcache.target import Target
+
+Progress = Callable[[], None]
+
+
+@dataclass
+class WarmRow:
+    spec: GraphSpec
+    key: str
+    status: str  # present | built | unsupported | failed
+    detail: str = ""
+    seconds: float = 0.0
+
+
+def warm(
+    specs: list[GraphSpec],
+    cache: GraphCache,
+    *,
+    jobs: int = 1,
+    pin: bool = True,
+    progress: Progress | None = None,
+) -> list[WarmRow]:
+    """Build what is missing for this host's target and store it.
+
+    Specs already stored are ``present``; a spec cuDNN cannot cache here is
+    ``unsupported`` (recorded once as a negative entry, so the next run
+    reports it without rebuilding); any other error is ``failed`` with its
+    reason. Warmed entries are pinned where the store can pin.
+    """
+    target = cache.target()
+
+    def one(spec: GraphSpec) -> WarmRow:
+        key = key_for(spec, target, cache.uids)
+        start = time.perf_counter()
+        try:
+            present = cache.store.exists(key)
+            artifact = cache.get(spec, target)
+            row = WarmRow(spec, key, "present" if present else "built", seconds=time.perf_counter() - start)
+            if not present:
+                row.detail = f"built in {artifact.build_seconds:.2f}s"
+            if pin and hasattr(cache.store, "pin"):
+                cache.store.pin(key)
+        except NotSerializable as exc:
+            row = WarmRow(spec, key, "unsupported", str(exc))
+        except GraphCacheError as exc:
+            row = WarmRow(spec, key, "failed", f"{type(exc).__name__}: {exc}")
+        except Exception as exc:  # noqa: BLE001 - one bad spec must not stop the deploy's warm
+            row = WarmRow(spec, key, "failed", f"{type(exc).__name__}: {exc}")
+        if progress:
+            progress()
+        return row
+
+    return list(_map(one, specs, jobs))
+
+
+@dataclass
+class CheckRow:
+    spec: GraphSpec
+    key: str
+    present: bool
+
+
+def check(
+    specs: list[GraphSpec], target: Target, store: Store, *, jobs: int = 8, progress: Progress | None = None
+) -> list[CheckRow]:
+    """Coverage of ``specs`` on ``target`` in ``store``; needs no GPU."""
+
+    def one(spec: GraphSpec) -> CheckRow:
+        key = key_for(spec, target)
+        row = CheckRow(spec, key, store.exists(key))
+        if progress:
+            progress()
+        return row
+
+    return list(_map(one, specs, jobs))
+
+
+def _map(fn: Callable[[GraphSpec], Any], items: list[GraphSpec], jobs: int) -> Iterator[Any]:
+    if jobs <= 1:
+        yield from map(fn, items)
+        return
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        yield from pool.map(fn, items)
+
+
+# -- explain --------------------------------------------------------------------------
+
+
+@dataclass
+class Candidate:
+    key: str
+    target: str
+    spec: GraphSpec | None
+    differences: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Explanation:
+    key: str
+    present: bool
+    nearest: list[Candidate]
+    scanned: int
+
+
+def explain(
+    spec: GraphSpec, target: Target, store: Store, headers: Iterable[dict[str, Any]] | None = None, *, top: int = 5
+) -> Explanation:
+    """Why ``spec`` misses on ``target``: the nearest stored entries and
+    exactly which spec or target fields differ.
+
+    ``headers`` are stored headers to compare with (default: read every
+    entry of ``store``).
+    """
+    key = key_for(spec, target)
+    if store.exists(key):
+        return Explanation(key, True, [], 0)
+    wanted_spec = spec.to_dict()
+    wanted_target = target.to_dict()
+    candidates = []
+    scanned = 0
+    for header in headers if headers is not None else _headers(store):
+        scanned += 1
+        try:
+            stored = GraphSpec.from_dict(header["spec"])
+            stored_target = Target.from_dict(header["target"])
+        except (SpecError, TargetError, KeyError, TypeError):
+            continue
+        diffs = [
+            f"spec.{name}: stored {value!r}, asked {wanted_spec[name]!r}"
+            for name, value in stored.to_dict().items()
+            if value != wanted_spec[name]
+        ]
+        diffs += [
+            f"target.{name}: stored {value!r}, asked {wanted_target[name]!r}"
+            for name, value in stored_target.to_dict().items()
+            if value != wanted_target[name]
+        ]
+        if header.get("uids") != _default_uids():
+            diffs.append("uids: the stored entry uses another tensor UID map")
+        candidates.append(Candidate(header.get("key", "?"), str(stored_target), stored, diffs))
+    candidates.sort(key=lambda c: (len(c.differences), c.key))
+    return Explanation(key, False, candidates[:top], scanned)
+
+
+def _default_uids() -> dict[str, int]:
+    from graphcache.uids import UidMap
+
+    return UidMap.default().to_dict()
+
+
+def _headers(store: Store) -> Iterator[dict[str, Any]]:
+    headers = getattr(store, "headers", None)
+    if headers is not None:
+        yield from headers()
+        return
+    for key in store.keys():
+        data = store.get(key)
+        if data is None:
+            continue
+        try:
+            yield read_header(data)
+        except CorruptArtifact:
+            continue
