@@ -1,0 +1,191 @@
+"""``graphcache bench``: cold build against warm start, phase by phase.
+
+With a GPU, every sample is a fresh process (graphcache.benchrun): cold
+builds from nothing and runs once; warm fetches from the server or the local
+store, verifies, deserializes and runs once. Medians of ``repeat`` samples.
+Without a GPU it measures what it can (fetch and verify of the artifacts
+named by ``target``) and says that the GPU phases need a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from graphcache.artifact import Artifact
+from graphcache.errors import CorruptArtifact, GraphCacheError, NoGpu
+from graphcache.key import key_for
+from graphcache.spec import GraphSpec
+from graphcache.stores.base import Store
+from graphcache.target import Target
+
+NO_GPU_NOTE = (
+    "no GPU on this machine: cold build, deserialize and first execute need one, so only fetch and verify were measured"
+)
+
+
+def has_gpu() -> bool:
+    try:
+        Target.detect()
+    except NoGpu:
+        return False
+    return True
+
+
+def _median_phases(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    phases = {name: statistics.median(s["phases"][name] for s in samples) for name in samples[0]["phases"]}
+    return {
+        "phases": phases,
+        "total": statistics.median(s["total"] for s in samples),
+        "init": statistics.median(s["init"] for s in samples),
+        "samples": len(samples),
+    }
+
+
+def _fresh(mode: str, spec: GraphSpec, *extra: str, timeout: float = 1800) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, "-m", "graphcache.benchrun", mode, spec.canonical_json(), *extra],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if out.returncode != 0:
+        raise GraphCacheError(f"bench {mode} of {spec.summary()} failed: {out.stderr.strip()[-2000:]}")
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def bench_gpu(
+    specs: list[GraphSpec],
+    store: Store,
+    location: str,
+    repeat: int,
+    *,
+    memory: bool = True,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Cold vs warm on this GPU. ``location`` names ``store`` for the fresh
+    processes (a folder or a service URL); missing artifacts are built first."""
+    from graphcache.cache import GraphCache
+    from graphcache.compilers.cudnn import CudnnCompiler
+
+    compiler = CudnnCompiler()
+    target = compiler.target()
+    cache = GraphCache(store, compiler)
+    rows = []
+    for spec in specs:
+        row: dict[str, Any] = {"spec": spec.to_dict(), "summary": spec.summary(), "key": key_for(spec, target)}
+        try:
+            cache.get(spec)  # the warm side needs the artifact stored
+            cold = []
+            warm = []
+            for i in range(repeat):
+                if progress:
+                    progress(f"{spec.summary()}: sample {i + 1}/{repeat}")
+                cold.append(_fresh("cold", spec))
+                warm.append(_fresh("warm", spec, location))
+            row["cold"] = _median_phases(cold)
+            row["warm"] = _median_phases(warm)
+            row["speedup"] = row["cold"]["total"] / row["warm"]["total"]
+            row["dialect"] = cold[0].get("dialect")
+            if memory:
+                row["memory"] = _fresh("memory", spec)
+        except GraphCacheError as exc:
+            row["error"] = str(exc)
+        rows.append(row)
+    return {"gpu": True, "target": str(target), "repeat": repeat, "specs": rows}
+
+
+def bench_fetch(
+    specs: list[GraphSpec],
+    store: Store,
+    target: Target,
+    repeat: int,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """What a machine with no GPU can measure: fetch and verify per spec."""
+    rows = []
+    for spec in specs:
+        key = key_for(spec, target)
+        row: dict[str, Any] = {"spec": spec.to_dict(), "summary": spec.summary(), "key": key}
+        if progress:
+            progress(spec.summary())
+        fetch, verify = [], []
+        size = 0
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            data = store.get(key)
+            fetch.append(time.perf_counter() - t0)
+            if data is None:
+                row["error"] = f"missing: no artifact for {target} in {store!r} (warm it on a {target.gpu} host)"
+                break
+            size = len(data)
+            t0 = time.perf_counter()
+            try:
+                Artifact.decode(data, expected_key=key)
+            except CorruptArtifact as exc:
+                row["error"] = f"corrupt: {exc}"
+                break
+            verify.append(time.perf_counter() - t0)
+        if "error" not in row:
+            row["warm"] = {
+                "phases": {"fetch": statistics.median(fetch), "verify": statistics.median(verify)},
+                "samples": repeat,
+            }
+            row["warm"]["total"] = sum(row["warm"]["phases"].values())
+            row["bytes"] = size
+        rows.append(row)
+    return {"gpu": False, "target": str(target), "repeat": repeat, "note": NO_GPU_NOTE, "specs": rows}
+
+
+def plot(report: dict[str, Any], path: str | Path) -> None:
+    """A bar chart: cold and warm seconds per spec, stacked by phase (log scale)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in report["specs"] if "warm" in r]
+    fig, ax = plt.subplots(figsize=(10, 1.2 + 0.9 * max(len(rows), 1)))
+    colours = plt.get_cmap("tab20").colors
+    phase_names: list[str] = []
+    for r in rows:
+        for side in ("cold", "warm"):
+            for name in r.get(side, {}).get("phases", {}):
+                if name not in phase_names:
+                    phase_names.append(name)
+    labels = []
+    y = 0.0
+    drawn: set[str] = set()
+    for r in rows:
+        for side in ("cold", "warm"):
+            if side not in r:
+                continue
+            left = 0.0
+            for name, seconds in r[side]["phases"].items():
+                ms = seconds * 1e3
+                colour = colours[phase_names.index(name) % len(colours)]
+                ax.barh(y, ms, left=left, color=colour, label=None if name in drawn else name)
+                drawn.add(name)
+                left += ms
+            ax.text(left, y, f" {left:.2f} ms", va="center", fontsize=8)
+            labels.append((y, f"{r['summary']}\n{side}"))
+            y += 1
+        y += 0.5
+    ax.set_yticks([p for p, _ in labels], [t for _, t in labels], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("milliseconds (median)")
+    if report.get("gpu"):
+        ax.set_xscale("log")
+        ax.set_title(f"graphcache: cold build vs warm start on {report['target']}")
+    else:
+        ax.set_title(f"graphcache: fetch + verify of {report['target']} artifacts (no GPU here)")
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,73 @@
+"""graphcache bench on a machine with no GPU: fetch + verify, JSON and a PNG."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from graphcache.settings import Settings
+from graphcache.stores import DiskStore
+from service.app import create_app
+from tests.fakes import TARGET, make_artifact, spec
+from tests.servers import ServerThread
+
+
+def cli(*args: str):
+    return subprocess.run([sys.executable, "-m", "graphcache.cli", *args], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "COLUMNS": "200"})
+
+
+@pytest.fixture
+def server(tmp_path):
+    store = DiskStore(tmp_path / "server")
+    for s in (spec(seq_q=128), spec(seq_q=256)):
+        art = make_artifact(s, size=512 * 1024)
+        store.put(art.key, art.encode())
+    with ServerThread(create_app(Settings(cache_dir=store.path), store=store)) as srv:
+        yield srv
+
+
+def test_bench_without_gpu_measures_fetch_and_verify(server, tmp_path):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the GPU bench runs in scripts/gpu_check.sh")
+    out_json, out_png = tmp_path / "r.json", tmp_path / "r.png"
+    out = cli("bench", "--spec", "batch=1,heads_q=8,seq_q=128,head_dim=64,mask=causal",
+              "--spec", json.dumps(spec(seq_q=256).to_dict()), "--server", server.url,
+              "--target", str(TARGET), "--repeat", "3", "--json", str(out_json), "--plot", str(out_png))
+    assert out.returncode == 0, out.stderr
+    assert "need one" in out.stdout  # says plainly that the GPU phases need a GPU
+    report = json.loads(out_json.read_text())
+    assert report["gpu"] is False and report["target"] == str(TARGET) and report["repeat"] == 3
+    assert [r["summary"] for r in report["specs"]] == [spec(seq_q=128).summary(), spec(seq_q=256).summary()]
+    for row in report["specs"]:
+        phases = row["warm"]["phases"]
+        assert phases["fetch"] > 0 and phases["verify"] > 0
+        assert row["bytes"] > 512 * 1024
+    import matplotlib.image
+
+    image = matplotlib.image.imread(str(out_png))
+    assert image.shape[0] > 100 and image.shape[1] > 100
+
+
+def test_bench_reports_a_missing_artifact_and_fails(server, tmp_path):
+    out = cli("bench", "--spec", "batch=9,heads_q=8,seq_q=128,head_dim=64", "--server", server.url,
+              "--target", str(TARGET), "--repeat", "1")
+    assert out.returncode == 1 and "missing" in out.stdout
+
+
+def test_bench_without_gpu_needs_a_target(server):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    out = cli("bench", "--spec", "batch=1,heads_q=8,seq_q=128,head_dim=64", "--server", server.url)
+    assert out.returncode == 2 and "--target" in out.stderr
+
+
+def test_bench_bad_spec_argument_names_the_field(server):
+    out = cli("bench", "--spec", "batch=1,heads_q=8,seq_q=128,head_dim=63", "--target", str(TARGET))
+    assert out.returncode == 1 and "head_dim=63" in out.stderr
