@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +22,7 @@ from graphcache.errors import (
     UnsupportedSpec,
 )
 from graphcache.key import key_for
+from graphcache.lease import Lease, Leases
 from graphcache.spec import GraphSpec
 from graphcache.stores.base import Store
 from graphcache.target import Target
@@ -38,6 +40,7 @@ class Stats:
     unsupported: int = 0
     fallbacks: int = 0
     store_errors: int = 0
+    lease_waits: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def bump(self, name: str) -> None:
@@ -67,6 +70,8 @@ class GraphCache:
         signing_key: bytes | None = None,
         require_signed: bool = False,
         torch_fallback: bool = False,
+        lease_ttl: float = 30.0,
+        lease_wait: float = 900.0,
     ) -> None:
         if require_signed and not signing_key:
             raise ValueError("require_signed needs a signing_key (GRAPHCACHE_SIGNING_KEY)")
@@ -79,6 +84,12 @@ class GraphCache:
         self._stats = Stats()
         self._lock = threading.Lock()
         self._inflight: dict[str, Future[Artifact]] = {}
+        # A shared store lends build leases, so that processes and replicas
+        # that miss the same key produce one build between them.
+        make_leases = getattr(store, "leases", None)
+        self._leases: Leases | None = make_leases() if make_leases is not None else None
+        self.lease_ttl = lease_ttl
+        self.lease_wait = lease_wait
 
     # keys and targets ---------------------------------------------------
 
@@ -157,7 +168,7 @@ class GraphCache:
         if not leader:
             return future.result()
         try:
-            artifact = self._fetch(key) or self._build(key, spec, target)
+            artifact = self._fetch(key) or self._build_once(key, spec, target)
             future.set_result(artifact)
             return artifact
         except BaseException as exc:
@@ -166,6 +177,35 @@ class GraphCache:
         finally:
             with self._lock:
                 self._inflight.pop(key, None)
+
+    def _build_once(self, key: str, spec: GraphSpec, target: Target) -> Artifact:
+        """Build under the store's lease: the holder builds, the others wait
+        (bounded by lease_wait) for its artifact; a holder that dies stops
+        renewing, its lease expires and a waiter takes over."""
+        if self._leases is None:
+            return self._build(key, spec, target)
+        deadline = time.monotonic() + self.lease_wait
+        waited = False
+        while True:
+            lease = Lease(self._leases, key, self.lease_ttl)
+            try:
+                acquired = lease.try_acquire()
+            except StoreUnavailable as exc:
+                log.warning("no build lease for %s (%s): building without one", key[:12], exc)
+                return self._build(key, spec, target)
+            if acquired:
+                with lease:
+                    return self._fetch(key) or self._build(key, spec, target)
+            if not waited:
+                self._stats.bump("lease_waits")
+                waited = True
+            time.sleep(0.1)
+            artifact = self._fetch(key)
+            if artifact is not None:
+                return artifact
+            if time.monotonic() > deadline:
+                log.warning("waited %.0fs for another builder of %s: building here", self.lease_wait, key[:12])
+                return self._build(key, spec, target)
 
     def _build(self, key: str, spec: GraphSpec, target: Target) -> Artifact:
         assert self.compiler is not None

@@ -209,6 +209,43 @@ def rm_cmd(ctx: Context, key: str) -> None:
     click.echo(f"removed {key}")
 
 
+@main.command("purge")
+@click.option("--target", required=True, help="The retired target, e.g. h200-sm90-cudnn9.27.0-fe1.31.0.")
+@click.option("--server", default=None, help="Purge on this service (admin token in $GRAPHCACHE_TOKEN).")
+@click.option("--dry-run", is_flag=True, help="List what would be removed.")
+@pass_ctx
+def purge_cmd(ctx: Context, target: str, server: str | None, dry_run: bool) -> None:
+    """Remove every entry built for TARGET (pinned ones too)."""
+    from graphcache import ops
+    from graphcache.target import Target
+
+    tgt = Target.parse(target)
+    store = _server_store(ctx, server)
+    removed = ops.purge(store, tgt, dry_run=dry_run)
+    for key in removed:
+        click.echo(key)
+    click.echo(
+        f"{'would remove' if dry_run else 'removed'} {len(removed)} entr{'y' if len(removed) == 1 else 'ies'} "
+        f"of {tgt} from {store!r}"
+    )
+
+
+@main.command("pin")
+@click.argument("key")
+@click.option("--off", is_flag=True, help="Unpin instead.")
+@pass_ctx
+def pin_cmd(ctx: Context, key: str, off: bool) -> None:
+    """Exempt KEY from LRU eviction (or, with --off, make it evictable again)."""
+    store = ctx.store()
+    key = resolve_key(store, key)
+    method = getattr(store, "unpin" if off else "pin", None)
+    if method is None:
+        raise click.UsageError(f"{store!r} cannot pin entries")
+    if not method(key):
+        raise NotFound(f"key {key} is not stored")
+    click.echo(f"{'unpinned' if off else 'pinned'} {key}")
+
+
 @main.command("key")
 @click.argument("spec_file")
 @click.option("--target", required=True, help="Target text, e.g. h200-sm90-cudnn9.28.0-fe1.32.0.")

@@ -100,6 +100,46 @@ def _map(fn: Callable[[GraphSpec], Any], items: list[GraphSpec], jobs: int) -> I
         yield from pool.map(fn, items)
 
 
+# -- retention --------------------------------------------------------------------------
+
+HEADER_PREFIX = 64 * 1024
+
+
+def stored_header(store: Store, key: str) -> dict[str, Any] | None:
+    """An entry's header, reading only its first bytes where the store can."""
+    head = getattr(store, "head", None)
+    data = head(key, HEADER_PREFIX) if head is not None else None
+    if data is not None:
+        try:
+            return read_header(data)
+        except CorruptArtifact:
+            pass  # a header longer than the prefix, or a corrupt entry: read it whole
+    data = store.get(key)
+    if data is None:
+        return None
+    try:
+        return read_header(data)
+    except CorruptArtifact:
+        return None
+
+
+def purge(store: Store, target: Target, *, dry_run: bool = False) -> list[str]:
+    """Remove every entry built for ``target`` (a retired cuDNN, frontend or
+    GPU), pinned or not. Returns the keys removed (or that would be)."""
+    remote = getattr(store, "purge", None)
+    if remote is not None:
+        return list(remote(str(target), dry_run=dry_run))
+    wanted = target.to_dict()
+    removed = []
+    for key in list(store.keys()):
+        header = stored_header(store, key)
+        if header is not None and header.get("target") == wanted:
+            if not dry_run:
+                store.delete(key)
+            removed.append(key)
+    return removed
+
+
 # -- explain --------------------------------------------------------------------------
 
 

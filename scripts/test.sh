@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine: installs what the tests need
-# (CPU torch, cudnn-frontend 1.32, redis-server, nginx, the dev tools), then runs pytest.
+# (CPU torch, cudnn-frontend 1.32, redis-server, the dev tools), then runs pytest.
 # Usage: scripts/test.sh [pytest args...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,11 +14,22 @@ PY=${PYTHON:-python3}
 
 need_apt=()
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
-command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need_apt+=(nginx)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
   $SUDO apt-get update -qq && $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
 
-# Tests start their own redis-server and uvicorn servers on 127.0.0.1 and stop them.
-exec "$PY" -m pytest "$@"
+# One redis-server for the suite (tests that stop Redis or limit its memory
+# start private ones); uvicorn servers are started by the tests themselves.
+REDIS_BIN=$(command -v redis-server || echo /usr/bin/redis-server)
+REDIS_PORT=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+"$REDIS_BIN" --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no --daemonize no >/dev/null 2>&1 &
+REDIS_PID=$!
+trap 'kill "$REDIS_PID" 2>/dev/null; wait "$REDIS_PID" 2>/dev/null' EXIT
+for _ in $(seq 1 100); do
+  (exec 3<>"/dev/tcp/127.0.0.1/$REDIS_PORT") 2>/dev/null && break
+  sleep 0.1
+done
+export GRAPHCACHE_TEST_REDIS_URL="redis://127.0.0.1:$REDIS_PORT/0"
+
+"$PY" -m pytest "$@"

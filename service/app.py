@@ -380,6 +380,7 @@ class GraphcacheApp(FastAPI):
 
 KNOWN_ROUTES = (
     "/v1/artifacts",
+    "/v1/purge",
     "/v1/resolve",
     "/v1/build",
     "/v1/stats",
@@ -579,6 +580,17 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None, 
         if not await anyio.to_thread.run_sync(pin, key):
             raise ServiceError(404, "not_found", f"no artifact stored for key {key}")
         return _json(200, {"key": key, "pinned": True})
+
+    @app.post("/v1/purge", summary="Remove every artifact of a retired target (admin token)")
+    async def purge(request: Request, target: str, dry_run: bool = False) -> Response:
+        auth(request, "admin")
+        from graphcache.ops import purge as purge_entries
+
+        tgt = Target.parse(target)
+        removed = await anyio.to_thread.run_sync(lambda: purge_entries(store, tgt, dry_run=dry_run))
+        for key in removed:
+            state.reader.forget(key)
+        return _json(200, {"target": str(tgt), "removed": removed, "dry_run": dry_run})
 
     @app.get("/v1/artifacts", summary="List artifact headers, paged")
     async def list_artifacts(

@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import os
+import shutil
+
 import pytest
 
 
@@ -25,3 +28,51 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def _need_redis() -> None:
+    if not (shutil.which("redis-server") or os.path.exists("/usr/bin/redis-server")):
+        pytest.skip("needs redis-server (Debian package redis-server; scripts/test.sh installs it)")
+
+
+@pytest.fixture(scope="session")
+def redis_url():
+    """A Redis for tests: the one scripts/test.sh started, else a private one."""
+    url = os.environ.get("GRAPHCACHE_TEST_REDIS_URL")
+    if url:
+        yield url
+        return
+    _need_redis()
+    from tests.servers import RedisServer
+
+    with RedisServer() as server:
+        yield server.url
+
+
+@pytest.fixture
+def redis_store(redis_url):
+    import redis
+
+    from graphcache.stores.redis import RedisStore
+
+    redis.Redis.from_url(redis_url).flushdb()
+    store = RedisStore(redis_url)
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def private_redis():
+    """A redis-server of this test's own (to stop it, or to give it a memory limit)."""
+    _need_redis()
+    from tests.servers import RedisServer
+
+    def start(*args: str) -> RedisServer:
+        server = RedisServer(*args).start()
+        started.append(server)
+        return server
+
+    started: list = []
+    yield start
+    for server in started:
+        server.stop()

@@ -17,8 +17,13 @@ from tests.servers import ServerThread
 
 
 def cli(*args: str):
-    return subprocess.run([sys.executable, "-m", "graphcache.cli", *args], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "COLUMNS": "200"})
+    return subprocess.run(
+        [sys.executable, "-m", "graphcache.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "COLUMNS": "200"},
+    )
 
 
 @pytest.fixture
@@ -36,9 +41,23 @@ def test_bench_without_gpu_measures_fetch_and_verify(server, tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU: the GPU bench runs in scripts/gpu_check.sh")
     out_json, out_png = tmp_path / "r.json", tmp_path / "r.png"
-    out = cli("bench", "--spec", "batch=1,heads_q=8,seq_q=128,head_dim=64,mask=causal",
-              "--spec", json.dumps(spec(seq_q=256).to_dict()), "--server", server.url,
-              "--target", str(TARGET), "--repeat", "3", "--json", str(out_json), "--plot", str(out_png))
+    out = cli(
+        "bench",
+        "--spec",
+        "batch=1,heads_q=8,seq_q=128,head_dim=64,mask=causal",
+        "--spec",
+        json.dumps(spec(seq_q=256).to_dict()),
+        "--server",
+        server.url,
+        "--target",
+        str(TARGET),
+        "--repeat",
+        "3",
+        "--json",
+        str(out_json),
+        "--plot",
+        str(out_png),
+    )
     assert out.returncode == 0, out.stderr
     assert "need one" in out.stdout  # says plainly that the GPU phases need a GPU
     report = json.loads(out_json.read_text())
@@ -55,8 +74,17 @@ def test_bench_without_gpu_measures_fetch_and_verify(server, tmp_path):
 
 
 def test_bench_reports_a_missing_artifact_and_fails(server, tmp_path):
-    out = cli("bench", "--spec", "batch=9,heads_q=8,seq_q=128,head_dim=64", "--server", server.url,
-              "--target", str(TARGET), "--repeat", "1")
+    out = cli(
+        "bench",
+        "--spec",
+        "batch=9,heads_q=8,seq_q=128,head_dim=64",
+        "--server",
+        server.url,
+        "--target",
+        str(TARGET),
+        "--repeat",
+        "1",
+    )
     assert out.returncode == 1 and "missing" in out.stdout
 
 

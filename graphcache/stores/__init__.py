@@ -18,7 +18,7 @@ def open_store(settings: Settings, location: str | None = None) -> Store:
     if where.startswith(("redis://", "rediss://", "unix://")):
         from graphcache.stores.redis import RedisStore
 
-        return RedisStore(where)
+        return RedisStore(where, timeout=settings.timeout)
     if where.startswith(("http://", "https://")):
         return HttpStore(where, token=settings.token, timeout=settings.timeout)
     return DiskStore(where or settings.cache_dir, size_limit=settings.size_limit)

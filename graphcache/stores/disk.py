@@ -10,6 +10,8 @@ from typing import Any
 
 import diskcache
 
+from graphcache.key import is_key
+
 DEFAULT_SIZE_LIMIT = 10 * 1024**3
 PINNED = "pinned"
 _PATH_MEMO = 100_000
@@ -181,8 +183,23 @@ class DiskStore:
 
     def keys(self) -> Iterator[str]:
         for key in self._cache.iterkeys():
-            if isinstance(key, str):
+            if isinstance(key, str) and is_key(key):
                 yield key
+
+    def head(self, key: str, size: int) -> bytes | None:
+        """The first ``size`` bytes of a value: its header without the payload."""
+        opened = self.open(key)
+        if opened is None:
+            return None
+        value, identity = opened
+        if identity is None:
+            return value[:size]
+        with value:
+            return read_all(value, min(size, identity[1]))
+
+    def leases(self) -> DiskLeases:
+        """Build leases shared by every process using this folder."""
+        return DiskLeases(self._cache)
 
     def volume(self) -> int:
         """Bytes used on disk (payload files plus the index)."""
@@ -197,6 +214,28 @@ class DiskStore:
 
     def __repr__(self) -> str:
         return f"DiskStore({str(self.path)!r})"
+
+
+class DiskLeases:
+    """Leases as diskcache entries with an expiry, changed in transactions."""
+
+    def __init__(self, cache: diskcache.Cache) -> None:
+        self._cache = cache
+
+    def try_acquire(self, key: str, owner: str, ttl: float) -> bool:
+        return bool(self._cache.add(f"lease:{key}", owner, expire=ttl, retry=True))
+
+    def renew(self, key: str, owner: str, ttl: float) -> bool:
+        with self._cache.transact(retry=True):
+            if self._cache.get(f"lease:{key}") != owner:
+                return False
+            self._cache.set(f"lease:{key}", owner, expire=ttl)
+            return True
+
+    def release(self, key: str, owner: str) -> None:
+        with self._cache.transact(retry=True):
+            if self._cache.get(f"lease:{key}") == owner:
+                self._cache.delete(f"lease:{key}")
 
 
 def _identity(st: os.stat_result) -> tuple[int, ...]:

@@ -157,6 +157,12 @@ class HttpStore:
         _expect(response, 200)
         return True
 
+    def purge(self, target: str, *, dry_run: bool = False) -> list[str]:
+        """Remove every entry of ``target`` on the server (admin token)."""
+        response = self._request("POST", "/v1/purge", params={"target": target, "dry_run": str(dry_run).lower()})
+        _expect(response, 200)
+        return list(response.json()["removed"])
+
     def resolve(self, spec: dict[str, Any], target: str) -> dict[str, Any]:
         """POST /v1/resolve: ``{key, present, ...}``."""
         response = self._request("POST", "/v1/resolve", json={"spec": spec, "target": target})

@@ -73,6 +73,11 @@ class TieredStore:
         except StoreError as exc:
             self._remote_failed("keys", "*", exc)
 
+    def leases(self) -> object | None:
+        """The local tier's leases (one build per key on this machine)."""
+        make = getattr(self.local, "leases", None)
+        return make() if make is not None else None
+
     def close(self) -> None:
         self.local.close()
         self.remote.close()

@@ -1,0 +1,5 @@
+"""``python -m graphcache``: the CLI."""
+
+from graphcache.cli import run
+
+run()

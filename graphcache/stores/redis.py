@@ -1,0 +1,143 @@
+"""RedisStore: one cache shared by a fleet of replicas and workers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import redis
+
+from graphcache.errors import StoreUnavailable
+from graphcache.key import FORMAT_VERSION
+
+# Unpinned entries carry this TTL so that `maxmemory-policy volatile-lru`
+# may evict them; pinned entries have none and are never evicted.
+EVICTABLE_TTL = 365 * 24 * 3600
+
+_RENEW = """
+if redis.call('get', KEYS[1]) == ARGV[1] then
+  return redis.call('pexpire', KEYS[1], ARGV[2])
+end
+return 0
+"""
+_RELEASE = """
+if redis.call('get', KEYS[1]) == ARGV[1] then
+  return redis.call('del', KEYS[1])
+end
+return 0
+"""
+
+
+class RedisStore:
+    """Artifacts in Redis under ``graphcache:v{FORMAT}:a:{key}``.
+
+    Every call is bounded by ``timeout``; a Redis that is down or slow raises
+    StoreUnavailable. Eviction: run Redis with ``maxmemory`` and
+    ``maxmemory-policy volatile-lru`` so that pinned entries (no TTL) survive
+    and the rest are evicted least-recently-used (``allkeys-lru`` works too
+    when nothing is pinned).
+    """
+
+    def __init__(self, url: str, *, timeout: float = 5.0, prefix: str = "graphcache") -> None:
+        self.url = url
+        self.prefix = f"{prefix}:v{FORMAT_VERSION}"
+        self._redis = redis.Redis.from_url(
+            url, socket_timeout=timeout, socket_connect_timeout=min(timeout, 2.0), health_check_interval=30
+        )
+        self._renew = self._redis.register_script(_RENEW)
+        self._release = self._redis.register_script(_RELEASE)
+
+    def _k(self, key: str) -> str:
+        return f"{self.prefix}:a:{key}"
+
+    def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise StoreUnavailable(f"redis at {self._safe_url()} did not answer: {exc}") from exc
+
+    def _safe_url(self) -> str:
+        # Never print a password that is part of the URL.
+        head, sep, tail = self.url.rpartition("@")
+        return f"{self.url.split('://')[0]}://***@{tail}" if sep else self.url
+
+    # -- Store -------------------------------------------------------------------
+
+    def get(self, key: str) -> bytes | None:
+        value = self._call(self._redis.get, self._k(key))
+        return None if value is None else bytes(value)
+
+    def put(self, key: str, data: bytes, *, pin: bool = False) -> bool:
+        """Atomic SET; False when identical bytes are already stored. A pinned
+        entry stays pinned."""
+        name = self._k(key)
+        pipe = self._redis.pipeline()
+        pipe.get(name)
+        pipe.ttl(name)
+        current, ttl = self._call(pipe.execute)
+        pinned = current is not None and ttl == -1
+        if current is not None and bytes(current) == bytes(data) and (pinned or not pin):
+            return False
+        if pin or pinned:
+            self._call(self._redis.set, name, bytes(data))
+        else:
+            self._call(self._redis.set, name, bytes(data), ex=EVICTABLE_TTL)
+        return True
+
+    def head(self, key: str, size: int) -> bytes | None:
+        """The first ``size`` bytes (GETRANGE): headers without the payload."""
+        value = self._call(self._redis.getrange, self._k(key), 0, size - 1)
+        return bytes(value) if value else None
+
+    def exists(self, key: str) -> bool:
+        return bool(self._call(self._redis.exists, self._k(key)))
+
+    def delete(self, key: str) -> bool:
+        return bool(self._call(self._redis.delete, self._k(key)))
+
+    def keys(self) -> Iterator[str]:
+        start = len(self.prefix) + 3
+        for name in self._call(lambda: list(self._redis.scan_iter(match=f"{self.prefix}:a:*", count=1000))):
+            yield name.decode()[start:]
+
+    def pin(self, key: str) -> bool:
+        return bool(self._call(self._redis.persist, self._k(key))) or self.pinned(key)
+
+    def unpin(self, key: str) -> bool:
+        return bool(self._call(self._redis.expire, self._k(key), EVICTABLE_TTL))
+
+    def pinned(self, key: str) -> bool:
+        return bool(self._call(self._redis.ttl, self._k(key)) == -1)
+
+    def ping(self) -> None:
+        self._call(self._redis.ping)
+
+    def close(self) -> None:
+        self._redis.close()
+
+    # -- fleet-wide build leases ---------------------------------------------------
+
+    def leases(self) -> RedisLeases:
+        return RedisLeases(self)
+
+    def __repr__(self) -> str:
+        return f"RedisStore({self._safe_url()!r})"
+
+
+class RedisLeases:
+    """Leases as ``SET lease NX PX ttl``, renewed and released only by their owner."""
+
+    def __init__(self, store: RedisStore) -> None:
+        self.store = store
+
+    def _k(self, key: str) -> str:
+        return f"{self.store.prefix}:lease:{key}"
+
+    def try_acquire(self, key: str, owner: str, ttl: float) -> bool:
+        return bool(self.store._call(self.store._redis.set, self._k(key), owner, nx=True, px=int(ttl * 1000)))
+
+    def renew(self, key: str, owner: str, ttl: float) -> bool:
+        return bool(self.store._call(self.store._renew, keys=[self._k(key)], args=[owner, int(ttl * 1000)]))
+
+    def release(self, key: str, owner: str) -> None:
+        self.store._call(self.store._release, keys=[self._k(key)], args=[owner])
