@@ -23,6 +23,7 @@ from graphcache.errors import (
 )
 from graphcache.key import key_for
 from graphcache.lease import Lease, Leases
+from graphcache.settings import Settings
 from graphcache.spec import GraphSpec
 from graphcache.stores.base import Store
 from graphcache.target import Target
@@ -90,6 +91,23 @@ class GraphCache:
         self._leases: Leases | None = make_leases() if make_leases is not None else None
         self.lease_ttl = lease_ttl
         self.lease_wait = lease_wait
+
+    @classmethod
+    def from_env(cls, compiler: Compiler | None = None, settings: Settings | None = None, **options: Any) -> GraphCache:
+        """A cache configured the way a worker is: GRAPHCACHE_SERVER (a
+        service, with the local DiskStore in front), else GRAPHCACHE_STORE or
+        the DiskStore in GRAPHCACHE_DIR; GRAPHCACHE_SIGNING_KEY signs what it
+        builds, GRAPHCACHE_REQUIRE_SIGNED=1 refuses unsigned artifacts."""
+        from graphcache.stores import worker_store
+
+        settings = settings or Settings.from_env()
+        return cls(
+            worker_store(settings),
+            compiler,
+            signing_key=settings.signing_key,
+            require_signed=settings.require_signed,
+            **options,
+        )
 
     # keys and targets ---------------------------------------------------
 

@@ -595,8 +595,24 @@ def doctor_cmd(spec_file: str | None) -> None:
 @click.option("--port", default=8080, show_default=True, type=int)
 @click.option("--workers", default=1, show_default=True, type=click.IntRange(1, 64), help="uvicorn worker processes.")
 @click.option("--log-level", default="info", show_default=True)
+@click.option(
+    "--limit-concurrency",
+    default=1024,
+    show_default=True,
+    type=int,
+    help="Connections served at once per worker; more get 503.",
+)
+@click.option(
+    "--timeout-keep-alive",
+    default=5,
+    show_default=True,
+    type=int,
+    help="Seconds an idle keep-alive connection stays open.",
+)
 @pass_ctx
-def serve_cmd(ctx: Context, host: str, port: int, workers: int, log_level: str) -> None:
+def serve_cmd(
+    ctx: Context, host: str, port: int, workers: int, log_level: str, limit_concurrency: int, timeout_keep_alive: int
+) -> None:
     """Run the HTTP service on the configured store (default: DiskStore in --cache-dir)."""
     import os
 
@@ -621,9 +637,12 @@ def serve_cmd(ctx: Context, host: str, port: int, workers: int, log_level: str) 
         http="httptools",
         log_level=log_level,
         access_log=False,
-        timeout_keep_alive=5,
+        # Request bodies are bounded by GRAPHCACHE_MAX_UPLOAD and
+        # GRAPHCACHE_UPLOAD_TIMEOUT in the app; httptools refuses request
+        # heads over its 80 KiB limit with a 400.
+        timeout_keep_alive=timeout_keep_alive,
         timeout_graceful_shutdown=10,
-        limit_concurrency=1024,
+        limit_concurrency=limit_concurrency,
     )
 
 

@@ -38,6 +38,7 @@ class Settings:
     server           GRAPHCACHE_SERVER         service URL the CLI and workers use
     token            GRAPHCACHE_TOKEN          bearer token the CLI and workers send
     timeout          GRAPHCACHE_TIMEOUT        client timeout in seconds
+    upload_timeout   GRAPHCACHE_UPLOAD_TIMEOUT seconds a client may take to send an upload (then 408)
     """
 
     cache_dir: Path = field(default_factory=default_cache_dir)
@@ -53,6 +54,7 @@ class Settings:
     server: str = ""
     token: str | None = None
     timeout: float = 5.0
+    upload_timeout: float = 60.0
     build: bool = True
 
     @classmethod
@@ -89,11 +91,12 @@ class Settings:
             values["server"] = v.rstrip("/")
         if (v := get("TOKEN")) is not None:
             values["token"] = v
-        if (v := get("TIMEOUT")) is not None:
-            try:
-                values["timeout"] = float(v)
-            except ValueError:
-                raise SettingsError(f"GRAPHCACHE_TIMEOUT={v!r} must be seconds, e.g. 5") from None
+        for name in ("TIMEOUT", "UPLOAD_TIMEOUT"):
+            if (v := get(name)) is not None:
+                try:
+                    values[name.lower()] = float(v)
+                except ValueError:
+                    raise SettingsError(f"GRAPHCACHE_{name}={v!r} must be seconds, e.g. 5") from None
         values.update({k: val for k, val in overrides.items() if val is not None})
         settings = cls(**values)  # type: ignore[arg-type]
         if settings.require_signed and not settings.signing_key:

@@ -169,6 +169,48 @@ class GraphSpec:
                 raise SpecError(f"{name} is missing: a spec needs {name}", name)
         return cls(**data)
 
+    @classmethod
+    def json_schema(cls) -> dict[str, Any]:
+        """A JSON Schema of the fields (for API docs). Rules that tie fields
+        together (heads_q divisible by heads_kv, window bounds only for
+        sliding_window) are checked on construction, not expressible here."""
+        size = {"type": "integer", "minimum": 1}
+        dim = {"type": "integer", "minimum": 8, "maximum": MAX_HEAD_DIM, "multipleOf": 8}
+        optional = {"type": ["integer", "null"], "minimum": 0}
+        props: dict[str, Any] = {
+            "batch": size,
+            "heads_q": size,
+            "seq_q": size,
+            "head_dim": dim,
+            "heads_kv": {**size, "type": ["integer", "null"]},
+            "seq_kv": {**size, "type": ["integer", "null"]},
+            "head_dim_v": {**dim, "type": ["integer", "null"]},
+            "dtype": {"enum": list(DTYPES)},
+            "layout": {"enum": list(LAYOUTS)},
+            "mask": {"enum": list(MASKS)},
+            "window_left": optional,
+            "window_right": optional,
+            "attn_scale": {"type": ["number", "null"], "exclusiveMinimum": 0},
+            "generate_stats": {"type": "boolean"},
+            "padding": {"type": "boolean"},
+            "dropout": {"type": "number", "minimum": 0, "exclusiveMaximum": 1},
+        }
+        return {
+            "type": "object",
+            "properties": props,
+            "required": ["batch", "heads_q", "seq_q", "head_dim"],
+            "additionalProperties": False,
+            "example": {
+                "batch": 1,
+                "heads_q": 32,
+                "heads_kv": 8,
+                "seq_q": 4096,
+                "head_dim": 128,
+                "dtype": "bfloat16",
+                "mask": "causal",
+            },
+        }
+
     def to_dict(self) -> dict[str, Any]:
         """Every field, defaults resolved and written out."""
         return {name: getattr(self, name) for name in _FIELDS}

@@ -15,17 +15,20 @@ import inspect
 import json
 import logging
 import os
+import re
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import anyio
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI, Query, Request, Response
+from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from graphcache.artifact import Artifact, read_header
 from graphcache.cache import GraphCache
@@ -48,6 +51,8 @@ VERIFIED_MEMO = 100_000
 HOT_ITEM_MAX = 1024 * 1024
 STREAM_MIN = 1024 * 1024  # verified entries from this size stream from the open file
 STREAM_CHUNK = 256 * 1024
+MAX_HEADER_BYTES = 16 * 1024
+SUBRESOURCE = re.compile(r"[0-9a-f]{64}/[a-z]+$")  # used with match(path, pos): no ^
 
 
 # -- auth -------------------------------------------------------------------------
@@ -323,7 +328,12 @@ class ArtifactFastPath:
 
     @staticmethod
     def handles(scope: dict[str, Any]) -> bool:
-        return scope["type"] == "http" and scope["method"] in ("GET", "HEAD") and scope["path"].startswith(ARTIFACTS)
+        if scope["type"] != "http" or scope["method"] not in ("GET", "HEAD"):
+            return False
+        path = scope["path"]
+        # /v1/artifacts/{key}/pin and the like belong to FastAPI (405 for GET);
+        # any other slash in a key (../, an encoded %2F) is a bad key: 400 here.
+        return path.startswith(ARTIFACTS) and not SUBRESOURCE.match(path, len(ARTIFACTS))
 
     async def serve(self, scope: dict[str, Any], send: Any) -> None:
         method = scope["method"]
@@ -353,6 +363,18 @@ class ArtifactFastPath:
             await stream_file(fh, served.size, send)
 
 
+async def send_error(send: Any, status: int, code: str, detail: str) -> None:
+    data = body(code, detail)
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", JSON), (b"content-length", str(len(data)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": data})
+
+
 async def stream_file(fh: Any, size: int, send: Any) -> None:
     """Send an open file in chunks; each send waits for the socket to drain,
     so memory per download stays near one chunk."""
@@ -371,6 +393,20 @@ class GraphcacheApp(FastAPI):
     fast_path: ArtifactFastPath | None = None
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            if sum(len(k) + len(v) for k, v in scope["headers"]) > MAX_HEADER_BYTES:
+                # httptools sets no limit of its own on a request's head.
+                await send_error(send, 431, "headers_too_large", f"request headers exceed {MAX_HEADER_BYTES} bytes")
+                return
+            path = scope["path"]
+            if (
+                path.startswith(ARTIFACTS)
+                and "/" in path[len(ARTIFACTS) :]
+                and not SUBRESOURCE.match(path, len(ARTIFACTS))
+            ):
+                # A decoded %2F or ../ in a key, whatever the method.
+                await send_error(send, 400, "invalid_key", "a key is 64 lowercase hex characters")
+                return
         fast = self.fast_path
         if fast is not None and fast.handles(scope):
             await fast.serve(scope, send)
@@ -428,13 +464,100 @@ class RequestMetrics:
 # -- request bodies ---------------------------------------------------------------------
 
 
+KEY_RE = r"^[0-9a-f]{64}$"
+TARGET_RE = r"^[a-z0-9_]+-sm[0-9]{2,3}-cudnn[0-9]+(\.[0-9]+){1,3}-fe[0-9]+(\.[0-9]+){1,3}$"
+KeyPath = Annotated[str, PathParam(description="cache key: 64 lowercase hex characters", pattern=KEY_RE)]
+SPEC_FIELD = Field(description="GraphSpec fields", json_schema_extra=GraphSpec.json_schema())
+TARGET_FIELD = Field(description="target text, e.g. h200-sm90-cudnn9.28.0-fe1.32.0", pattern=TARGET_RE)
+
+
 class ResolveRequest(BaseModel):
-    spec: dict[str, Any] = Field(description="GraphSpec fields, e.g. {batch, heads_q, seq_q, head_dim, ...}")
-    target: str = Field(description="target text, e.g. h200-sm90-cudnn9.28.0-fe1.32.0")
+    model_config = ConfigDict(extra="forbid")
+    spec: dict[str, Any] = SPEC_FIELD
+    target: str = TARGET_FIELD
 
 
 class BuildRequest(BaseModel):
-    spec: dict[str, Any] = Field(description="GraphSpec fields")
+    model_config = ConfigDict(extra="forbid")
+    spec: dict[str, Any] = SPEC_FIELD
+
+
+class ErrorBody(BaseModel):
+    error: str = Field(description="short code, e.g. invalid_key, digest_mismatch, unauthorized")
+    detail: str = Field(description="what went wrong and what to do")
+
+
+class UploadResult(BaseModel):
+    key: str
+    created: bool
+    size: int
+    target: str
+    spec: str
+
+
+class PinResult(BaseModel):
+    key: str
+    pinned: bool
+
+
+class PurgeResult(BaseModel):
+    target: str
+    removed: list[str]
+    dry_run: bool
+
+
+class ArtifactPage(BaseModel):
+    items: list[dict[str, Any]]
+    next_cursor: str | None
+
+
+class ResolveResult(BaseModel):
+    key: str
+    present: bool
+    target: str
+    spec: dict[str, Any]
+
+
+class BuildResult(BaseModel):
+    key: str
+    built: bool
+    target: str
+
+
+class Health(BaseModel):
+    status: str
+    store: str
+
+
+_WHY = {
+    400: "invalid key, a body that is not JSON, or an upload that failed verification (error = the reason)",
+    401: "a token is needed: Authorization: Bearer TOKEN",
+    403: "the token given does not allow this",
+    404: "no such artifact",
+    408: "the upload was not received within GRAPHCACHE_UPLOAD_TIMEOUT",
+    409: "artifact built for another target",
+    413: "upload above GRAPHCACHE_MAX_UPLOAD",
+    422: "invalid request body or parameters (detail names the field)",
+    501: "the store cannot do this",
+    503: "the store (or, for builds, a GPU) is unavailable",
+}
+
+
+def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI entries for error responses, all with the ErrorBody shape."""
+    return {code: {"model": ErrorBody, "description": _WHY[code]} for code in codes}
+
+
+_ARTIFACT_HEADERS = {
+    "ETag": {"description": "quoted payload sha256", "schema": {"type": "string"}},
+    "Content-Length": {"description": "envelope size in bytes", "schema": {"type": "integer"}},
+}
+_OCTET_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+    }
+}
 
 
 def _json(status: int, data: Any, headers: dict[str, str] | None = None) -> Response:
@@ -483,6 +606,8 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None, 
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> Response:
+        if any(tuple(e.get("loc", ()))[:2] == ("path", "key") for e in exc.errors()):
+            return _error(ServiceError(400, "invalid_key", "a key is 64 lowercase hex characters"))
         problems = "; ".join(
             f"{'.'.join(str(p) for p in e.get('loc', ()) if p != 'body') or 'body'}: {e.get('msg')}"
             for e in exc.errors()
@@ -492,7 +617,10 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None, 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return _error(ServiceError(exc.status_code, code, str(exc.detail)))
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            headers["Allow"] = ", ".join(_allowed_methods(request))
+        return _error(ServiceError(exc.status_code, code, str(exc.detail), headers))
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> Response:
@@ -506,10 +634,18 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None, 
     @app.get(
         "/v1/artifacts/{key}",
         response_class=Response,
-        summary="Download an artifact",
-        responses={200: {"content": {"application/octet-stream": {}}}, 304: {}, 400: {}, 404: {}},
+        summary="Download an artifact (verified before it is served)",
+        responses={
+            200: {
+                "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+                "description": "the artifact envelope",
+                "headers": _ARTIFACT_HEADERS,
+            },
+            304: {"description": "If-None-Match matched the ETag"},
+            **errors(400, 401, 403, 404, 503),
+        },
     )
-    async def get_artifact(key: str, request: Request) -> Response:
+    async def get_artifact(key: KeyPath, request: Request) -> Response:
         # Served by ArtifactFastPath; this route documents it and serves if the layer is bypassed.
         status, headers, served = await state.artifact("GET", key, _raw_headers(request))
         payload = b""
@@ -519,22 +655,41 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None, 
                 served.handle.close()
         return Response(payload, status_code=status, headers={k.decode(): v.decode() for k, v in headers})
 
-    @app.head("/v1/artifacts/{key}", response_class=Response, summary="Whether an artifact is stored")
-    async def head_artifact(key: str, request: Request) -> Response:
+    @app.head(
+        "/v1/artifacts/{key}",
+        response_class=Response,
+        summary="Whether an artifact is stored (no body)",
+        responses={
+            200: {"description": "stored", "headers": _ARTIFACT_HEADERS},
+            304: {"description": "not modified"},
+            **errors(400, 401, 403, 404, 503),
+        },
+    )
+    async def head_artifact(key: KeyPath, request: Request) -> Response:
         status, headers, _ = await state.artifact("HEAD", key, _raw_headers(request))
         return Response(b"", status_code=status, headers={k.decode(): v.decode() for k, v in headers})
 
     @app.put(
         "/v1/artifacts/{key}",
-        summary="Upload an artifact (write token)",
+        summary="Upload an artifact (write token); the server verifies it before storing",
         status_code=201,
-        responses={200: {"description": "identical artifact already stored"}, 400: {}, 401: {}, 403: {}, 413: {}},
+        response_model=UploadResult,
+        responses={
+            200: {"model": UploadResult, "description": "identical artifact already stored"},
+            **errors(400, 401, 403, 408, 413, 503),
+        },
+        openapi_extra=_OCTET_BODY,
     )
-    async def put_artifact(key: str, request: Request) -> Response:
+    async def put_artifact(key: KeyPath, request: Request) -> Response:
         auth(request, "write")
-        if not is_key(key):
-            raise ServiceError(400, "invalid_key", "a key is 64 lowercase hex characters")
-        data = await _read_limited(request, settings.max_upload, state)
+        try:
+            with anyio.fail_after(settings.upload_timeout):
+                data = await _read_limited(request, settings.max_upload, state)
+        except TimeoutError:
+            state.metrics.rejected.labels("timeout").inc()
+            raise ServiceError(
+                408, "timeout", f"the upload took longer than {settings.upload_timeout:g}s (GRAPHCACHE_UPLOAD_TIMEOUT)"
+            ) from None
         try:
             artifact = await anyio.to_thread.run_sync(_verify_upload, data, key, settings.signing_key)
         except CorruptArtifact as exc:
@@ -558,22 +713,29 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None, 
             },
         )
 
-    @app.delete("/v1/artifacts/{key}", status_code=204, summary="Remove an artifact (admin token)")
-    async def delete_artifact(key: str, request: Request) -> Response:
+    @app.delete(
+        "/v1/artifacts/{key}",
+        status_code=204,
+        response_class=Response,
+        summary="Remove an artifact (admin token)",
+        responses={204: {"description": "removed"}, **errors(400, 401, 403, 404, 503)},
+    )
+    async def delete_artifact(key: KeyPath, request: Request) -> Response:
         auth(request, "admin")
-        if not is_key(key):
-            raise ServiceError(400, "invalid_key", "a key is 64 lowercase hex characters")
         removed = await anyio.to_thread.run_sync(store.delete, key)
         state.reader.forget(key)
         if not removed:
             raise ServiceError(404, "not_found", f"no artifact stored for key {key}")
         return Response(status_code=204)
 
-    @app.post("/v1/artifacts/{key}/pin", summary="Exempt an artifact from eviction (write token)")
-    async def pin_artifact(key: str, request: Request) -> Response:
+    @app.post(
+        "/v1/artifacts/{key}/pin",
+        summary="Exempt an artifact from eviction (write token)",
+        response_model=PinResult,
+        responses=errors(400, 401, 403, 404, 501, 503),
+    )
+    async def pin_artifact(key: KeyPath, request: Request) -> Response:
         auth(request, "write")
-        if not is_key(key):
-            raise ServiceError(400, "invalid_key", "a key is 64 lowercase hex characters")
         pin = getattr(store, "pin", None)
         if pin is None:
             raise ServiceError(501, "not_supported", f"{store!r} cannot pin entries")
@@ -581,8 +743,17 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None, 
             raise ServiceError(404, "not_found", f"no artifact stored for key {key}")
         return _json(200, {"key": key, "pinned": True})
 
-    @app.post("/v1/purge", summary="Remove every artifact of a retired target (admin token)")
-    async def purge(request: Request, target: str, dry_run: bool = False) -> Response:
+    @app.post(
+        "/v1/purge",
+        summary="Remove every artifact of a retired target (admin token)",
+        response_model=PurgeResult,
+        responses=errors(401, 403, 422, 503),
+    )
+    async def purge(
+        request: Request,
+        target: Annotated[str, Query(pattern=TARGET_RE, description="the retired target's text form")],
+        dry_run: bool = False,
+    ) -> Response:
         auth(request, "admin")
         from graphcache.ops import purge as purge_entries
 
@@ -592,27 +763,29 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None, 
             state.reader.forget(key)
         return _json(200, {"target": str(tgt), "removed": removed, "dry_run": dry_run})
 
-    @app.get("/v1/artifacts", summary="List artifact headers, paged")
+    @app.get(
+        "/v1/artifacts",
+        summary="List artifacts (headers, or keys only), paged by key",
+        response_model=ArtifactPage,
+        responses=errors(401, 403, 422, 503),
+    )
     async def list_artifacts(
         request: Request,
-        target: str | None = None,
-        limit: int = 100,
-        cursor: str | None = None,
+        target: Annotated[str | None, Query(pattern=TARGET_RE, description="only this target")] = None,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+        cursor: Annotated[str | None, Query(pattern=KEY_RE, description="next_cursor of the previous page")] = None,
         keys_only: bool = False,
     ) -> Response:
         auth(request, "read")
-        if not 1 <= limit <= 1000:
-            raise ServiceError(422, "invalid_request", "limit: must be between 1 and 1000")
-        if target is not None:
-            Target.parse(target)
-        if cursor is not None and not is_key(cursor):
-            raise ServiceError(422, "invalid_request", "cursor: must be a key from next_cursor")
-        if keys_only and target is not None:
-            raise ServiceError(422, "invalid_request", "keys_only: cannot filter by target without reading headers")
         items, next_cursor = await anyio.to_thread.run_sync(_page, store, target, limit, cursor, keys_only)
         return _json(200, {"items": items, "next_cursor": next_cursor})
 
-    @app.post("/v1/resolve", summary="The key of a spec on a target, and whether it is stored")
+    @app.post(
+        "/v1/resolve",
+        summary="The key of a spec on a target, and whether it is stored",
+        response_model=ResolveResult,
+        responses=errors(400, 401, 403, 422, 503),
+    )
     async def resolve(request: Request, payload: ResolveRequest) -> Response:
         auth(request, "read")
         spec = GraphSpec.from_dict(payload.spec)
@@ -621,7 +794,12 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None, 
         present = await anyio.to_thread.run_sync(store.exists, key)
         return _json(200, {"key": key, "present": present, "target": str(target), "spec": spec.to_dict()})
 
-    @app.post("/v1/build", summary="Build a spec on this host's GPU and store it (write token)")
+    @app.post(
+        "/v1/build",
+        summary="Build a spec on this host's GPU and store it (write token)",
+        response_model=BuildResult,
+        responses=errors(400, 401, 403, 409, 422, 503),
+    )
     async def build(request: Request, payload: BuildRequest) -> Response:
         auth(request, "write")
         spec = GraphSpec.from_dict(payload.spec)
@@ -639,7 +817,7 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None, 
             state.metrics.build_seconds.observe(time.perf_counter() - start)
         return _json(200, {"key": artifact.key, "built": built, "target": str(artifact.target)})
 
-    @app.get("/healthz", summary="Whether the store answers")
+    @app.get("/healthz", summary="Whether the store answers", response_model=Health, responses=errors(503))
     async def healthz() -> Response:
         try:
             with anyio.fail_after(5):
@@ -649,7 +827,12 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None, 
             return _error(ServiceError(503, "store_unavailable", f"{store!r} did not answer: {exc}"))
         return _json(200, {"status": "ok", "store": repr(store)})
 
-    @app.get("/metrics", summary="Prometheus metrics", response_class=Response)
+    @app.get(
+        "/metrics",
+        summary="Prometheus metrics",
+        response_class=Response,
+        responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "metrics"}},
+    )
     async def metrics() -> Response:
         return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
 
@@ -700,6 +883,16 @@ def create_app_from_env() -> GraphcacheApp:
 # -- helpers -----------------------------------------------------------------------------
 
 
+def _allowed_methods(request: Request) -> list[str]:
+    """Every method some route accepts at this path (several routes share one)."""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        match, _ = route.matches(request.scope)
+        if match != Match.NONE:
+            methods |= set(getattr(route, "methods", None) or ())
+    return sorted(methods)
+
+
 def _raw_headers(request: Request) -> dict[bytes, bytes]:
     return dict(request.scope["headers"])
 
@@ -738,7 +931,7 @@ def _page(
     store: Store, target: str | None, limit: int, cursor: str | None, keys_only: bool = False
 ) -> tuple[list[dict[str, Any]], str | None]:
     keys = sorted(k for k in store.keys() if cursor is None or k > cursor)
-    if keys_only:
+    if keys_only and target is None:
         page = keys[:limit]
         return [{"key": k} for k in page], (page[-1] if len(keys) > limit else None)
     items: list[dict[str, Any]] = []
@@ -755,7 +948,7 @@ def _page(
         else:
             if target is not None and header.get("target_text") != target:
                 continue
-            items.append({"key": key, "size": len(data), "header": header})
+            items.append({"key": key} if keys_only else {"key": key, "size": len(data), "header": header})
         if len(items) >= limit:
             break
     more = last is not None and any(k > last for k in keys)

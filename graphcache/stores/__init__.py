@@ -8,7 +8,7 @@ from graphcache.stores.disk import DiskStore
 from graphcache.stores.http import HttpStore
 from graphcache.stores.tiered import TieredStore
 
-__all__ = ["DiskStore", "HttpStore", "Store", "TieredStore", "open_store"]
+__all__ = ["DiskStore", "HttpStore", "Store", "TieredStore", "open_store", "worker_store"]
 
 
 def open_store(settings: Settings, location: str | None = None) -> Store:
@@ -22,3 +22,13 @@ def open_store(settings: Settings, location: str | None = None) -> Store:
     if where.startswith(("http://", "https://")):
         return HttpStore(where, token=settings.token, timeout=settings.timeout)
     return DiskStore(where or settings.cache_dir, size_limit=settings.size_limit)
+
+
+def worker_store(settings: Settings) -> Store:
+    """What a worker reads through: with GRAPHCACHE_SERVER, the local store in
+    front of the service (filled on remote hits, answering when the service is
+    down); otherwise the store ``settings`` names."""
+    local = open_store(settings)
+    if not settings.server:
+        return local
+    return TieredStore(local, HttpStore(settings.server, token=settings.token, timeout=settings.timeout))
