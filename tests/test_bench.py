@@ -3,27 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 from graphcache.settings import Settings
 from graphcache.stores import DiskStore
 from service.app import create_app
+from tests.clirun import cli
 from tests.fakes import TARGET, make_artifact, spec
 from tests.servers import ServerThread
-
-
-def cli(*args: str):
-    return subprocess.run(
-        [sys.executable, "-m", "graphcache.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "COLUMNS": "200"},
-    )
 
 
 @pytest.fixture

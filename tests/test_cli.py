@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
@@ -9,17 +8,8 @@ import pytest
 
 from graphcache import Artifact, GraphCache
 from graphcache.stores import DiskStore
+from tests.clirun import cli
 from tests.fakes import FakeCompiler, spec
-
-
-def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "graphcache.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "COLUMNS": "200", **(env or {})},
-    )
 
 
 @pytest.fixture

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
@@ -13,6 +10,7 @@ from graphcache import GraphCache, Target, key_for, manifest, ops
 from graphcache.settings import Settings
 from graphcache.stores import DiskStore, HttpStore
 from service.app import create_app
+from tests.clirun import cli
 from tests.fakes import TARGET, FakeCompiler, make_artifact, spec
 from tests.servers import ServerThread
 
@@ -29,16 +27,6 @@ def manifest_file(tmp_path):
     path = tmp_path / "m.yaml"
     path.write_text(MANIFEST)
     return path
-
-
-def cli(*args: str, env: dict[str, str] | None = None):
-    return subprocess.run(
-        [sys.executable, "-m", "graphcache.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "COLUMNS": "200", **(env or {})},
-    )
 
 
 def test_warm_builds_missing_reports_and_pins(tmp_path, manifest_file):

@@ -124,22 +124,11 @@ def random_inputs(spec: GraphSpec, device: str, seed: int = 0) -> dict[str, Any]
     }
     if spec.padding:
         assert spec.seq_kv is not None
-        inputs["seq_len_q"] = torch.randint(
-            max(1, spec.seq_q // 2),
-            spec.seq_q + 1,
-            (spec.batch, 1, 1, 1),
-            generator=gen,
-            device=device,
-            dtype=torch.int32,
-        )
-        inputs["seq_len_kv"] = torch.randint(
-            max(1, spec.seq_kv // 2),
-            spec.seq_kv + 1,
-            (spec.batch, 1, 1, 1),
-            generator=gen,
-            device=device,
-            dtype=torch.int32,
-        )
+        for role, full in (("seq_len_q", spec.seq_q), ("seq_len_kv", spec.seq_kv)):
+            # valid lengths between half and all of the padded length
+            inputs[role] = torch.randint(
+                max(1, full // 2), full + 1, (spec.batch, 1, 1, 1), generator=gen, device=device, dtype=torch.int32
+            )
     return inputs
 
 

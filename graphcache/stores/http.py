@@ -116,35 +116,24 @@ class HttpStore:
         return True
 
     def keys(self) -> Iterator[str]:
-        cursor: str | None = None
-        while True:
-            params: dict[str, Any] = {"limit": 1000, "keys_only": "true"}
-            if cursor:
-                params["cursor"] = cursor
-            response = self._request("GET", "/v1/artifacts", params=params)
-            _expect(response, 200)
-            page = response.json()
-            for item in page["items"]:
-                yield item["key"]
-            cursor = page.get("next_cursor")
-            if not cursor:
-                return
+        for item in self._pages({"limit": 1000, "keys_only": "true"}):
+            yield item["key"]
 
     def headers(self, target: str | None = None) -> Iterator[dict[str, Any]]:
         """Every stored header (optionally of one target), page by page."""
+        for item in self._pages({"limit": 200, **({"target": target} if target else {})}):
+            if "header" in item:
+                yield item["header"]
+
+    def _pages(self, params: dict[str, Any]) -> Iterator[dict[str, Any]]:
         cursor: str | None = None
         while True:
-            params: dict[str, Any] = {"limit": 200}
-            if cursor:
-                params["cursor"] = cursor
-            if target:
-                params["target"] = target
-            response = self._request("GET", "/v1/artifacts", params=params)
+            response = self._request(
+                "GET", "/v1/artifacts", params={**params, **({"cursor": cursor} if cursor else {})}
+            )
             _expect(response, 200)
             page = response.json()
-            for item in page["items"]:
-                if "header" in item:
-                    yield item["header"]
+            yield from page["items"]
             cursor = page.get("next_cursor")
             if not cursor:
                 return
