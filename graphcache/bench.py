@@ -152,7 +152,8 @@ def plot(report: dict[str, Any], path: str | Path) -> None:
 
     rows = [r for r in report["specs"] if "warm" in r]
     fig, ax = plt.subplots(figsize=(10, 1.2 + 0.9 * max(len(rows), 1)))
-    colours = plt.get_cmap("tab20").colors
+    cmap = plt.get_cmap("tab20")
+    colours = [cmap(i) for i in range(cmap.N)]
     phase_names: list[str] = []
     for r in rows:
         for side in ("cold", "warm"):

@@ -160,14 +160,14 @@ def ls_cmd(ctx: Context, target: str | None, as_json: bool) -> None:
 def inspect_cmd(ctx: Context, what: str) -> None:
     """Print the header of a stored KEY (or prefix) or an artifact FILE as JSON."""
     path = Path(what)
+    expected: str | None = None
     if path.is_file():
-        data = path.read_bytes()
-        expected = None
+        data: bytes | None = path.read_bytes()
     else:
         expected = resolve_key(ctx.store(), what)
         data = ctx.store().get(expected)
-        if data is None:
-            raise NotFound(f"key {expected} is not stored")
+    if data is None:
+        raise NotFound(f"key {expected} is not stored")
     header = read_header(data)
     try:
         Artifact.decode(data, expected_key=expected)
@@ -408,13 +408,13 @@ def warm_cmd(
     cache = GraphCache(store, compiler, signing_key=ctx.settings.signing_key)
     with _progress(len(specs), f"warming {compiler.target()}") as bar:
         task = bar.add_task("warm", total=len(specs))
-        rows = ops.warm(specs, cache, jobs=jobs, pin=not no_pin, progress=lambda: bar.advance(task))
+        built_rows = ops.warm(specs, cache, jobs=jobs, pin=not no_pin, progress=lambda: bar.advance(task))
     table = Table("spec", "key", "status", "detail")
     colour = {"present": "green", "built": "cyan", "unsupported": "yellow", "failed": "red"}
-    for row in rows:
-        table.add_row(row.spec.summary(), row.key[:12], f"[{colour[row.status]}]{row.status}[/]", row.detail)
+    for built in built_rows:
+        table.add_row(built.spec.summary(), built.key[:12], f"[{colour[built.status]}]{built.status}[/]", built.detail)
     console.print(table)
-    counts = {s: sum(r.status == s for r in rows) for s in colour}
+    counts = {s: sum(r.status == s for r in built_rows) for s in colour}
     console.print(", ".join(f"{n} {s}" for s, n in counts.items()))
     if json_out:
         Path(json_out).write_text(
@@ -422,7 +422,8 @@ def warm_cmd(
                 {
                     "target": str(compiler.target()),
                     "rows": [
-                        {"spec": r.spec.to_dict(), "key": r.key, "status": r.status, "detail": r.detail} for r in rows
+                        {"spec": r.spec.to_dict(), "key": r.key, "status": r.status, "detail": r.detail}
+                        for r in built_rows
                     ],
                 },
                 indent=2,

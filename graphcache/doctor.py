@@ -15,6 +15,7 @@ def diagnose(spec: GraphSpec | None = None) -> dict[str, Any]:
     spec = spec or TYPICAL
     rows: list[tuple[str, str]] = [("python", platform.python_version()), ("spec", spec.summary())]
     verdict: list[str] = []
+    torch: Any
     try:
         import torch
     except ImportError:

@@ -19,6 +19,10 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   $SUDO apt-get update -qq && $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
 
+# Lint and types first: cheap, and they fail the run like a failing test.
+"$PY" -m ruff check graphcache service tests scripts
+"$PY" -m mypy graphcache service
+
 # One redis-server for the suite (tests that stop Redis or limit its memory
 # start private ones); uvicorn servers are started by the tests themselves.
 REDIS_BIN=$(command -v redis-server || echo /usr/bin/redis-server)

@@ -649,10 +649,11 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None, 
         # Served by ArtifactFastPath; this route documents it and serves if the layer is bypassed.
         status, headers, served = await state.artifact("GET", key, _raw_headers(request))
         payload = b""
-        if served is not None:
-            payload = served.data if served.handle is None else read_all(served.handle, served.size)
-            if served.handle is not None:
-                served.handle.close()
+        if served is not None and served.handle is not None:
+            with served.handle:
+                payload = read_all(served.handle, served.size)
+        elif served is not None and served.data is not None:
+            payload = served.data
         return Response(payload, status_code=status, headers={k.decode(): v.decode() for k, v in headers})
 
     @app.head(

@@ -82,6 +82,7 @@ def reference(
     if group > 1:
         kf = kf.repeat_interleave(group, dim=1)
         vf = vf.repeat_interleave(group, dim=1)
+    assert spec.attn_scale is not None
     scores = torch.matmul(qf, kf.transpose(-1, -2)) * spec.attn_scale
     masks = []
     for b in range(spec.batch):

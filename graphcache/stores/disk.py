@@ -70,12 +70,12 @@ class DiskStore:
         if opened is None:
             return None
         value, identity = opened
-        if isinstance(value, bytes):
+        if identity is None:
             return value, None
         with value:
             return read_all(value, identity[1]), identity
 
-    def open(self, key: str) -> tuple[Any, tuple[int, ...]] | tuple[bytes, None] | None:
+    def open(self, key: str) -> tuple[Any, tuple[int, ...] | None] | None:
         """An open binary file of the value and its identity, or the bytes of
         a value kept inline in the index (identity None), or None when absent.
         The caller closes the file. Reading through the open handle is safe
