@@ -6,6 +6,7 @@ Verbs that need no GPU never import torch or cudnn.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import json
 import sys
@@ -33,6 +34,14 @@ class Context:
         self.location = store
         self._store: Store | None = None
 
+    def override(self, cache_dir: str | None = None, store: str | None = None) -> None:
+        """Options given after the verb win over those before it."""
+        if cache_dir is not None:
+            self.settings = dataclasses.replace(self.settings, cache_dir=Path(cache_dir))
+        if store is not None:
+            self.location = store
+        self._store = None
+
     def store(self) -> Store:
         if self._store is None:
             self._store = open_store(self.settings, self.location)
@@ -40,6 +49,31 @@ class Context:
 
 
 pass_ctx = click.make_pass_decorator(Context)
+
+
+def _override(field: str) -> Any:
+    def callback(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+        if value is not None:
+            ctx.find_object(Context).override(**{field: value})  # type: ignore[union-attr]
+
+    return callback
+
+
+def store_options(f: Any) -> Any:
+    """--cache-dir and --store, accepted after the verb too (graphcache serve --cache-dir DIR)."""
+    f = click.option(
+        "--store",
+        expose_value=False,
+        callback=_override("store"),
+        is_eager=False,
+        help="Store location: a folder, redis://..., or http://server.",
+    )(f)
+    return click.option(
+        "--cache-dir",
+        expose_value=False,
+        callback=_override("cache_dir"),
+        help="DiskStore folder (default: $GRAPHCACHE_DIR, else the user cache folder).",
+    )(f)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -121,6 +155,7 @@ def age(created_at: str) -> str:
 @main.command("ls")
 @click.option("--target", default=None, help="Only entries for this target text.")
 @click.option("--json", "as_json", is_flag=True, help="Headers as JSON lines.")
+@store_options
 @pass_ctx
 def ls_cmd(ctx: Context, target: str | None, as_json: bool) -> None:
     """List stored artifacts: key prefix, spec, target, size, age."""
@@ -156,6 +191,7 @@ def ls_cmd(ctx: Context, target: str | None, as_json: bool) -> None:
 
 @main.command("inspect")
 @click.argument("what")
+@store_options
 @pass_ctx
 def inspect_cmd(ctx: Context, what: str) -> None:
     """Print the header of a stored KEY (or prefix) or an artifact FILE as JSON."""
@@ -184,6 +220,7 @@ def inspect_cmd(ctx: Context, what: str) -> None:
 @main.command("get")
 @click.argument("key")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="File to write.")
+@store_options
 @pass_ctx
 def get_cmd(ctx: Context, key: str, output: str) -> None:
     """Write the verified artifact KEY to a file."""
@@ -199,6 +236,7 @@ def get_cmd(ctx: Context, key: str, output: str) -> None:
 
 @main.command("rm")
 @click.argument("key")
+@store_options
 @pass_ctx
 def rm_cmd(ctx: Context, key: str) -> None:
     """Remove the artifact KEY (or unique prefix)."""
@@ -213,6 +251,7 @@ def rm_cmd(ctx: Context, key: str) -> None:
 @click.option("--target", required=True, help="The retired target, e.g. h200-sm90-cudnn9.27.0-fe1.31.0.")
 @click.option("--server", default=None, help="Purge on this service (admin token in $GRAPHCACHE_TOKEN).")
 @click.option("--dry-run", is_flag=True, help="List what would be removed.")
+@store_options
 @pass_ctx
 def purge_cmd(ctx: Context, target: str, server: str | None, dry_run: bool) -> None:
     """Remove every entry built for TARGET (pinned ones too)."""
@@ -233,6 +272,7 @@ def purge_cmd(ctx: Context, target: str, server: str | None, dry_run: bool) -> N
 @main.command("pin")
 @click.argument("key")
 @click.option("--off", is_flag=True, help="Unpin instead.")
+@store_options
 @pass_ctx
 def pin_cmd(ctx: Context, key: str, off: bool) -> None:
     """Exempt KEY from LRU eviction (or, with --off, make it evictable again)."""
@@ -353,6 +393,7 @@ def _progress(total: int, label: str) -> Any:
 @click.option(
     "--json", "json_out", default=None, type=click.Path(dir_okay=False), help="Also write the report as JSON."
 )
+@store_options
 @pass_ctx
 def warm_cmd(
     ctx: Context,
@@ -437,6 +478,7 @@ def warm_cmd(
 @click.argument("spec_file")
 @click.option("--target", required=True, help="Target text the key was asked for.")
 @click.option("--server", default=None, help="Service URL (default: $GRAPHCACHE_SERVER, else the local store).")
+@store_options
 @pass_ctx
 def explain_cmd(ctx: Context, spec_file: str, target: str, server: str | None) -> None:
     """Why SPEC_FILE misses on TARGET: the nearest stored entries and the fields that differ."""
@@ -479,6 +521,7 @@ def explain_cmd(ctx: Context, spec_file: str, target: str, server: str | None) -
 @click.option("--json", "json_out", default=None, type=click.Path(dir_okay=False), help="Write the report as JSON.")
 @click.option("--plot", "plot_out", default=None, type=click.Path(dir_okay=False), help="Write a PNG bar chart.")
 @click.option("--no-memory", is_flag=True, help="Skip the peak GPU memory comparison.")
+@store_options
 @pass_ctx
 def bench_cmd(
     ctx: Context,
@@ -610,6 +653,7 @@ def doctor_cmd(spec_file: str | None) -> None:
     type=int,
     help="Seconds an idle keep-alive connection stays open.",
 )
+@store_options
 @pass_ctx
 def serve_cmd(
     ctx: Context, host: str, port: int, workers: int, log_level: str, limit_concurrency: int, timeout_keep_alive: int

@@ -113,3 +113,50 @@ def test_cli_verbs_work_without_torch_or_cudnn(populated):
     code = "import sys; sys.modules['torch']=None; sys.modules['cudnn']=None; from graphcache.doctor import diagnose; print(diagnose()['rows'])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert "not installed" in out.stdout, out.stderr
+
+
+def test_readme_serve_command_runs_the_service_on_the_given_folder(tmp_path):
+    import socket
+    import time
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    folder = tmp_path / "cache"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "graphcache",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--cache-dir",
+            str(folder),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                health = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, "graphcache serve did not start"
+                time.sleep(0.2)
+        assert health.json()["store"] == f"DiskStore('{folder}')"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_store_options_are_accepted_after_the_verb(populated):
+    folder, arts = populated
+    out = cli("ls", "--cache-dir", str(folder))
+    assert out.returncode == 0 and "3 artifact(s)" in out.stdout
