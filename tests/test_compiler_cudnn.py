@@ -170,3 +170,11 @@ def test_payload_forms_normalise_to_bytes():
     assert payload_bytes(b"ab") == b"ab"
     assert payload_for_frontend(b"ab", "1.32.0") == b"ab"
     assert payload_for_frontend(b"ab", "1.23.0") == [97, 98]
+
+
+def test_real_frontend_dropout_gets_seed_and_offset_tensors_with_their_uids():
+    cudnn = pytest.importorskip("cudnn")
+    built = build_graph(cudnn, make(mask="causal", dropout=0.1), lower=False)
+    uids = UidMap.default()
+    assert built.tensors["dropout_seed"].get_uid() == uids["dropout_seed"]
+    assert built.tensors["dropout_offset"].get_uid() == uids["dropout_offset"]
