@@ -353,7 +353,7 @@ def _load_compiler(path: str) -> Any:
         raise click.UsageError(f"--compiler {path}: cannot load it ({exc})") from exc
 
 
-def _progress(total: int, label: str) -> Any:
+def _progress(label: str) -> Any:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     return Progress(
@@ -417,7 +417,7 @@ def warm_cmd(
         if not target:
             raise click.UsageError("--check needs --target (the serving GPUs' target, e.g. from 'graphcache doctor')")
         tgt = Target.parse(target)
-        with _progress(len(specs), f"checking {tgt}") as bar:
+        with _progress(f"checking {tgt}") as bar:
             task = bar.add_task("check", total=len(specs))
             rows = ops.check(specs, tgt, store, jobs=max(jobs, 8), progress=lambda: bar.advance(task))
         table = Table("spec", "key", "status")
@@ -447,7 +447,7 @@ def warm_cmd(
     if target and Target.parse(target) != here:
         raise click.UsageError(f"--target {target} is not this machine ({here}); warm builds for this machine only")
     cache = GraphCache(store, compiler, signing_key=ctx.settings.signing_key)
-    with _progress(len(specs), f"warming {compiler.target()}") as bar:
+    with _progress(f"warming {compiler.target()}") as bar:
         task = bar.add_task("warm", total=len(specs))
         built_rows = ops.warm(specs, cache, jobs=jobs, pin=not no_pin, progress=lambda: bar.advance(task))
     table = Table("spec", "key", "status", "detail")
@@ -543,7 +543,7 @@ def bench_cmd(
     url = server or ctx.settings.server
     location = url or ctx.location or ctx.settings.store or str(ctx.settings.cache_dir)
     gpu = bench.has_gpu()
-    with _progress(len(specs), "bench") as bar:
+    with _progress("bench") as bar:
         task = bar.add_task("bench", total=None)
 
         def progress(text: str) -> None:

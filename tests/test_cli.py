@@ -160,3 +160,11 @@ def test_store_options_are_accepted_after_the_verb(populated):
     folder, arts = populated
     out = cli("ls", "--cache-dir", str(folder))
     assert out.returncode == 0 and "3 artifact(s)" in out.stdout
+
+
+def test_pin_and_unpin(populated):
+    folder, arts = populated
+    assert cli("--cache-dir", str(folder), "pin", arts[0].key[:10]).returncode == 0
+    assert DiskStore(folder).pinned(arts[0].key)
+    assert cli("--cache-dir", str(folder), "pin", arts[0].key, "--off").returncode == 0
+    assert not DiskStore(folder).pinned(arts[0].key)

@@ -128,3 +128,20 @@ def test_graph_cache_over_http_only_falls_back_to_building(server_store):
     art = cache.get(spec())
     assert art.spec == spec() and compiler.builds == 1
     assert cache.stats()["store_errors"] >= 1
+
+
+def test_http_store_resolve_and_pin(server):
+    from tests.fakes import TARGET
+
+    store = HttpStore(server.url, token="w")
+    art = make_artifact(spec())
+    assert store.resolve(spec().to_dict(), str(TARGET)) == {
+        "key": art.key,
+        "present": False,
+        "target": str(TARGET),
+        "spec": spec().to_dict(),
+    }
+    store.put(art.key, art.encode())
+    assert store.resolve(spec().to_dict(), str(TARGET))["present"] is True
+    assert store.pin(art.key) is True
+    assert store.pin(make_artifact(spec(batch=5)).key) is False
