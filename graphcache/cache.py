@@ -173,7 +173,8 @@ class GraphCache:
     def _positive(self, artifact: Artifact) -> Artifact:
         if artifact.unsupported:
             self._stats.bump("unsupported")
-            raise NotSerializable(artifact.unsupported)
+            kind = NotSerializable if artifact.runtime.get("unsupported_kind") == "NotSerializable" else UnsupportedSpec
+            raise kind(artifact.unsupported)
         return artifact
 
     def _single_flight(self, key: str, spec: GraphSpec, target: Target) -> Artifact:
@@ -230,9 +231,18 @@ class GraphCache:
         self._stats.bump("builds")
         try:
             artifact = self.compiler.build(spec, target)
-        except NotSerializable as exc:
-            # Remember it: the next request answers at once instead of rebuilding.
-            artifact = Artifact(spec=spec, target=target, payload=b"", uids=self.uids, unsupported=str(exc))
+        except UnsupportedSpec as exc:
+            # Deterministic for this target (cuDNN, frontend and GPU are in the
+            # key): remember it, so the next request answers at once instead of
+            # rebuilding. NotSerializable is one kind of it.
+            artifact = Artifact(
+                spec=spec,
+                target=target,
+                payload=b"",
+                uids=self.uids,
+                unsupported=str(exc),
+                runtime={"unsupported_kind": type(exc).__name__},
+            )
         if self.signing_key:
             artifact = artifact.signed(self.signing_key)
         if artifact.key != key:

@@ -39,7 +39,7 @@ class UnsupportedSpec(GraphCacheError):
     """cuDNN (or the installed frontend) cannot express this spec."""
 
 
-class NotSerializable(GraphCacheError):
+class NotSerializable(UnsupportedSpec):
     """The plan cuDNN chose cannot be serialized, so it cannot be cached."""
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from graphcache.artifact import read_header
 from graphcache.cache import GraphCache
-from graphcache.errors import CorruptArtifact, GraphCacheError, NotSerializable, SpecError, TargetError
+from graphcache.errors import CorruptArtifact, GraphCacheError, SpecError, TargetError, UnsupportedSpec
 from graphcache.key import key_for
 from graphcache.spec import GraphSpec
 from graphcache.stores.base import Store
@@ -57,7 +57,7 @@ def warm(
                 row.detail = f"built in {artifact.build_seconds:.2f}s"
             if pin and hasattr(cache.store, "pin"):
                 cache.store.pin(key)
-        except NotSerializable as exc:
+        except UnsupportedSpec as exc:  # NotSerializable included
             row = WarmRow(spec, key, "unsupported", str(exc))
         except GraphCacheError as exc:
             row = WarmRow(spec, key, "failed", f"{type(exc).__name__}: {exc}")

@@ -112,3 +112,19 @@ def test_torch_fallback_when_no_gpu(store):
     assert graph.backend == "torch" and cache.stats()["fallbacks"] == 1
     q, k, v = (torch.randn(s.storage_shape(r), dtype=torch.float16) for r in "qkv")
     assert graph.execute(q, k, v).shape == s.storage_shape("o")
+
+
+def test_unsupported_spec_kinds_are_remembered_as_they_were_raised(store):
+    from graphcache import UnsupportedSpec
+
+    class Refusing(FakeCompiler):
+        def build(self, spec, target):  # noqa: ANN001
+            self.builds += 1
+            raise UnsupportedSpec("cuDNN refused it at check_support")
+
+    compiler = Refusing()
+    for _ in range(2):
+        with pytest.raises(UnsupportedSpec, match="check_support") as info:
+            GraphCache(store, compiler).get(spec())
+        assert not isinstance(info.value, NotSerializable)
+    assert compiler.builds == 1

@@ -20,6 +20,7 @@ from typing import Any
 from graphcache.artifact import Artifact
 from graphcache.errors import (
     ExecutionError,
+    GraphCacheError,
     NoGpu,
     NotSerializable,
     TargetMismatch,
@@ -35,6 +36,7 @@ log = logging.getLogger(__name__)
 MIN_COMPUTE_CAPABILITY = (8, 0)
 MIN_CUDNN_SERIALIZE = 90000  # serialized SDPA plans need cuDNN 9.x
 _IO_TYPES = {"float16": "HALF", "bfloat16": "BFLOAT16"}
+TRANSIENT = ("OUT OF MEMORY", "ALLOC_FAILED")
 
 
 # -- dialects -------------------------------------------------------------
@@ -115,6 +117,13 @@ class BuiltGraph:
     dialect: str
     timings: dict[str, float] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
+
+
+def _backend_version(cudnn: Any) -> str:
+    try:
+        return str(cudnn.backend_version_string())
+    except Exception:  # noqa: BLE001 - no runtime (CPU) or an old frontend
+        return "(version unknown)"
 
 
 def frontend_version(cudnn: Any) -> str:
@@ -211,10 +220,21 @@ def _construct(
     steps = BUILD_STEPS if lower else BUILD_STEPS[:1]
     for step in steps:
         start = time.perf_counter()
-        if step == "create_execution_plans":
-            graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
-        else:
-            getattr(graph, step)()
+        try:
+            if step == "create_execution_plans":
+                graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+            else:
+                getattr(graph, step)()
+        except TypeError:
+            raise  # an unknown keyword at lowering: the dialect chain tries the next one
+        except Exception as exc:  # noqa: BLE001 - cuDNN's errors have many types; say which step refused
+            text = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+            if any(word in text.upper() for word in TRANSIENT):
+                # Out of memory is about this moment, not this spec: never recorded as unsupported.
+                raise GraphCacheError(f"cuDNN ran out of memory building {spec.summary()} at {step}: {text}") from exc
+            raise UnsupportedSpec(
+                f"cuDNN {_backend_version(cudnn)} refused {spec.summary()} at {step}: {text}"
+            ) from exc
         timings[step] = time.perf_counter() - start
     return graph, tensors, timings
 
