@@ -278,3 +278,16 @@ def test_oversized_request_head_is_refused_and_the_server_survives(tmp_path):
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_redis_entry_corrupted_after_being_served_is_not_served_again(redis_store):
+    art = make_artifact(spec(), size=200_000)
+    redis_store.put(art.key, art.encode())
+    with ServerThread(create_app(Settings(), store=redis_store)) as srv, httpx.Client(base_url=srv.url) as client:
+        for _ in range(2):  # verified, then served from the hot copy after an equal fetch
+            assert client.get(f"/v1/artifacts/{art.key}").content == art.encode()
+        data = bytearray(art.encode())
+        data[-7] ^= 0x40
+        redis_store.put(art.key, bytes(data))
+        assert client.get(f"/v1/artifacts/{art.key}").status_code == 404
+        assert quarantined(client, "digest_mismatch") == 1
