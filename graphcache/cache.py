@@ -155,20 +155,26 @@ class GraphCache:
     def get(self, spec: GraphSpec, target: Target | None = None) -> Artifact:
         """The verified artifact for ``spec``, building it on a miss.
 
-        Raises NotFound on a miss with no compiler, NotSerializable for a
-        spec recorded as unsupported on this target, and whatever the
-        compiler raises.
+        Raises NotFound on a miss with no compiler, UnsupportedSpec (or
+        NotSerializable) for a spec recorded as unsupported on this target,
+        and whatever the compiler raises.
         """
+        return self.ensure(spec, target)[0]
+
+    def ensure(self, spec: GraphSpec, target: Target | None = None) -> tuple[Artifact, bool]:
+        """Like ``get``, and whether this call built the artifact (False when
+        it was stored, or another caller or replica built it)."""
         target = self.target(target)
         key = key_for(spec, target, self.uids)
         artifact = self._fetch(key)
         if artifact is not None:
             self._stats.bump("hits")
-            return self._positive(artifact)
+            return self._positive(artifact), False
         self._stats.bump("misses")
         if self.compiler is None:
             raise NotFound(f"no artifact for {spec.summary()} on {target} (key {key[:12]}) and no compiler to build it")
-        return self._positive(self._single_flight(key, spec, target))
+        artifact, built = self._single_flight(key, spec, target)
+        return self._positive(artifact), built
 
     def _positive(self, artifact: Artifact) -> Artifact:
         if artifact.unsupported:
@@ -177,7 +183,7 @@ class GraphCache:
             raise kind(artifact.unsupported)
         return artifact
 
-    def _single_flight(self, key: str, spec: GraphSpec, target: Target) -> Artifact:
+    def _single_flight(self, key: str, spec: GraphSpec, target: Target) -> tuple[Artifact, bool]:
         with self._lock:
             future = self._inflight.get(key)
             leader = future is None
@@ -185,11 +191,12 @@ class GraphCache:
                 future = Future()
                 self._inflight[key] = future
         if not leader:
-            return future.result()
+            return future.result(), False
         try:
-            artifact = self._fetch(key) or self._build_once(key, spec, target)
+            fetched = self._fetch(key)
+            artifact, built = (fetched, False) if fetched is not None else self._build_once(key, spec, target)
             future.set_result(artifact)
-            return artifact
+            return artifact, built
         except BaseException as exc:
             future.set_exception(exc)
             raise
@@ -197,12 +204,12 @@ class GraphCache:
             with self._lock:
                 self._inflight.pop(key, None)
 
-    def _build_once(self, key: str, spec: GraphSpec, target: Target) -> Artifact:
+    def _build_once(self, key: str, spec: GraphSpec, target: Target) -> tuple[Artifact, bool]:
         """Build under the store's lease: the holder builds, the others wait
         (bounded by lease_wait) for its artifact; a holder that dies stops
         renewing, its lease expires and a waiter takes over."""
         if self._leases is None:
-            return self._build(key, spec, target)
+            return self._build(key, spec, target), True
         deadline = time.monotonic() + self.lease_wait
         waited = False
         while True:
@@ -211,20 +218,21 @@ class GraphCache:
                 acquired = lease.try_acquire()
             except StoreUnavailable as exc:
                 log.warning("no build lease for %s (%s): building without one", key[:12], exc)
-                return self._build(key, spec, target)
+                return self._build(key, spec, target), True
             if acquired:
                 with lease:
-                    return self._fetch(key) or self._build(key, spec, target)
+                    fetched = self._fetch(key)
+                    return (fetched, False) if fetched is not None else (self._build(key, spec, target), True)
             if not waited:
                 self._stats.bump("lease_waits")
                 waited = True
             time.sleep(0.1)
             artifact = self._fetch(key)
             if artifact is not None:
-                return artifact
+                return artifact, False
             if time.monotonic() > deadline:
                 log.warning("waited %.0fs for another builder of %s: building here", self.lease_wait, key[:12])
-                return self._build(key, spec, target)
+                return self._build(key, spec, target), True
 
     def _build(self, key: str, spec: GraphSpec, target: Target) -> Artifact:
         assert self.compiler is not None

@@ -22,7 +22,7 @@ from graphcache.errors import CorruptArtifact, GraphCacheError, NotFound, SpecEr
 from graphcache.key import is_key
 from graphcache.settings import Settings
 from graphcache.spec import GraphSpec
-from graphcache.stores import Store, open_store
+from graphcache.stores import Store, open_store, stored_header
 
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
@@ -163,27 +163,27 @@ def ls_cmd(ctx: Context, target: str | None, as_json: bool) -> None:
     table = Table("key", "spec", "target", "size", "age", "note")
     count = 0
     for key in sorted(store.keys()):
-        data = store.get(key)
-        if data is None:
-            continue
         try:
-            header = read_header(data)
+            header = stored_header(store, key)
         except CorruptArtifact as exc:
-            table.add_row(key[:12], "-", "-", human_size(len(data)), "-", f"corrupt: {exc}")
+            table.add_row(key[:12], "-", "-", "-", "-", f"corrupt: {exc}")
+            continue
+        if header is None:
             continue
         text = header.get("target_text", "")
         if target and text != target:
             continue
         count += 1
+        size = int(header["payload_size"])
         if as_json:
-            click.echo(json.dumps({"key": key, "size": len(data), **header}, sort_keys=True))
+            click.echo(json.dumps({"key": key, "size": size, **header}, sort_keys=True))
             continue
         try:
             summary = GraphSpec.from_dict(header["spec"]).summary()
         except SpecError:
             summary = "?"
         note = f"unsupported: {header['unsupported']}" if header.get("unsupported") else ""
-        table.add_row(key[:12], summary, text, human_size(len(data)), age(header.get("created_at", "")), note)
+        table.add_row(key[:12], summary, text, human_size(size), age(header.get("created_at", "")), note)
     if not as_json:
         console.print(table)
         console.print(f"{count} artifact(s) in {store!r}")

@@ -9,11 +9,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from graphcache.artifact import read_header
 from graphcache.cache import GraphCache
 from graphcache.errors import CorruptArtifact, GraphCacheError, SpecError, TargetError, UnsupportedSpec
 from graphcache.key import key_for
 from graphcache.spec import GraphSpec
+from graphcache.stores import stored_header
 from graphcache.stores.base import Store
 from graphcache.target import Target
 
@@ -50,10 +50,9 @@ def warm(
         key = key_for(spec, target, cache.uids)
         start = time.perf_counter()
         try:
-            present = cache.store.exists(key)
-            artifact = cache.get(spec, target)
-            row = WarmRow(spec, key, "present" if present else "built", seconds=time.perf_counter() - start)
-            if not present:
+            artifact, built = cache.ensure(spec, target)
+            row = WarmRow(spec, key, "built" if built else "present", seconds=time.perf_counter() - start)
+            if built:
                 row.detail = f"built in {artifact.build_seconds:.2f}s"
             if pin and hasattr(cache.store, "pin"):
                 cache.store.pin(key)
@@ -102,26 +101,6 @@ def _map(fn: Callable[[GraphSpec], Any], items: list[GraphSpec], jobs: int) -> I
 
 # -- retention --------------------------------------------------------------------------
 
-HEADER_PREFIX = 64 * 1024
-
-
-def stored_header(store: Store, key: str) -> dict[str, Any] | None:
-    """An entry's header, reading only its first bytes where the store can."""
-    head = getattr(store, "head", None)
-    data = head(key, HEADER_PREFIX) if head is not None else None
-    if data is not None:
-        try:
-            return read_header(data)
-        except CorruptArtifact:
-            pass  # a header longer than the prefix, or a corrupt entry: read it whole
-    data = store.get(key)
-    if data is None:
-        return None
-    try:
-        return read_header(data)
-    except CorruptArtifact:
-        return None
-
 
 def purge(store: Store, target: Target, *, dry_run: bool = False) -> list[str]:
     """Remove every entry built for ``target`` (a retired cuDNN, frontend or
@@ -132,7 +111,10 @@ def purge(store: Store, target: Target, *, dry_run: bool = False) -> list[str]:
     wanted = target.to_dict()
     removed = []
     for key in list(store.keys()):
-        header = stored_header(store, key)
+        try:
+            header = stored_header(store, key)
+        except CorruptArtifact:
+            continue  # not ours to judge here; a read quarantines it
         if header is not None and header.get("target") == wanted:
             if not dry_run:
                 store.delete(key)
@@ -211,10 +193,9 @@ def _headers(store: Store) -> Iterator[dict[str, Any]]:
         yield from headers()
         return
     for key in store.keys():
-        data = store.get(key)
-        if data is None:
-            continue
         try:
-            yield read_header(data)
+            header = stored_header(store, key)
         except CorruptArtifact:
             continue
+        if header is not None:
+            yield header

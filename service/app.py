@@ -30,13 +30,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from graphcache.artifact import Artifact, read_header
+from graphcache.artifact import Artifact
 from graphcache.cache import GraphCache
 from graphcache.errors import CorruptArtifact, GraphCacheError, NoGpu, StoreError
 from graphcache.key import is_key, key_for
 from graphcache.settings import Settings
 from graphcache.spec import GraphSpec
-from graphcache.stores import Store, open_store
+from graphcache.stores import Store, open_store, stored_header
 from graphcache.stores.disk import read_all
 from graphcache.target import Target
 from service.errors import ServiceError, body, from_library
@@ -819,14 +819,12 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None, 
         auth(request, "write")
         spec = GraphSpec.from_dict(payload.spec)
         cache = state.graph_cache()
-        before = cache.stats()["builds"]
         start = time.perf_counter()
         try:
-            artifact = await anyio.to_thread.run_sync(cache.get, spec)
+            artifact, built = await anyio.to_thread.run_sync(cache.ensure, spec)
         except GraphCacheError:
             state.metrics.builds.labels("failed").inc()
             raise
-        built = cache.stats()["builds"] > before
         if built:
             state.metrics.builds.labels("built").inc()
             state.metrics.build_seconds.observe(time.perf_counter() - start)
@@ -952,18 +950,18 @@ def _page(
     items: list[dict[str, Any]] = []
     last = None
     for key in keys:
-        data = store.get(key)
-        if data is None:
-            continue
-        last = key
         try:
-            header = read_header(data)
+            header = stored_header(store, key)
         except CorruptArtifact as exc:
-            items.append({"key": key, "size": len(data), "corrupt": str(exc)})
+            last = key
+            items.append({"key": key, "corrupt": str(exc)})
         else:
+            if header is None:
+                continue
+            last = key
             if target is not None and header.get("target_text") != target:
                 continue
-            items.append({"key": key} if keys_only else {"key": key, "size": len(data), "header": header})
+            items.append({"key": key} if keys_only else {"key": key, "size": header["payload_size"], "header": header})
         if len(items) >= limit:
             break
     more = last is not None and any(k > last for k in keys)

@@ -43,7 +43,7 @@ def test_eight_concurrent_misses_across_two_replicas_build_once(redis_store, red
     compilers = [FakeCompiler(delay=0.5), FakeCompiler(delay=0.5)]
     with replica(redis_url, compilers[0]) as one, replica(redis_url, compilers[1]) as two:
         barrier = threading.Barrier(8)
-        keys, errors = [], []
+        keys, built, errors = [], [], []
 
         def ask(url: str) -> None:
             barrier.wait()
@@ -56,6 +56,7 @@ def test_eight_concurrent_misses_across_two_replicas_build_once(redis_store, red
                 )
                 r.raise_for_status()
                 keys.append(r.json()["key"])
+                built.append(r.json()["built"])
             except Exception as exc:  # noqa: BLE001
                 errors.append(exc)
 
@@ -67,6 +68,7 @@ def test_eight_concurrent_misses_across_two_replicas_build_once(redis_store, red
     assert not errors
     assert len(keys) == 8 and len(set(keys)) == 1
     assert compilers[0].builds + compilers[1].builds == 1
+    assert built.count(True) == 1, "exactly one answer says it built"
 
 
 HOLDER = r"""

@@ -65,3 +65,24 @@ def test_large_and_many(store):
         store.put(art.key, art.encode())
     assert Artifact.decode(store.get(big.key), expected_key=big.key).payload == big.payload
     assert set(store.keys()) == {big.key} | {a.key for a in arts}
+
+
+def test_stored_header_reads_the_header_of_an_entry(store):
+    import pytest as _pytest
+
+    from graphcache import CorruptArtifact
+    from graphcache.artifact import read_header
+    from graphcache.stores import stored_header
+
+    big = make_artifact(spec(), size=5 * 1024 * 1024)
+    store.put(big.key, big.encode())
+    assert stored_header(store, big.key) == read_header(big.encode())
+    assert stored_header(store, make_artifact(spec(batch=9)).key) is None
+    bad = make_artifact(spec(batch=3))
+    if isinstance(store, (HttpStore, TieredStore)):
+        with _pytest.raises(CorruptArtifact):  # the service refuses to store it at all
+            store.put(bad.key, b"NOPE!" + bad.encode()[5:])
+        return
+    store.put(bad.key, b"NOPE!" + bad.encode()[5:])
+    with _pytest.raises(CorruptArtifact, match="bad magic"):
+        stored_header(store, bad.key)

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from graphcache.artifact import read_header
+from graphcache.errors import CorruptArtifact
 from graphcache.settings import Settings
 from graphcache.stores.base import Store
 from graphcache.stores.disk import DiskStore
 from graphcache.stores.http import HttpStore
 from graphcache.stores.tiered import TieredStore
 
-__all__ = ["DiskStore", "HttpStore", "Store", "TieredStore", "open_store", "worker_store"]
+__all__ = ["DiskStore", "HttpStore", "Store", "TieredStore", "open_store", "stored_header", "worker_store"]
+
+HEADER_PREFIX = 64 * 1024
 
 
 def open_store(settings: Settings, location: str | None = None) -> Store:
@@ -32,3 +38,24 @@ def worker_store(settings: Settings) -> Store:
     if not settings.server:
         return local
     return TieredStore(local, HttpStore(settings.server, token=settings.token, timeout=settings.timeout))
+
+
+def stored_header(store: Store, key: str) -> dict[str, Any] | None:
+    """An entry's header, or None when absent. Reads only the first bytes of
+    the entry where the store can (DiskStore, RedisStore), so listing a store
+    of 4 MiB plans does not read 4 MiB each.
+
+    Raises CorruptArtifact when the framing or the header is bad (the payload
+    is not checked here: listings are not loads).
+    """
+    head = getattr(store, "head", None)
+    data = head(key, HEADER_PREFIX) if head is not None else None
+    if data is not None:
+        try:
+            return read_header(data)
+        except CorruptArtifact as exc:
+            if exc.reason != "truncated":
+                raise
+            # a header longer than the prefix: read the entry whole
+    data = store.get(key)
+    return None if data is None else read_header(data)
