@@ -99,17 +99,19 @@ EXPECTED["diagonal_band_is_inference"] = EXPECTED["diagonal_band"]
     [
         (fe.fe_1_7, "causal_flags"),
         (fe.fe_1_12, "diagonal_band_is_inference"),
-        (fe.fe_1_27_lazy_old_keywords, "diagonal_band_is_inference"),
+        (fe.fe_1_24, "diagonal_band"),
         (fe.fe_1_27, "diagonal_band"),
+        (fe.fe_1_32, "diagonal_band"),
+        (fe.fe_1_27_lazy_old_keywords, "diagonal_band_is_inference"),
+        (fe.fe_1_32_lazy_old_keywords, "diagonal_band_is_inference"),
     ],
+    ids=lambda f: getattr(f, "__name__", f),
 )
 @pytest.mark.parametrize("mask", MASKS[:4], ids=lambda m: m["mask"])
 def test_each_frontend_gets_its_dialect_and_keeps_the_mask(frontend, dialect, mask):
     cudnn = frontend()
     spec = make(**mask)
     built = build_graph(cudnn, spec)
-    if spec.mask == "none" and dialect == "causal_flags":
-        dialect = "diagonal_band_is_inference"  # no mask words: 1.7 accepts the 1.10 keyword set
     assert built.dialect == dialect
     received = cudnn.lowered[-1]
     mask_words = {k: v for k, v in received.items() if k.startswith(("diagonal", "use_causal", "sliding"))}
@@ -127,17 +129,59 @@ def test_each_frontend_gets_its_dialect_and_keeps_the_mask(frontend, dialect, ma
         assert received["is_inference"] is True and "generate_stats" not in received
 
 
-def test_lazy_frontend_falls_back_only_after_lowering_fails():
-    cudnn = fe.fe_1_27_lazy_old_keywords()
-    built = build_graph(cudnn, make(mask="causal"))
-    # sdpa() accepted the newest keywords; lowering refused them; the next dialect built.
-    assert "generate_stats" in cudnn.calls[0] and "generate_stats" not in cudnn.lowered[0]
+@pytest.mark.parametrize("mask", MASKS, ids=lambda m: "-".join(map(str, m.values())))
+def test_frontend_without_diagonal_alignment_declines_the_band_dialects(mask):
+    # Defect 1: 1.5-1.9 have no cudnn.diagonal_alignment (new in 1.10). Reading it
+    # raised AttributeError out of the chain on every build, masked or not.
+    cudnn = fe.fe_1_7()
+    assert not hasattr(cudnn, "diagonal_alignment")
+    spec = make(**mask)
+    if mask.get("window_right"):
+        with pytest.raises(UnsupportedSpec, match="has no cudnn.diagonal_alignment"):
+            build_graph(cudnn, spec)
+        return
+    built = build_graph(cudnn, spec)
+    assert built.dialect == "causal_flags"
+    assert [s.split(" ")[0] for s in built.skipped] == ["diagonal_band", "diagonal_band_is_inference"]
+    assert all("cudnn-frontend 1.7.0 has no cudnn.diagonal_alignment" in s for s in built.skipped)
+
+
+def test_a_dialect_reading_a_name_the_frontend_lacks_declines_instead_of_crashing():
+    from graphcache.compilers.cudnn import DIALECTS, Dialect
+
+    def reads_a_missing_name(cudnn, spec):  # noqa: ANN001
+        return {"score_mod": cudnn.score_mod_kind.NONE}  # no release has cudnn.score_mod_kind
+
+    chain = (Dialect("hypothetical", "2.0+", reads_a_missing_name), *DIALECTS)
+    built = build_graph(fe.fe_1_12(), make(mask="causal"), dialects=chain)
     assert built.dialect == "diagonal_band_is_inference"
-    assert any("at lowering" in s for s in built.skipped)
+    assert built.skipped[0].startswith("hypothetical (cudnn-frontend 1.12.0 lacks a name it needs")
+
+
+@pytest.mark.parametrize("frontend", [fe.fe_1_27_lazy_old_keywords, fe.fe_1_32_lazy_old_keywords])
+def test_lazy_frontend_falls_back_only_after_lowering_fails(frontend):
+    cudnn = frontend()
+    built = build_graph(cudnn, make(mask="causal"))
+    # sdpa() accepted the newest keywords; lowering (validate() on 1.27-1.30,
+    # create_execution_plans() on 1.31+) refused them; the next dialect built.
+    assert "generate_stats" in cudnn.calls[0] and "generate_stats" not in cudnn.lowered[0]
+    assert len(cudnn.calls) == 2 and len(cudnn.lowered) == 1
+    assert built.dialect == "diagonal_band_is_inference"
+    assert built.skipped == [
+        "diagonal_band: sdpa(): incompatible function arguments. The following argument types are supported:"
+    ]
+
+
+def test_lazy_refusal_after_validate_is_not_seen_without_lowering():
+    # 1.31+ lower SDPA only at create_execution_plans(): a CPU build that stops
+    # after validate() cannot tell whether the newest dialect would be refused.
+    cudnn = fe.fe_1_32_lazy_old_keywords()
+    built = build_graph(cudnn, make(mask="causal"), lower=False)
+    assert built.dialect == "diagonal_band" and cudnn.lowered == []
 
 
 def test_stats_survive_every_dialect():
-    for frontend in (fe.fe_1_7, fe.fe_1_12, fe.fe_1_27):
+    for frontend in (fe.fe_1_7, fe.fe_1_12, fe.fe_1_24, fe.fe_1_27, fe.fe_1_32):
         cudnn = frontend()
         built = build_graph(cudnn, make(generate_stats=True, mask="causal"))
         assert built.tensors["stats"].attrs["uid"] == UidMap.default()["stats"]

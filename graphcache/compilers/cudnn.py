@@ -43,7 +43,11 @@ TRANSIENT = ("OUT OF MEMORY", "ALLOC_FAILED")
 
 
 def _band(cudnn: Any, spec: GraphSpec) -> dict[str, Any]:
-    """Mask keywords of frontends 1.10+ (diagonal alignment and band bounds)."""
+    """Mask keywords of frontends 1.10+ (diagonal alignment and band bounds).
+
+    Only called for a frontend that has ``cudnn.diagonal_alignment`` (the
+    dialect's ``requires``): 1.5-1.9 lack it and decline before this runs.
+    """
     align = cudnn.diagonal_alignment
     if spec.mask == "none":
         return {}
@@ -86,16 +90,27 @@ def _causal_flags(cudnn: Any, spec: GraphSpec) -> dict[str, Any] | None:
 @dataclass(frozen=True)
 class Dialect:
     """One generation of SDPA keywords; ``kwargs`` returns None when it cannot
-    express the spec's mask exactly."""
+    express the spec's mask exactly.
+
+    ``requires`` names the module attributes the dialect reads (e.g.
+    ``diagonal_alignment``, first in 1.10). A frontend without one of them
+    does not speak the dialect: it declines, like a frontend refusing a
+    keyword, and the chain goes on to the next one.
+    """
 
     name: str
     frontends: str
     kwargs: Callable[[Any, GraphSpec], dict[str, Any] | None]
+    requires: tuple[str, ...] = ()
+
+    def missing(self, cudnn: Any) -> list[str]:
+        """The module attributes this dialect needs and ``cudnn`` lacks."""
+        return [attr for attr in self.requires if not hasattr(cudnn, attr)]
 
 
 DIALECTS: tuple[Dialect, ...] = (
-    Dialect("diagonal_band", "1.13+", _newest),
-    Dialect("diagonal_band_is_inference", "1.10-1.12", _band_is_inference),
+    Dialect("diagonal_band", "1.13+", _newest, requires=("diagonal_alignment",)),
+    Dialect("diagonal_band_is_inference", "1.10-1.12", _band_is_inference, requires=("diagonal_alignment",)),
     Dialect("causal_flags", "1.5-1.9", _causal_flags),
 )
 
@@ -149,7 +164,18 @@ def build_graph(
     tried: list[str] = []
     skipped: list[str] = []
     for dialect in dialects:
-        kwargs = dialect.kwargs(cudnn, spec)
+        missing = dialect.missing(cudnn)
+        if missing:
+            names = ", ".join(f"cudnn.{attr}" for attr in missing)
+            skipped.append(f"{dialect.name} (cudnn-frontend {frontend_version(cudnn)} has no {names})")
+            continue
+        try:
+            kwargs = dialect.kwargs(cudnn, spec)
+        except AttributeError as exc:
+            # A name the dialect reads that ``requires`` did not list: still a
+            # frontend that does not speak this dialect, never a crash of the chain.
+            skipped.append(f"{dialect.name} (cudnn-frontend {frontend_version(cudnn)} lacks a name it needs: {exc})")
+            continue
         if kwargs is None:
             skipped.append(f"{dialect.name} (cannot express mask {spec.mask!r} exactly)")
             continue
