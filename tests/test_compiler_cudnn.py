@@ -56,18 +56,107 @@ def test_real_frontend_constructs_and_validates(changes):
         assert built.tensors["seq_len_kv"].get_uid() == uids["seq_len_kv"]
 
 
-@pytest.mark.parametrize("mask", MASKS, ids=lambda m: "-".join(map(str, m.values())))
-def test_real_frontend_graph_carries_the_mask_and_scale(mask):
+def _frontend_1_32():
     cudnn = pytest.importorskip("cudnn")
+    if tuple(int(x) for x in cudnn.__version__.split(".")[:2]) < (1, 32):
+        pytest.skip(f"the SDPA graph analyzer and lowering on CPU need frontend 1.32+, found {cudnn.__version__}")
+    return cudnn
+
+
+def _mask_from_flash_window(args: dict, seq_q: int, seq_kv: int):
+    """The mask flash-attention's (is_causal, window_size, causal_bottom_right)
+    means: key j is visible to query i iff i + off - left <= j <= i + off + right,
+    off = seq_kv - seq_q when bottom-right aligned, -1 meaning unbounded and a
+    causal mask bounding the right at 0."""
+    import torch
+
+    left, right = args["window_size"]
+    if right < 0 and args["is_causal"]:
+        right = 0
+    off = seq_kv - seq_q if args["causal_bottom_right"] else 0
+    i = torch.arange(seq_q).unsqueeze(1)
+    j = torch.arange(seq_kv).unsqueeze(0)
+    allowed = torch.ones(seq_q, seq_kv, dtype=torch.bool)
+    if left >= 0:
+        allowed &= j >= i + off - left
+    if right >= 0:
+        allowed &= j <= i + off + right
+    return allowed
+
+
+ORACLE_MASKS = [
+    *MASKS,
+    {"mask": "causal_bottom_right", "seq_q": 64, "seq_kv": 200},
+    {"mask": "sliding_window", "window_left": 1},
+    {"mask": "sliding_window", "window_left": 0, "window_right": 0},
+    {"mask": "sliding_window", "window_left": 200, "window_right": 3, "seq_kv": 256},
+]
+
+
+@pytest.mark.parametrize("dialect_name", ["diagonal_band", "diagonal_band_is_inference", "causal_flags"])
+@pytest.mark.parametrize("mask", ORACLE_MASKS, ids=lambda m: "-".join(map(str, m.values())))
+def test_real_frontend_analyzer_reads_back_the_spec_mask(mask, dialect_name):
+    """The oracle is 1.32's own SDPA graph analyzer (cudnn/sdpa/graph_analyzer.py),
+    which resolves the keywords a graph was built with to the facts its Python
+    engines run (causal, bottom_right, window_left, right_bound) and to
+    flash-attention's window vocabulary; that window must mean the spec's mask
+    as the torch reference computes it (torch_sdpa.allowed_mask)."""
+    cudnn = _frontend_1_32()
+    from cudnn.sdpa.graph_analyzer import adapter_mask_args, analyze
+
+    from graphcache.compilers.cudnn import DIALECTS
+    from graphcache.compilers.torch_sdpa import allowed_mask
+
     spec = make(**mask)
-    built = build_graph(cudnn, spec, lower=False)
-    nodes = built.graph.nodes() if callable(built.graph.nodes) else built.graph.nodes
-    params = nodes[0].params
-    assert params["attn_scale"] == spec.attn_scale
-    words = {k: (v.name if hasattr(v, "name") else v) for k, v in params.items() if k.startswith("diagonal")}
-    assert words == EXPECTED["diagonal_band"][spec.mask] | (
-        {"diagonal_band_right_bound": 8} if mask.get("window_right") else {}
-    )
+    dialect = next(d for d in DIALECTS if d.name == dialect_name)
+    if dialect.kwargs(cudnn, spec) is None:
+        assert dialect_name == "causal_flags" and spec.window_right  # the one mask it cannot express
+        return
+    built = build_graph(cudnn, spec, lower=False, dialects=(dialect,))
+    node = built.graph.nodes() if callable(built.graph.nodes) else built.graph.nodes
+    assert node[0].params["attn_scale"] == spec.attn_scale
+    facts = analyze(built.graph)
+    assert facts is not None and facts.invalid is None, facts
+    sliding = spec.mask == "sliding_window"
+    assert facts.bottom_right == (spec.mask == "causal_bottom_right")
+    assert facts.window_left == (spec.window_left if sliding else None)
+    assert facts.right_bound == (spec.window_right if sliding else None if spec.mask == "none" else 0)
+    assert facts.causal == (spec.mask != "none" and not (sliding and spec.window_right))
+    assert (facts.s_q, facts.s_kv) == (spec.seq_q, spec.seq_kv)
+    seen = _mask_from_flash_window(adapter_mask_args(facts), spec.seq_q, spec.seq_kv)
+    assert bool((seen == allowed_mask(spec)).all())
+
+
+@pytest.mark.parametrize("changes", MATRIX, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
+def test_real_frontend_lowers_to_the_operation_graph_on_cpu(changes):
+    """1.32 on a machine with no GPU: validate() and build_operation_graph() run
+    (SDPA is validated in Python and lowered to C++ only when planning); every
+    later step needs the driver (docs/frontends.md records what each raises)."""
+    cudnn = _frontend_1_32()
+    spec = make(**changes)
+    graph = build_graph(cudnn, spec, lower=False).graph
+    graph.build_operation_graph()
+    with pytest.raises(cudnn.cudnnGraphNotSupportedError, match="NVIDIA driver"):
+        graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+    # The "not supported" above is the backend failing to load the driver, which
+    # 1.32 reports as a decline; the graph keeps the backend's own error.
+    declined = getattr(graph, "_backend_declined", None)
+    assert isinstance(declined, RuntimeError) and not isinstance(declined, cudnn.cudnnGraphNotSupportedError)
+
+
+def test_standin_1_32_table_matches_the_installed_frontend():
+    import re
+
+    cudnn = _frontend_1_32()
+    doc = cudnn._compiled_module.backend_graph.sdpa.__doc__
+    params = re.search(r"sdpa\((.*?)\)\s*->", doc, re.S).group(1)
+    names = [p.split(":")[0].strip() for p in re.split(r",\s*(?=\w+:)", params)]
+    release = fe.RELEASES["1.32.0"]
+    assert tuple(n for n in names if n != "self") == release.sdpa_keywords
+    assert {a for a in fe.WATCHED if hasattr(cudnn, a)} == set(release.attrs)
+    from cudnn import _plan_serdes
+
+    assert issubclass(_plan_serdes._Unserializable, TypeError)  # why fe._Unserializable is one
 
 
 # -- the dialect chain against stand-ins for older frontends ----------------------------
