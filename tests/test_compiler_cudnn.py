@@ -269,6 +269,25 @@ def test_lazy_refusal_after_validate_is_not_seen_without_lowering():
     assert built.dialect == "diagonal_band" and cudnn.lowered == []
 
 
+@pytest.mark.parametrize("step", ["validate", "create_execution_plans"])
+def test_a_type_error_that_is_not_a_keyword_refusal_stops_the_chain_unrecorded(step):
+    # Only pybind's "sdpa(): incompatible function arguments" means a dialect was
+    # refused; any other TypeError (1.32's _plan_serdes._Unserializable is one) is
+    # not about keywords and must not become a negative entry for the target.
+    from graphcache import GraphCacheError
+
+    cudnn = fe.fe_1_32()
+
+    def broken(self, *args):  # noqa: ANN001
+        raise fe._Unserializable("plan.knobs[0] holds a builtins.object, which a serialized plan cannot represent")
+
+    setattr(cudnn.pygraph, step, broken)
+    with pytest.raises(GraphCacheError, match="not a refused sdpa\\(\\) keyword") as info:
+        build_graph(cudnn, make(mask="causal"))
+    assert not isinstance(info.value, UnsupportedSpec)
+    assert len(cudnn.calls) == 1  # no other dialect was tried
+
+
 def test_stats_survive_every_dialect():
     for frontend in (fe.fe_1_7, fe.fe_1_12, fe.fe_1_24, fe.fe_1_27, fe.fe_1_32):
         cudnn = frontend()

@@ -114,6 +114,19 @@ DIALECTS: tuple[Dialect, ...] = (
     Dialect("causal_flags", "1.5-1.9", _causal_flags),
 )
 
+# pybind11's overload failure for the C++ sdpa(): raised at the call by
+# frontends before 1.27, and by 1.27+ when their Python graph is lowered (at
+# validate() in 1.27-1.30, at create_execution_plans() in 1.31+). Read from
+# each release's wheel (docs/frontends.md); other TypeErrors (1.32's
+# _plan_serdes._Unserializable, a wrong argument type) are not refusals.
+KEYWORD_REFUSAL = "sdpa(): incompatible function arguments"
+
+
+def refuses_keywords(exc: BaseException) -> bool:
+    """Whether ``exc`` is the frontend refusing the dialect's sdpa() keywords."""
+    return isinstance(exc, TypeError) and str(exc).lstrip().startswith(KEYWORD_REFUSAL)
+
+
 BUILD_STEPS = (
     "validate",
     "build_operation_graph",
@@ -182,6 +195,12 @@ def build_graph(
         try:
             graph, tensors, timings = _construct(cudnn, spec, uids, handle, kwargs, lower)
         except TypeError as exc:
+            if not refuses_keywords(exc):
+                raise GraphCacheError(
+                    f"cudnn-frontend {frontend_version(cudnn)} raised a TypeError building {spec.summary()} "
+                    f"with dialect {dialect.name} that is not a refused sdpa() keyword, so the spec is not "
+                    f"recorded as unsupported: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else exc!r}"
+                ) from exc
             tried.append(f"{dialect.name}: {str(exc).splitlines()[0][:200]}")
             log.info("dialect %s refused by frontend %s: %s", dialect.name, frontend_version(cudnn), exc)
             continue
