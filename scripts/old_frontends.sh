@@ -26,13 +26,13 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 CACHE=${1:-${GRAPHCACHE_OLD_FRONTENDS:-$PWD/.cache/old-frontends}}
 # Keep in step with tests/test_frontend_versions.py (FRONTENDS).
-FRONTENDS=(1.3.0 1.7.0 1.12.0 1.24.0 1.27.0 1.28.0 1.31.0)
+FRONTENDS=(1.3.0 1.5.0 1.7.0 1.9.0 1.10.0 1.12.0 1.24.0 1.27.0 1.28.0 1.31.0)
 # cuDNN 9.24 for CUDA 13: also on this workplace's local package index, so
 # no 0.5 GB download where that index is present; 9.28 (cu12 or cu13) behaves
 # the same on CPU (docs/frontends.md).
 RUNTIME=${OLD_FRONTENDS_RUNTIME:-nvidia-cudnn-cu13==9.24.0.43}
 
-PIP=("$PY" -m pip install --quiet --disable-pip-version-check --no-deps --no-compile)
+PIP=("$PY" -m pip install -qq --disable-pip-version-check --no-deps --no-compile)
 mkdir -p "$CACHE"
 start=$SECONDS
 

@@ -11,7 +11,7 @@ not invented:
 
 Sources (read 2026-11-30 from the wheels on PyPI, ``pip download --no-deps
 nvidia-cudnn-frontend==X``):
-- 1.3.0, 1.7.0, 1.12.0, 1.24.0: the pybind docstring
+- 1.3.0, 1.5.0, 1.7.0, 1.9.0, 1.10.0, 1.12.0, 1.24.0: the pybind docstring
   ``cudnn.pygraph.sdpa.__doc__`` (``cudnn/_compiled_module*.so``) and
   ``dir(cudnn)``. The call raises pybind's ``TypeError: sdpa(): incompatible
   function arguments`` for an unknown keyword or a missing required one.
@@ -75,13 +75,14 @@ SDPA_1_3 = (
 )
 # 1.5 adds the bottom-right flag and the causal window (1.7 is read here; 1.5-1.9 alike).
 SDPA_1_7 = SDPA_1_3[:11] + ("use_causal_mask_bottom_right", "sliding_window_length") + SDPA_1_3[11:]
-# 1.10 adds the diagonal band; 1.12 also paged attention and score_mod.
-SDPA_1_12 = (
-    SDPA_1_7[:13]
-    + ("diagonal_alignment", "diagonal_band_left_bound", "diagonal_band_right_bound", "dropout", "rng_dump")
-    + ("paged_attention_k_table", "paged_attention_v_table", "paged_attention_max_seq_len_kv")
-    + ("compute_data_type", "name", "score_mod")
+# 1.9 adds paged attention.
+_PAGED_KV = ("paged_attention_k_table", "paged_attention_v_table", "paged_attention_max_seq_len_kv")
+SDPA_1_9 = SDPA_1_7[:15] + _PAGED_KV + SDPA_1_7[15:]
+# 1.10 adds the diagonal band (and cudnn.diagonal_alignment); 1.12 also score_mod.
+SDPA_1_10 = (
+    SDPA_1_9[:13] + ("diagonal_alignment", "diagonal_band_left_bound", "diagonal_band_right_bound") + SDPA_1_9[13:]
 )
+SDPA_1_12 = SDPA_1_10 + ("score_mod",)
 # 1.13 adds generate_stats (1.24 read here); is_inference becomes optional.
 SDPA_1_24 = (
     SDPA_1_12[:6]
@@ -127,12 +128,39 @@ RELEASES: dict[str, Release] = {
             deserialize_takes_handle=False,
         ),
         Release(
+            "1.5.0",
+            SDPA_1_7,
+            frozenset({"q", "k", "v", "is_inference"}),
+            _BASE_ATTRS,
+            "sdpa",
+            "nvidia-cudnn-frontend 1.5.0 wheel: cudnn.pygraph.sdpa.__doc__, dir(cudnn)",
+            deserialize_takes_handle=False,
+        ),
+        Release(
             "1.7.0",
             SDPA_1_7,
             frozenset({"q", "k", "v", "is_inference"}),
             _BASE_ATTRS,  # no diagonal_alignment: it is new in 1.10
             "sdpa",
             "nvidia-cudnn-frontend 1.7.0 wheel: cudnn.pygraph.sdpa.__doc__, dir(cudnn)",
+            deserialize_takes_handle=False,
+        ),
+        Release(
+            "1.9.0",
+            SDPA_1_9,
+            frozenset({"q", "k", "v", "is_inference"}),
+            _BASE_ATTRS,  # the last release without diagonal_alignment
+            "sdpa",
+            "nvidia-cudnn-frontend 1.9.0 wheel: cudnn.pygraph.sdpa.__doc__, dir(cudnn)",
+            deserialize_takes_handle=False,
+        ),
+        Release(
+            "1.10.0",
+            SDPA_1_10,
+            frozenset({"q", "k", "v", "is_inference"}),
+            _BASE_ATTRS | {"diagonal_alignment"},
+            "sdpa",
+            "nvidia-cudnn-frontend 1.10.0 wheel: cudnn.pygraph.sdpa.__doc__, dir(cudnn)",
             deserialize_takes_handle=False,
         ),
         Release(

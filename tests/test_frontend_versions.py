@@ -6,7 +6,7 @@ runs tests/frontend_probe.py in a subprocess with that release first on
 PYTHONPATH. Without the install the tests skip and say how to get it.
 
 What runs without a GPU (docs/frontends.md): every release builds the Python
-graph and calls ``sdpa()``; ``validate()`` runs on 1.3-1.9 and 1.31+, and on
+graph and calls ``sdpa()``; ``validate()`` runs on 1.3-1.9 and 1.31, and on
 1.10-1.30 fails with "CUDA driver version is insufficient" after the
 keywords reached cuDNN (1.27-1.30 lower them to C++ there first, so their
 lazy TypeError is seen for real). So the assertions are: which dialects the
@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("GRAPHCACHE_OLD_FRONTENDS", REPO / ".cache" / "old-frontends"))
 RUNTIME_LIB = CACHE / "runtime" / "nvidia" / "cudnn" / "lib"
 # Keep in step with scripts/old_frontends.sh (FRONTENDS).
-FRONTENDS = ("1.3.0", "1.7.0", "1.12.0", "1.24.0", "1.27.0", "1.28.0", "1.31.0")
+FRONTENDS = ("1.3.0", "1.5.0", "1.7.0", "1.9.0", "1.10.0", "1.12.0", "1.24.0", "1.27.0", "1.28.0", "1.31.0")
 
 BASE = {"batch": 2, "heads_q": 8, "seq_q": 128, "head_dim": 64}
 MASKS = {
@@ -65,11 +65,11 @@ FLAGS = {
 # could express the mask), and how validate() ends on this CPU.
 CHOSEN: dict[str, dict[str, str | None]] = {
     "1.3.0": {"none": "causal_flags", "causal": "causal_flags"},
-    "1.7.0": {m: "causal_flags" for m in FLAGS},
-    "1.12.0": {m: "diagonal_band_is_inference" for m in MASKS},
+    **{v: {m: "causal_flags" for m in FLAGS} for v in ("1.5.0", "1.7.0", "1.9.0")},
+    **{v: {m: "diagonal_band_is_inference" for m in MASKS} for v in ("1.10.0", "1.12.0")},
     **{v: {m: "diagonal_band" for m in MASKS} for v in ("1.24.0", "1.27.0", "1.28.0", "1.31.0")},
 }
-VALIDATE_RUNS = {"1.3.0", "1.7.0", "1.31.0"}
+VALIDATE_RUNS = {"1.3.0", "1.5.0", "1.7.0", "1.9.0", "1.31.0"}
 
 
 def _installed(version: str) -> bool:
@@ -124,7 +124,7 @@ def test_dialect_chain_in_the_real_binding(version, mask):
     result = _result(version, mask)
     calls = result["calls"]
     chosen = CHOSEN[version].get(mask)
-    if version in ("1.3.0", "1.7.0"):
+    if version in ("1.3.0", "1.5.0", "1.7.0", "1.9.0"):
         # 1.5-1.9 (and 1.3) have no cudnn.diagonal_alignment: both band dialects decline
         # without calling sdpa(), the chain goes on to the causal flags (defect 1).
         assert all("diagonal_alignment" not in c["kwargs"] for c in calls)
