@@ -72,6 +72,22 @@ CHOSEN: dict[str, dict[str, str | None]] = {
 VALIDATE_RUNS = {"1.3.0", "1.5.0", "1.7.0", "1.9.0", "1.31.0"}
 
 
+def _has_driver() -> bool:
+    import ctypes
+
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    return True
+
+
+# What validate() and later steps do here is what a machine without an NVIDIA
+# driver does; with one they go further, and only the dialect choice is asserted.
+NO_DRIVER_HERE = not _has_driver()
+needs_no_driver = pytest.mark.skipif(not NO_DRIVER_HERE, reason="records a machine without an NVIDIA driver")
+
+
 def _installed(version: str) -> bool:
     return (CACHE / f"fe-{version}" / ".complete").exists() and (CACHE / "runtime" / ".complete").exists()
 
@@ -145,6 +161,8 @@ def test_dialect_chain_in_the_real_binding(version, mask):
         assert words == BAND[mask]
         stats_word = "generate_stats" if chosen == "diagonal_band" else "is_inference"
         assert stats_word in accepted[0]["kwargs"]
+    if not NO_DRIVER_HERE:
+        return
     if version in VALIDATE_RUNS:
         assert accepted[0]["validate"] == "ok"
         assert result["outcome"] == "built" and result["dialect"] == chosen
@@ -155,6 +173,7 @@ def test_dialect_chain_in_the_real_binding(version, mask):
         assert result["outcome"] == "error" and NO_DRIVER in result["error"] and "at validate" in result["error"]
 
 
+@needs_no_driver
 @pytest.mark.parametrize("version", ["1.12.0", "1.24.0", "1.28.0"])
 @pytest.mark.xfail(
     strict=True, reason="defect 4 (lead): a missing driver is an environment failure, not UnsupportedSpec"
@@ -164,6 +183,7 @@ def test_missing_driver_is_not_recorded_as_unsupported(version):
     assert NO_DRIVER in result["error"] and result["error_type"] != "UnsupportedSpec"
 
 
+@needs_no_driver
 @pytest.mark.parametrize("version", ["1.27.0", "1.28.0"])
 def test_lazy_release_refuses_an_unknown_keyword_at_validate_and_the_chain_goes_on(version):
     # 1.27-1.30 take any keyword at sdpa() and refuse it when validate() lowers
@@ -180,6 +200,7 @@ def test_eager_release_refuses_an_unknown_keyword_at_the_call():
     assert calls[1]["sdpa"] == "ok" and "future_keyword" not in calls[1]["kwargs"]
 
 
+@needs_no_driver
 def test_1_31_validate_does_not_lower_so_an_unknown_keyword_passes_it():
     # 1.31 validates SDPA in Python (cudnn/_sdpa_validate.py) and lowers only
     # at create_execution_plans(): a CPU build cannot see the refusal.
@@ -187,6 +208,7 @@ def test_1_31_validate_does_not_lower_so_an_unknown_keyword_passes_it():
     assert result["outcome"] == "built" and result["dialect"] == "future"
 
 
+@needs_no_driver
 def test_1_31_lowers_as_far_as_build_operation_graph_on_cpu():
     result = _result("1.31.0", "causal", lower=True)
     # build_operation_graph() passes; planning needs the driver, and 1.31 reports
