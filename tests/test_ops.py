@@ -46,7 +46,7 @@ def test_warm_builds_missing_reports_and_pins(tmp_path, manifest_file):
 
 def test_warm_reports_failures(tmp_path):
     class Broken(FakeCompiler):
-        def build(self, spec, target):  # noqa: ANN001
+        def build(self, spec, target, uids=None):  # noqa: ANN001
             raise RuntimeError("cuDNN said no")
 
     rows = ops.warm([spec()], GraphCache(DiskStore(tmp_path), Broken()))
