@@ -83,7 +83,8 @@ _WHY = {
     408: "the upload was not received within GRAPHCACHE_UPLOAD_TIMEOUT",
     409: "artifact built for another target",
     413: "upload above GRAPHCACHE_MAX_UPLOAD",
-    422: "invalid request body or parameters (detail names the field)",
+    422: "invalid request body or parameters (detail names the field), or a spec cuDNN does not support here",
+    500: "the build failed on this host (driver, NVRTC, memory, a plan that failed its checks); nothing was stored",
     501: "the store cannot do this",
     503: "the store (or, for builds, a GPU) is unavailable",
 }
