@@ -97,6 +97,15 @@ def test_not_supported_words_about_the_driver_are_still_the_hosts_fault(cudnn, m
         build_graph(cudnn, make())
 
 
+def test_the_hosts_words_are_matched_as_words(cudnn, monkeypatch):
+    from graphcache.compilers.cudnn import build_graph
+
+    exc = cudnn.cudnnGraphNotSupportedError("No valid engine configs; see the upstream support matrix")
+    _refuse_at(monkeypatch, cudnn, "build_operation_graph", exc)
+    with pytest.raises(UnsupportedSpec):
+        build_graph(cudnn, make())
+
+
 def test_plans_are_restricted_to_runtime_compiled_engines_before_check_support(cudnn, monkeypatch):
     """Only runtime-compiled plans serialize: the filter must be in force when
     check_support and build_plans pick a plan."""
