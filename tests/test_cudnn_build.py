@@ -126,6 +126,22 @@ def test_plans_are_restricted_to_runtime_compiled_engines_before_check_support(c
     assert ("behavior", cudnn.behavior_note.RUNTIME_COMPILATION, True) in seen["filters"]
 
 
+def test_a_python_engine_plan_is_refused_where_the_frontend_cannot_serialize_it():
+    from graphcache.compilers.cudnn import serialization_refusal
+
+    # Names as 1.31/1.32 report them (pygraph.selected_engine.name).
+    assert "sdpa_fwd_prefill_sm90" in serialization_refusal("sdpa_fwd_prefill_sm90", "1.31.0")
+    assert serialization_refusal("sdpa_fwd_prefill_sm90", "1.32.0") is None
+    assert serialization_refusal("cudnn-backend", "1.28.0") is None
+
+
+def test_the_engine_is_named_from_the_real_graph(cudnn):
+    from graphcache.compilers.cudnn import build_graph, engine_name
+
+    built = build_graph(cudnn, make(), lower=False)
+    assert engine_name(built.graph) == "cudnn-backend"  # no plan selected: the backend path
+
+
 # -- the cache stores only what is the spec's own ---------------------------------------
 
 

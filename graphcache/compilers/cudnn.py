@@ -362,6 +362,22 @@ def engine_name(graph: Any) -> str:
     return str(getattr(engine, "name", type(engine).__name__))
 
 
+def serialization_refusal(engine: str, frontend: str) -> str | None:
+    """Why this frontend cannot serialize a plan of ``engine``, or None.
+
+    Python (CuTe DSL) engines appear in 1.31; only 1.32's ``serialize()``
+    writes their plans (a CUDNN_FE_PYPLAN blob). 1.31's writes the backend
+    graph without the selected Python plan, a blob that would rebuild (or
+    fail) at every load.
+    """
+    if engine != "cudnn-backend" and _version_tuple(frontend) < (1, 32):
+        return (
+            f"cuDNN chose the Python engine {engine}, whose plans cudnn-frontend {frontend} cannot serialize "
+            "(1.32 can): not cacheable with this frontend"
+        )
+    return None
+
+
 # -- the compiler --------------------------------------------------------------
 
 
@@ -480,6 +496,9 @@ class CudnnCompiler:
         built = build_graph(cudnn, spec, uids, self.handle())
         engine = engine_name(built.graph)
         notes = _behavior_notes(built.graph)
+        refusal = serialization_refusal(engine, here.frontend)
+        if refusal:
+            raise NotSerializable(f"{spec.summary()}: {refusal}", step="serialize")
         t0 = time.perf_counter()
         try:
             payload = payload_bytes(_serialize(built.graph, here.frontend))
