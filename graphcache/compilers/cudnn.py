@@ -216,7 +216,7 @@ def build_graph(
             graph, tensors, timings = _construct(cudnn, spec, uids, handle, kwargs, lower)
         except TypeError as exc:
             if not refuses_keywords(exc):
-                raise GraphCacheError(
+                raise BuildError(
                     f"cudnn-frontend {frontend_version(cudnn)} raised a TypeError building {spec.summary()} "
                     f"with dialect {dialect.name} that is not a refused sdpa() keyword, so the spec is not "
                     f"recorded as unsupported: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else exc!r}"
