@@ -55,8 +55,6 @@ ENVIRONMENT = re.compile(
     r"|cuda ?error|\bstream\b|no cuda|no gpu|device is none|out of memory|alloc_failed",
     re.IGNORECASE,
 )
-# Unknown-keyword refusals: pybind's message before 1.27, the lowering's after.
-_KEYWORD_REFUSAL = re.compile(r"incompatible function arguments|unexpected keyword|keyword argument", re.IGNORECASE)
 
 
 # -- dialects -------------------------------------------------------------
@@ -292,7 +290,7 @@ def _construct(
             else:
                 getattr(graph, step)()
         except TypeError as exc:
-            if _KEYWORD_REFUSAL.search(str(exc)):
+            if refuses_keywords(exc):
                 raise  # an unknown keyword at lowering: the dialect chain tries the next one
             raise classify_failure(cudnn, spec, step, exc) from exc
         except Exception as exc:  # noqa: BLE001 - cuDNN's errors have many types; classify_failure sorts them
