@@ -10,8 +10,9 @@ seq_kv 128, head_dim 64, bfloat16, on the CPU):
   launch is what the graph costs either way, so the difference between the
   two rows is the drop-in's own cost (key, memo lookup, layout views,
   counters). Loaded through a real GraphCache on a DiskStore in a temp folder.
-- fallback: the drop-in running torch's SDPA (CPU tensors, nothing
-  configured for the CPU) against ``F.scaled_dot_product_attention``.
+- fallback: the drop-in running torch's SDPA for a call cuDNN would not
+  take (float32) against ``F.scaled_dot_product_attention`` on the same
+  tensors.
 - op: the same hit through the ``graphcache::sdpa`` custom op (what a
   torch.compile'd graph calls), against the direct graph.
 

@@ -162,12 +162,30 @@ def test_a_hit_loads_the_graph_once_and_returns_torchs_result(store):
     assert compiler.loads == 1 and compiler.executions == 5
 
 
-def test_prefill_query_in_another_layout_than_the_cache_still_hits(store):
+def test_calls_that_need_grad_run_torch_even_with_a_cached_graph(store):
     cache, compiler = configure(store)
-    q = bshd_view(1, 8, 16, 64)  # projection view, as Hugging Face's prefill
-    k, v = bhsd(1, 2, 16, 64, seed=1), bhsd(1, 2, 16, 64, seed=2)  # the KV cache
+    q, k, v = (bhsd(1, 8, 8, 64, seed=i) for i in range(3))
+    cache.get(gt.spec_for(q, k, v))
+    qg = q.clone().requires_grad_()
+    gt.scaled_dot_product_attention(qg, k, v).float().sum().backward()
+    assert qg.grad is not None and compiler.executions == 0
+    assert gt.stats()["fallbacks"] == {"autograd": 1}
+    with torch.no_grad():
+        gt.scaled_dot_product_attention(qg, k, v)
+    assert compiler.executions == 1
+
+
+@pytest.mark.parametrize("cache_layout", ["bhsd", "bshd"])
+def test_prefill_query_in_another_layout_than_the_cache_still_hits(store, cache_layout):
+    cache, compiler = configure(store)
+    if cache_layout == "bhsd":  # Hugging Face's prefill: q a projection view, k/v the contiguous cache
+        q = bshd_view(1, 8, 16, 64)
+        k, v = bhsd(1, 2, 16, 64, seed=1), bhsd(1, 2, 16, 64, seed=2)
+    else:
+        q = bhsd(1, 8, 16, 64)
+        k, v = bshd_view(1, 2, 16, 64, seed=1), bshd_view(1, 2, 16, 64, seed=2)
     spec = gt.spec_for(q, k, v, is_causal=True, enable_gqa=True)
-    assert spec.layout == "bhsd"
+    assert spec.layout == cache_layout
     cache.get(spec)
     got = gt.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
     torch.testing.assert_close(got, F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True))
