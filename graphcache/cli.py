@@ -711,8 +711,12 @@ def record_cmd(output: str, dtype: str | None, script: str, args: tuple[str, ...
     through nn.MultiheadAttention, or a model library's "sdpa" attention) is
     noted; the manifest is what 'graphcache warm' reads. Runs on a CPU host.
     """
-    from graphcache.torch.recording import run_script
-
+    try:
+        from graphcache.torch.recording import run_script
+    except ImportError as exc:
+        raise click.UsageError(
+            f"graphcache record needs torch ({exc}): pip install torch (a CPU build is enough)"
+        ) from exc
     try:
         recorder = run_script(script, args, output, dtype)
     except SystemExit as exc:

@@ -78,19 +78,20 @@ def test_decode_query_of_one_token_fits_any_layout_of_the_cache():
 
 
 @pytest.mark.parametrize(
-    "make, words",
+    "make, words, reason",
     [
-        (lambda: dict(q=bhsd(1, 4, 8, 64), attn_mask=torch.ones(8, 8, dtype=torch.bool)), "attn_mask"),
-        (lambda: dict(q=bhsd(1, 4, 8, 64, torch.float32)), "float32"),
-        (lambda: dict(q=bhsd(1, 4, 8, 60), k=bhsd(1, 4, 8, 60), v=bhsd(1, 4, 8, 60)), "head_dim=60"),
-        (lambda: dict(q=bhsd(1, 4, 8, 64)[0], k=bhsd(1, 4, 8, 64)[0], v=bhsd(1, 4, 8, 64)[0]), "4-D"),
-        (lambda: dict(k=bhsd(1, 4, 16, 64)[:, :, ::2], v=bhsd(1, 4, 16, 64)[:, :, ::2]), "strides"),
+        (lambda: dict(q=bhsd(1, 4, 8, 64), attn_mask=torch.ones(8, 8, dtype=torch.bool)), "attn_mask", "mask"),
+        (lambda: dict(q=bhsd(1, 4, 8, 64, torch.float32)), "float32", "dtype"),
+        (lambda: dict(q=bhsd(1, 4, 8, 60), k=bhsd(1, 4, 8, 60), v=bhsd(1, 4, 8, 60)), "head_dim=60", "head_dim"),
+        (lambda: dict(q=bhsd(1, 4, 8, 64)[0], k=bhsd(1, 4, 8, 64)[0], v=bhsd(1, 4, 8, 64)[0]), "4-D", "not_4d"),
+        (lambda: dict(k=bhsd(1, 4, 16, 64)[:, :, ::2], v=bhsd(1, 4, 16, 64)[:, :, ::2]), "strides", "layout"),
     ],
 )
-def test_calls_that_cannot_be_cudnn_graphs_say_why(make, words):
+def test_calls_that_cannot_be_cudnn_graphs_say_why(make, words, reason):
     args = {"q": bhsd(1, 4, 8, 64), "k": bhsd(1, 4, 8, 64, seed=1), "v": bhsd(1, 4, 8, 64, seed=2), **make()}
-    with pytest.raises(UnsupportedSpec, match=words):
+    with pytest.raises(UnsupportedSpec, match=words) as raised:
         gt.spec_for(args["q"], args["k"], args["v"], attn_mask=args.get("attn_mask"))
+    assert isinstance(raised.value, gt.UnsupportedCall) and raised.value.reason == reason
 
 
 # -- the drop-in: same result as torch --------------------------------------------------

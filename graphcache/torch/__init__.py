@@ -24,7 +24,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch as _torch
+
+# enable_gqa (torch 2.5) and torch.library.custom_op (2.4) are part of the contract.
+if tuple(int(p) for p in _torch.__version__.split("+")[0].split(".")[:2]) < (2, 5):
+    raise ImportError(f"graphcache.torch needs torch >= 2.5, found {_torch.__version__}: pip install -U torch")
+
 from graphcache.cache import GraphCache
+from graphcache.errors import UnsupportedCall
 from graphcache.torch.derive import spec_for
 from graphcache.torch.patching import RUNTIME, disable, enable, enabled, patch, scaled_dot_product_attention
 from graphcache.torch.recording import Recorder, record
@@ -34,6 +41,7 @@ __all__ = [
     "ON_MISS",
     "ON_MISS_VAR",
     "Recorder",
+    "UnsupportedCall",
     "configure",
     "disable",
     "enable",

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from graphcache.errors import SpecError, UnsupportedSpec
+from graphcache.errors import SpecError, UnsupportedCall
 from graphcache.spec import DTYPES, GraphSpec
 
 _DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
@@ -29,15 +29,6 @@ class Derived:
 
     spec: GraphSpec
     copy_q: bool
-
-
-class Ineligible(UnsupportedSpec):
-    """A call that cannot be a cuDNN graph. ``code`` is the short reason
-    stats() counts it under (mask, dtype, head_dim, not_4d, layout, ...)."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 def layouts_of(t: torch.Tensor) -> tuple[str, ...]:
@@ -66,52 +57,60 @@ def derive(
     """The spec of one call. ``dtype`` overrides the tensors' dtype (to record,
     on a float32 CPU run, the specs a bfloat16 GPU run will make).
 
-    Raises Ineligible (an UnsupportedSpec) with the reason.
+    Raises UnsupportedCall (an UnsupportedSpec) with the reason.
     """
     tensors = (("query", query), ("key", key), ("value", value))
     for name, t in tensors:
         if not isinstance(t, torch.Tensor):
-            raise Ineligible("invalid", f"{name} is a {type(t).__name__}, not a torch.Tensor")
+            raise UnsupportedCall(reason="invalid", message=f"{name} is a {type(t).__name__}, not a torch.Tensor")
         if type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter):
-            raise Ineligible("tensor_subclass", f"{name} is a {type(t).__name__}; cuDNN graphs take plain tensors")
+            raise UnsupportedCall(
+                reason="tensor_subclass", message=f"{name} is a {type(t).__name__}; cuDNN graphs take plain tensors"
+            )
         if t.is_nested:
-            raise Ineligible("nested", f"{name} is a nested tensor; cuDNN graphs take dense 4-D tensors")
+            raise UnsupportedCall(
+                reason="nested", message=f"{name} is a nested tensor; cuDNN graphs take dense 4-D tensors"
+            )
         if t.dim() != 4:
-            raise Ineligible(
-                "not_4d",
-                f"{name} is {t.dim()}-D {tuple(t.shape)}; a cuDNN graph takes 4-D (batch, heads, seq, head_dim) tensors",
+            raise UnsupportedCall(
+                reason="not_4d",
+                message=f"{name} is {t.dim()}-D {tuple(t.shape)}; a cuDNN graph takes 4-D (batch, heads, seq, head_dim) tensors",
             )
     if not (query.dtype == key.dtype == value.dtype):
-        raise Ineligible("invalid", f"query, key and value differ in dtype ({query.dtype}, {key.dtype}, {value.dtype})")
+        raise UnsupportedCall(
+            reason="invalid",
+            message=f"query, key and value differ in dtype ({query.dtype}, {key.dtype}, {value.dtype})",
+        )
     if not (query.device == key.device == value.device):
-        raise Ineligible(
-            "invalid", f"query, key and value are on different devices ({query.device}, {key.device}, {value.device})"
+        raise UnsupportedCall(
+            reason="invalid",
+            message=f"query, key and value are on different devices ({query.device}, {key.device}, {value.device})",
         )
     b, hq, sq, d = query.shape
     bk, hk, skv, dk = key.shape
     bv, hv, sv, dv = value.shape
     if not (b == bk == bv) or hk != hv or skv != sv or dk != d:
-        raise Ineligible(
-            "invalid",
-            f"shapes do not fit together: query {tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)} "
+        raise UnsupportedCall(
+            reason="invalid",
+            message=f"shapes do not fit together: query {tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)} "
             "(batch must match; key and value must agree in heads and seq; key's head_dim must be query's)",
         )
     if hk != hq and not (enable_gqa and hq % hk == 0):
-        raise Ineligible(
-            "invalid",
-            f"query has {hq} heads and key/value {hk}: pass enable_gqa=True with key/value heads dividing query heads",
+        raise UnsupportedCall(
+            reason="invalid",
+            message=f"query has {hq} heads and key/value {hk}: pass enable_gqa=True with key/value heads dividing query heads",
         )
     if attn_mask is not None:
-        raise Ineligible(
-            "mask",
-            "attn_mask is an arbitrary tensor mask; a cuDNN graph takes no mask, is_causal=True, or a window",
+        raise UnsupportedCall(
+            reason="mask",
+            message="attn_mask is an arbitrary tensor mask; a cuDNN graph takes no mask, is_causal=True, or a window",
         )
     if dtype is None:
         found = _DTYPE_NAMES.get(query.dtype)
         if found is None:
-            raise Ineligible(
-                "dtype",
-                f"dtype {query.dtype} is not a cuDNN fused-attention dtype: use float16 or bfloat16 "
+            raise UnsupportedCall(
+                reason="dtype",
+                message=f"dtype {query.dtype} is not a cuDNN fused-attention dtype: use float16 or bfloat16 "
                 "(model.to(torch.bfloat16)), or record with dtype='bfloat16'",
             )
         name = found
@@ -121,9 +120,9 @@ def derive(
         raise SpecError(f"dtype={dtype!r} is not supported; allowed: {', '.join(DTYPES)}", "dtype")
     kv = set(layouts_of(key)) & set(layouts_of(value))
     if not kv:
-        raise Ineligible(
-            "layout",
-            f"key strides {tuple(key.stride())} and value strides {tuple(value.stride())} are not one packed "
+        raise UnsupportedCall(
+            reason="layout",
+            message=f"key strides {tuple(key.stride())} and value strides {tuple(value.stride())} are not one packed "
             "layout (bshd or bhsd); .contiguous() them, or keep the cache in one layout",
         )
     q_layouts = layouts_of(query)
@@ -145,7 +144,7 @@ def derive(
             dropout=dropout_p,
         )
     except SpecError as exc:
-        raise Ineligible(exc.field or "spec", f"{exc}") from exc
+        raise UnsupportedCall(str(exc), exc.field or "spec") from exc
     return Derived(spec, copy_q=not common)
 
 

@@ -17,9 +17,9 @@ from typing import Any
 
 import torch
 
-from graphcache.errors import ManifestError, SpecError
+from graphcache.errors import ManifestError, SpecError, UnsupportedCall
 from graphcache.spec import DTYPES, GraphSpec
-from graphcache.torch.derive import _DTYPE_NAMES, Ineligible, derive
+from graphcache.torch.derive import _DTYPE_NAMES, derive
 from graphcache.torch.patching import RUNTIME, patch
 
 
@@ -53,8 +53,8 @@ class Recorder:
                         enable_gqa=enable_gqa,
                         dtype=self.dtype,
                     ).spec
-                except Ineligible as exc:
-                    found = (exc.code, str(exc))
+                except UnsupportedCall as exc:
+                    found = (exc.reason, str(exc))
                 if memo_key is not None and attn_mask is None:
                     self._memo[memo_key] = found
             else:

@@ -20,10 +20,10 @@ import torch
 
 from graphcache.cache import GraphCache
 from graphcache.compilers.base import LoadedGraph
-from graphcache.errors import GraphCacheError, NoGpu, NotFound, UnsupportedGpu, UnsupportedSpec
+from graphcache.errors import GraphCacheError, NoGpu, NotFound, UnsupportedCall, UnsupportedGpu, UnsupportedSpec
 from graphcache.settings import SettingsError
 from graphcache.spec import GraphSpec
-from graphcache.torch.derive import Derived, Ineligible, derive
+from graphcache.torch.derive import Derived, derive
 
 log = logging.getLogger(__name__)
 
@@ -217,8 +217,8 @@ class Runtime:
     def _ineligible_plan(self, args: tuple[Any, ...]) -> Plan:
         try:
             derived = _derive(args)
-        except Ineligible as exc:
-            return Plan(None, None, exc.code, str(exc))
+        except UnsupportedCall as exc:
+            return Plan(None, None, exc.reason, str(exc))
         return Plan(derived.spec, None, "invalid", "not a plain tensor call")  # pragma: no cover - defensive
 
     def _plan(self, memo_key: tuple[Any, ...], args: tuple[Any, ...]) -> Plan:
@@ -228,8 +228,8 @@ class Runtime:
                 return plan
             try:
                 derived = _derive(args)
-            except Ineligible as exc:
-                plan = Plan(None, None, exc.code, str(exc))
+            except UnsupportedCall as exc:
+                plan = Plan(None, None, exc.reason, str(exc))
             else:
                 plan = self._plan_for(derived, args[0].device)
             self._memo[memo_key] = plan
