@@ -81,7 +81,16 @@ def test_decode_query_of_one_token_fits_any_layout_of_the_cache():
     "make, words, reason",
     [
         (lambda: dict(q=bhsd(1, 4, 8, 64), attn_mask=torch.ones(8, 8, dtype=torch.bool)), "attn_mask", "mask"),
-        (lambda: dict(q=bhsd(1, 4, 8, 64, torch.float32)), "float32", "dtype"),
+        (
+            lambda: dict(
+                q=bhsd(1, 4, 8, 64, torch.float32),
+                k=bhsd(1, 4, 8, 64, torch.float32),
+                v=bhsd(1, 4, 8, 64, torch.float32),
+            ),
+            "float32.*use float16 or bfloat16",
+            "dtype",
+        ),
+        (lambda: dict(k=bhsd(1, 4, 8, 64, torch.float16)), "differ in dtype", "invalid"),
         (lambda: dict(q=bhsd(1, 4, 8, 60), k=bhsd(1, 4, 8, 60), v=bhsd(1, 4, 8, 60)), "head_dim=60", "head_dim"),
         (lambda: dict(q=bhsd(1, 4, 8, 64)[0], k=bhsd(1, 4, 8, 64)[0], v=bhsd(1, 4, 8, 64)[0]), "4-D", "not_4d"),
         (lambda: dict(k=bhsd(1, 4, 16, 64)[:, :, ::2], v=bhsd(1, 4, 16, 64)[:, :, ::2]), "strides", "layout"),
