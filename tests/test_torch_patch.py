@@ -174,6 +174,22 @@ def test_torch_compile_fullgraph_traces_the_custom_op_without_a_break():
     torch._dynamo.reset()
 
 
+def test_torch_compile_through_aot_autograd_runs_the_op():
+    # aot_eager traces the op with its fake impl and functionalizes the graph,
+    # as inductor does; inductor itself compiles C++ for about 40 s on this
+    # CPU, so it is run by hand, not in CI.
+    torch._dynamo.reset()
+    model = Block().eval()
+    x = torch.randn(2, 16, 256)
+    with torch.no_grad():
+        want = model(x)
+        with gt.patch():
+            got = torch.compile(model, fullgraph=True, backend="aot_eager")(x)
+    torch.testing.assert_close(got, want)
+    assert gt.stats()["calls"] == 1
+    torch._dynamo.reset()
+
+
 def test_custom_op_fake_and_real_agree():
     q = torch.randn(1, 8, 16, 64, dtype=torch.bfloat16)
     k = torch.randn(1, 2, 32, 64, dtype=torch.bfloat16)
