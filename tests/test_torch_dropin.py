@@ -245,6 +245,10 @@ def test_a_bad_on_miss_value_names_the_variable_and_the_choices(store, monkeypat
     q = bhsd(1, 8, 4, 64)
     with pytest.raises(SettingsError, match="GRAPHCACHE_SDPA_ON_MISS='later'.*torch, build, error"):
         gt.scaled_dot_product_attention(q, q, q)
+    with pytest.raises(ValueError, match="on_miss='later' is not one of torch, build, error"):
+        gt.configure(on_miss="later")
+    with pytest.raises(ValueError, match="needs device="):
+        gt.configure(GraphCache(store, CpuGraphCompiler()))
 
 
 def test_a_spec_cudnn_refuses_is_a_fallback_remembered_per_target(store):

@@ -184,7 +184,8 @@ def record(path: str | os.PathLike[str], dtype: Any = None) -> Iterator[Recorder
         try:
             yield recorder
         finally:
-            RUNTIME.recorders.remove(recorder)
+            if recorder in RUNTIME.recorders:  # reset() inside the block drops it
+                RUNTIME.recorders.remove(recorder)
     recorder.write(target)
 
 

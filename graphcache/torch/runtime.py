@@ -100,19 +100,20 @@ class Runtime:
         Forgets what the memo held, so the next calls ask the new cache."""
         if on_miss is not None and on_miss not in ON_MISS:
             raise ValueError(f"on_miss={on_miss!r} is not one of {', '.join(ON_MISS)}")
+        where = torch.device(device) if device is not None else None
+        if cache is not None and where is None:
+            index = getattr(cache.compiler, "device", None)
+            if not isinstance(index, int):
+                raise ValueError(
+                    "configure(cache) needs device=... for a compiler that does not say which GPU it runs on"
+                )
+            where = torch.device("cuda", index)
         with self._lock:
             self._memo.clear()
             self._graphs.clear()
             self._missed.clear()
             self._cache = cache
-            self._device = torch.device(device) if device is not None else None
-            if cache is not None and self._device is None:
-                index = getattr(cache.compiler, "device", None)
-                if not isinstance(index, int):
-                    raise ValueError(
-                        "configure(cache) needs device=... for a compiler that does not say which GPU it runs on"
-                    )
-                self._device = torch.device("cuda", index)
+            self._device = where
             self._on_miss = on_miss
 
     def on_miss(self) -> str:
