@@ -103,7 +103,8 @@ def derive(
     if attn_mask is not None:
         raise UnsupportedCall(
             reason="mask",
-            message="attn_mask is an arbitrary tensor mask; a cuDNN graph takes no mask, is_causal=True, or a window",
+            message="attn_mask is a tensor mask, which a cached graph cannot take: for a plain causal mask "
+            "pass is_causal=True and no attn_mask",
         )
     if dtype is None:
         found = _DTYPE_NAMES.get(query.dtype)
@@ -123,7 +124,8 @@ def derive(
         raise UnsupportedCall(
             reason="layout",
             message=f"key strides {tuple(key.stride())} and value strides {tuple(value.stride())} are not one packed "
-            "layout (bshd or bhsd); .contiguous() them, or keep the cache in one layout",
+            "layout: a graph takes (b, h, s, d) views of contiguous (b, s, h, d) tensors (bshd) or contiguous "
+            "(b, h, s, d) ones (bhsd); .contiguous() gives bhsd",
         )
     q_layouts = layouts_of(query)
     common = [lay for lay in ("bshd", "bhsd") if lay in kv and lay in q_layouts]
