@@ -112,7 +112,7 @@ def derive(
             raise UnsupportedCall(
                 reason="dtype",
                 message=f"dtype {query.dtype} is not a cuDNN fused-attention dtype: use float16 or bfloat16 "
-                "(model.to(torch.bfloat16)), or record with dtype='bfloat16'",
+                "(model.to(torch.bfloat16)), or record with dtype='bfloat16' (graphcache record --dtype bfloat16)",
             )
         name = found
     elif dtype in DTYPES:
