@@ -699,6 +699,44 @@ def serve_cmd(
     )
 
 
+@main.command(
+    "record",
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+)
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Manifest file to write.")
+@click.option(
+    "--dtype",
+    type=click.Choice(["float16", "bfloat16"]),
+    default=None,
+    help="Record every spec in this dtype (a float32 CPU run records what the GPU will run).",
+)
+@click.argument("script", type=click.Path(exists=True, dir_okay=False))
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def record_cmd(output: str, dtype: str | None, script: str, args: tuple[str, ...]) -> None:
+    """Run SCRIPT [ARGS...] as python would, and write the manifest of its SDPA calls.
+
+    Every torch scaled_dot_product_attention call the script makes (directly,
+    through nn.MultiheadAttention, or a model library's "sdpa" attention) is
+    noted; the manifest is what 'graphcache warm' reads. Runs on a CPU host.
+    """
+    try:
+        from graphcache.torch.recording import run_script
+    except ImportError as exc:
+        raise click.UsageError(
+            f"graphcache record needs torch ({exc}): pip install torch (a CPU build is enough)"
+        ) from exc
+    try:
+        recorder = run_script(script, args, output, dtype)
+    except SystemExit as exc:
+        err_console.print(f"[red]error:[/red] {script} exited with status {exc.code}; no manifest written")
+        raise
+    console.print(
+        f"wrote {output}: {len(recorder.specs)} spec(s) from {recorder.calls()} SDPA call(s)", highlight=False
+    )
+    for (code, message), count in sorted(recorder.ineligible.items()):
+        console.print(f"  not a cuDNN graph ({code}, {count} call(s)): {message}", highlight=False)
+
+
 def run() -> None:
     """Entry point: one clear line on error, never a traceback."""
     try:

@@ -47,7 +47,7 @@ def diagnose(spec: GraphSpec | None = None) -> dict[str, Any]:
             rows.append(("target", f"unknown: {exc}"))
     else:
         rows.append(("GPU", "none (no CUDA device visible to torch)"))
-    rows.append(("torch SDPA backends", ", ".join(_sdpa_backends(torch, spec, gpu)) or "none"))
+    rows.extend(_sdpa_backends(torch, spec, gpu))
     if gpu and cudnn is not None:
         verdict.append("This machine can build, serve and load cuDNN graphs (graphcache warm / build).")
     elif gpu:
@@ -58,38 +58,69 @@ def diagnose(spec: GraphSpec | None = None) -> dict[str, Any]:
             "and fetch artifacts for another target, but cannot build or run cuDNN graphs."
         )
     if torch is not None and not gpu:
-        verdict.append("torch SDPA runs here on the CPU (math backend) as a fallback.")
+        verdict.append("torch SDPA runs here on the CPU as a fallback (its backend choice is in the rows above).")
     return {"rows": rows, "verdict": verdict}
 
 
-def _sdpa_backends(torch: Any, spec: GraphSpec, gpu: bool) -> list[str]:
+def _sdpa_backends(torch: Any, spec: GraphSpec, gpu: bool) -> list[tuple[str, str]]:
+    """One row per torch SDPA backend: can it serve ``spec`` here, and if not,
+    why, in torch's own words (its ``can_use_*`` checks with debug=True)."""
     if torch is None:
-        return []
-    if not gpu:
-        return ["math (CPU)"]
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+        return [("torch SDPA backends", "none: torch is not installed")]
+    import warnings
 
-    from graphcache.compilers.torch_sdpa import torch_dtype
+    from graphcache.compilers.torch_sdpa import allowed_mask, torch_dtype
 
-    found = []
+    device = "cuda" if gpu else "cpu"
     small = spec.replace(batch=1, seq_q=min(spec.seq_q, 256), seq_kv=min(spec.seq_kv or spec.seq_q, 256))
     dtype = torch_dtype(spec)
-    q = torch.randn(small.dims("q"), device="cuda", dtype=dtype)
-    k = torch.randn(small.dims("k"), device="cuda", dtype=dtype)
-    v = torch.randn(small.dims("v"), device="cuda", dtype=dtype)
-    causal = spec.mask == "causal"
-    for name, backend in (
-        ("flash", SDPBackend.FLASH_ATTENTION),
-        ("mem-efficient", SDPBackend.EFFICIENT_ATTENTION),
-        ("cudnn", SDPBackend.CUDNN_ATTENTION),
-        ("math", SDPBackend.MATH),
-    ):
-        try:
-            with sdpa_kernel(backend):
-                torch.nn.functional.scaled_dot_product_attention(
-                    q, k, v, is_causal=causal, enable_gqa=spec.heads_q != spec.heads_kv
-                )
-            found.append(name)
-        except Exception:  # noqa: BLE001 - "cannot serve" is the answer we want
-            continue
-    return found
+    q, k, v = (torch.randn(small.dims(role), device=device, dtype=dtype) for role in ("q", "k", "v"))
+    causal = small.mask == "causal"
+    mask = None if small.mask in ("none", "causal") else allowed_mask(small, device=device)
+    gqa = small.heads_q != small.heads_kv
+    cuda = torch.backends.cuda
+    checks = (
+        ("flash", "can_use_flash_attention", "flash_sdp_enabled"),
+        ("efficient", "can_use_efficient_attention", "mem_efficient_sdp_enabled"),
+        ("cudnn", "can_use_cudnn_attention", "cudnn_sdp_enabled"),
+    )
+    rows: list[tuple[str, str]] = []
+    verdicts: list[str] = []
+    for name, check, enabled in checks:
+        if not getattr(cuda, enabled)():
+            finding = f"no: turned off (torch.backends.cuda.{enabled}() is False)"
+        elif not gpu:
+            build = "a CPU build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
+            finding = f"no: torch.cuda.is_available() is False (torch {torch.__version__}, {build})"
+        else:
+            finding = _torch_check(torch, getattr(cuda, check), q, k, v, mask, small.dropout, causal, gqa, warnings)
+        rows.append((f"SDPA {name}", finding))
+        verdicts.append(f"{name} {'yes' if finding == 'yes' else 'no'}")
+    math_on = cuda.math_sdp_enabled()
+    rows.append(("SDPA math", "yes" if math_on else "no: turned off (torch.backends.cuda.math_sdp_enabled() is False)"))
+    verdicts.append(f"math {'yes' if math_on else 'no'}")
+    try:
+        choice = torch._fused_sdp_choice(q, k, v, mask, small.dropout, causal, enable_gqa=gqa)
+        from torch.nn.attention import SDPBackend
+
+        names = {int(member.value): name.lower() for name, member in SDPBackend.__members__.items()}
+        verdicts.append(f"torch picks {names.get(int(choice), str(choice))} on {device}")
+    except Exception as exc:  # noqa: BLE001 - a private helper: say it, keep going
+        verdicts.append(f"torch's choice unknown ({type(exc).__name__})")
+    return [("torch SDPA backends", ", ".join(verdicts)), *rows]
+
+
+def _torch_check(
+    torch: Any, check: Any, q: Any, k: Any, v: Any, mask: Any, dropout: float, causal: bool, gqa: bool, warnings: Any
+) -> str:
+    try:
+        params = torch.backends.cuda.SDPAParams(q, k, v, mask, dropout, causal, gqa)
+    except TypeError:  # torch < 2.5 has no enable_gqa in SDPAParams
+        params = torch.backends.cuda.SDPAParams(q, k, v, mask, dropout, causal)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ok = bool(check(params, True))
+    if ok:
+        return "yes"
+    said = "; ".join(dict.fromkeys(str(w.message).strip() for w in caught)) or "torch gave no reason"
+    return f"no: {said}"

@@ -116,3 +116,15 @@ class NotFound(GraphCacheError, KeyError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else "not found"
+
+
+class UnsupportedCall(UnsupportedSpec):
+    """A torch SDPA call that cannot be a cuDNN graph (graphcache.torch).
+
+    ``reason`` is the short code ``graphcache.torch.stats()`` counts the call
+    under: mask, dtype, head_dim, not_4d, layout, invalid, nested, ...
+    """
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason

@@ -252,7 +252,6 @@ class TorchSdpaGraph:
         seq_len_kv: Any = None,
     ) -> Any:
         import torch
-        import torch.nn.functional as F
 
         spec = self.spec
         check_inputs(spec, {"q": q, "k": k, "v": v, "o": out, "seq_len_q": seq_len_q, "seq_len_kv": seq_len_kv})
@@ -275,7 +274,9 @@ class TorchSdpaGraph:
                 for b in range(spec.batch)
             ]
             kwargs["attn_mask"] = torch.stack(masks).unsqueeze(1)
-        result = F.scaled_dot_product_attention(qb, kb, vb, **kwargs).nan_to_num(0.0)
+        # torch's own op, not the module attribute: graphcache.torch.patch()
+        # routes F.scaled_dot_product_attention back through graphcache.
+        result = torch._C._nn.scaled_dot_product_attention(qb, kb, vb, **kwargs).nan_to_num(0.0)
         if seq_len_q is not None:
             rows = torch.arange(spec.seq_q, device=q.device).view(1, 1, -1, 1)
             result = result * (rows < seq_len_q.reshape(-1, 1, 1, 1))

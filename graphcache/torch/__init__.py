@@ -1,0 +1,75 @@
+"""graphcache for ordinary PyTorch code: a drop-in for
+``torch.nn.functional.scaled_dot_product_attention`` served from cached
+cuDNN graphs, ``patch()`` to route a model's SDPA calls through it, and
+``record()`` to write the manifest of the specs a real run makes.
+
+Importing this module imports torch (nothing else in graphcache does), and
+registers the ``graphcache::sdpa`` custom op that torch.compile traces.
+
+    import graphcache.torch as gt
+
+    with gt.patch():                 # nn.MultiheadAttention, HF "sdpa" models, ...
+        out = model(**inputs)
+    gt.stats()                       # calls, hits, misses, fallbacks by reason
+
+    with gt.record("manifest.yaml", dtype="bfloat16"):
+        model.generate(...)          # then: graphcache warm manifest.yaml
+
+A miss on an eligible spec does what GRAPHCACHE_SDPA_ON_MISS says: ``torch``
+(default: run torch's SDPA, count and remember the miss), ``build`` (build,
+store, use) or ``error`` (raise NotFound).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch as _torch
+
+# enable_gqa (torch 2.5) and torch.library.custom_op (2.4) are part of the contract.
+if tuple(int(p) for p in _torch.__version__.split("+")[0].split(".")[:2]) < (2, 5):
+    raise ImportError(f"graphcache.torch needs torch >= 2.5, found {_torch.__version__}: pip install -U torch")
+
+from graphcache.cache import GraphCache
+from graphcache.errors import UnsupportedCall
+from graphcache.torch.derive import spec_for
+from graphcache.torch.patching import RUNTIME, disable, enable, enabled, patch, scaled_dot_product_attention
+from graphcache.torch.recording import Recorder, record
+from graphcache.torch.runtime import ON_MISS, ON_MISS_VAR
+
+__all__ = [
+    "ON_MISS",
+    "ON_MISS_VAR",
+    "Recorder",
+    "UnsupportedCall",
+    "configure",
+    "disable",
+    "enable",
+    "enabled",
+    "patch",
+    "record",
+    "reset",
+    "scaled_dot_product_attention",
+    "spec_for",
+    "stats",
+]
+
+
+def stats() -> dict[str, Any]:
+    """This process's drop-in counters: ``calls``, ``hits``, ``misses``,
+    ``fallbacks`` (calls that ran torch's SDPA, by reason: miss, mask, dtype,
+    head_dim, not_4d, layout, device, autograd, unsupported, no_gpu, ...),
+    ``graphs_loaded`` and ``missed_specs``."""
+    return RUNTIME.stats()
+
+
+def configure(cache: GraphCache | None = None, *, device: Any = None, on_miss: str | None = None) -> None:
+    """Serve tensors on ``device`` from ``cache`` instead of the default
+    (``GraphCache.from_env()`` with the cuDNN compiler, made at the first
+    CUDA call). ``on_miss`` overrides GRAPHCACHE_SDPA_ON_MISS."""
+    RUNTIME.configure(cache, device=device, on_miss=on_miss)
+
+
+def reset() -> None:
+    """Forget loaded graphs, remembered misses, counters and configure()."""
+    RUNTIME.reset()

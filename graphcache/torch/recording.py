@@ -1,0 +1,212 @@
+"""Recording manifests from a real run: every distinct SDPA spec a model
+makes, written as a manifest ``graphcache warm`` reads unchanged."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import os
+import re
+import runpy
+import sys
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from graphcache.errors import ManifestError, SpecError, UnsupportedCall
+from graphcache.spec import DTYPES, GraphSpec
+from graphcache.torch.derive import _DTYPE_NAMES, derive
+from graphcache.torch.patching import RUNTIME, patch
+
+
+class Recorder:
+    """Counts the calls of each distinct spec, and of each reason a call could
+    not be a cuDNN graph. Thread-safe."""
+
+    def __init__(self, dtype: str | None = None) -> None:
+        self.dtype = dtype
+        self.specs: dict[GraphSpec, int] = {}
+        self.ineligible: dict[tuple[str, str], int] = {}
+        self._memo: dict[tuple[Any, ...], GraphSpec | tuple[str, str]] = {}
+        self._lock = threading.Lock()
+
+    def note(self, memo_key: tuple[Any, ...] | None, args: tuple[Any, ...]) -> None:
+        query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa = args
+        if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (query, key, value)):
+            found: GraphSpec | tuple[str, str] = ("autograd", "an input requires grad: cuDNN graphs are forward-only")
+        else:
+            cached = self._memo.get(memo_key) if memo_key is not None and attn_mask is None else None
+            if cached is None:
+                try:
+                    found = derive(
+                        query,
+                        key,
+                        value,
+                        attn_mask=attn_mask,
+                        dropout_p=dropout_p,
+                        is_causal=is_causal,
+                        scale=scale,
+                        enable_gqa=enable_gqa,
+                        dtype=self.dtype,
+                    ).spec
+                except UnsupportedCall as exc:
+                    found = (exc.reason, str(exc))
+                if memo_key is not None and attn_mask is None:
+                    self._memo[memo_key] = found
+            else:
+                found = cached
+        with self._lock:
+            if isinstance(found, GraphSpec):
+                self.specs[found] = self.specs.get(found, 0) + 1
+            else:
+                self.ineligible[found] = self.ineligible.get(found, 0) + 1
+
+    def calls(self) -> int:
+        return sum(self.specs.values()) + sum(self.ineligible.values())
+
+    def manifest_text(self, source: str = "") -> str:
+        """The manifest: ``defaults:`` (fields every spec shares) and one
+        ``graphs:`` entry per spec, with the call counts and the calls that
+        cannot be graphs in comments."""
+        import yaml
+
+        if not self.specs:
+            raise ManifestError(self._nothing_message())
+        rows = [_fields(spec) for spec in self.specs]
+        shared = {
+            name: value for name, value in rows[0].items() if all(name in r and r[name] == value for r in rows[1:])
+        }
+        if len(rows) == 1:  # one graph: keep its fields in the entry, defaults just the dtype
+            shared = {"dtype": rows[0]["dtype"]}
+        names: set[str] = set()
+        graphs = []
+        lines = [
+            f"# Recorded by graphcache.torch.record{' from ' + source if source else ''} on "
+            f"{_dt.datetime.now(_dt.timezone.utc).isoformat(timespec='seconds')}:",
+            f"# {self.calls()} SDPA call(s); {len(self.specs)} distinct cuDNN graph spec(s).",
+        ]
+        if self.dtype:
+            lines.append(f"# Specs are recorded as {self.dtype}, whatever dtype the recording run used.")
+        for spec, count in self.specs.items():
+            name = _name(spec, names)
+            lines.append(f"#   {name}: {count} call(s)")
+            graphs.append({"name": name, **{k: v for k, v in _fields(spec).items() if k not in shared}})
+        if self.ineligible:
+            lines.append("# Calls that cannot be cuDNN graphs (they run torch's SDPA), by reason:")
+            for (code, message), count in sorted(self.ineligible.items()):
+                lines.append(f"#   {code}: {count} call(s): {message}")
+        body = yaml.safe_dump({"defaults": shared, "graphs": graphs}, sort_keys=False, default_flow_style=False)
+        return "\n".join(lines) + "\n" + body
+
+    def write(self, path: str | Path, source: str = "") -> None:
+        text = self.manifest_text(source)
+        Path(path).write_text(text)
+
+    def _nothing_message(self) -> str:
+        if not self.ineligible:
+            return (
+                "no scaled_dot_product_attention call was made while recording: is the model's attention "
+                'implementation "sdpa" (Hugging Face: attn_implementation="sdpa")?'
+            )
+        reasons = "; ".join(f"{code} ({n} call(s)): {msg}" for (code, msg), n in sorted(self.ineligible.items()))
+        return f"none of the {self.calls()} SDPA call(s) can be a cuDNN graph: {reasons}"
+
+
+_IMPLIED = {"generate_stats": False, "padding": False, "dropout": 0.0, "window_left": None, "window_right": None}
+
+
+def _fields(spec: GraphSpec) -> dict[str, Any]:
+    """The spec's fields, less those its other fields imply (so the manifest
+    reads like a hand-written one and expands back to the same spec)."""
+    data = spec.to_dict()
+    out: dict[str, Any] = {}
+    for name, value in data.items():
+        if name in _IMPLIED and value == _IMPLIED[name]:
+            continue
+        if (name, value) in (("heads_kv", spec.heads_q), ("seq_kv", spec.seq_q), ("head_dim_v", spec.head_dim)):
+            continue
+        if name == "attn_scale" and value == 1.0 / math.sqrt(spec.head_dim):
+            continue
+        out[name] = value
+    return out
+
+
+def _name(spec: GraphSpec, taken: set[str]) -> str:
+    """A readable unique name: ``b1-h8kv2-q1kv21-d32-bf16-bhsd-none``."""
+    parts = [
+        f"b{spec.batch}",
+        f"h{spec.heads_q}" + (f"kv{spec.heads_kv}" if spec.heads_kv != spec.heads_q else ""),
+        f"q{spec.seq_q}" + (f"kv{spec.seq_kv}" if spec.seq_kv != spec.seq_q else ""),
+        f"d{spec.head_dim}" + (f"v{spec.head_dim_v}" if spec.head_dim_v != spec.head_dim else ""),
+        *spec.summary().split()[4:],  # dtype, layout, mask and flags as summary() writes them
+    ]
+    base = re.sub(r"[^A-Za-z0-9_.]+", "-", "-".join(parts)).strip("-")
+    name, n = base, 2
+    while name in taken:
+        name, n = f"{base}-{n}", n + 1
+    taken.add(name)
+    return name
+
+
+def _dtype_name(dtype: Any) -> str | None:
+    if dtype is None:
+        return None
+    if isinstance(dtype, torch.dtype):
+        name = _DTYPE_NAMES.get(dtype)
+        if name is None:
+            raise SpecError(f"dtype={dtype} is not supported; allowed: {', '.join(DTYPES)}", "dtype")
+        return name
+    if dtype not in DTYPES:
+        raise SpecError(f"dtype={dtype!r} is not supported; allowed: {', '.join(DTYPES)}", "dtype")
+    return str(dtype)
+
+
+@contextmanager
+def record(path: str | os.PathLike[str], dtype: Any = None) -> Iterator[Recorder]:
+    """Patch torch's SDPA (see patch()), note every call's spec and, when the
+    block ends without an exception, write the manifest to ``path``.
+
+    ``dtype`` ("float16" / "bfloat16") records every spec in that dtype: a
+    float32 run on a CPU records what the GPU will run. Raises ManifestError
+    (and writes nothing) when no call could be a cuDNN graph.
+    """
+    name = _dtype_name(dtype)
+    target = Path(path)
+    if not target.parent.is_dir():
+        raise ManifestError(f"{target}: the folder {target.parent} does not exist; create it or pick another path")
+    recorder = Recorder(name)
+    with patch():
+        RUNTIME.recorders.append(recorder)
+        try:
+            yield recorder
+        finally:
+            if recorder in RUNTIME.recorders:  # reset() inside the block drops it
+                RUNTIME.recorders.remove(recorder)
+    recorder.write(target)
+
+
+def run_script(script: str, args: Sequence[str], output: str, dtype: str | None = None) -> Recorder:
+    """Run ``script`` as ``python SCRIPT ARGS`` would, under record(output).
+
+    A script that exits non-zero (or raises) writes no manifest: its exit
+    status (or exception) passes through.
+    """
+    path = Path(script)
+    saved_argv, saved_path = sys.argv[:], sys.path[:]
+    sys.argv = [str(path), *args]
+    sys.path.insert(0, str(path.resolve().parent))  # as python SCRIPT puts the script's folder first
+    try:
+        with record(output, dtype) as recorder:
+            try:
+                runpy.run_path(str(path), run_name="__main__")
+            except SystemExit as exc:
+                if exc.code not in (None, 0):
+                    raise
+    finally:
+        sys.argv = saved_argv
+        sys.path[:] = saved_path
+    return recorder

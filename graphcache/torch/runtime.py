@@ -1,0 +1,312 @@
+"""The drop-in's per-process state: loaded graphs by spec, a memo from call
+shapes to what to do, the counters, and what happens on a miss.
+
+A call pays a key built from its tensors' shapes, strides, dtypes and
+devices and one dict lookup; everything else (deriving the spec, asking the
+store, loading the graph) happens once per distinct call shape.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from graphcache.cache import GraphCache
+from graphcache.compilers.base import LoadedGraph
+from graphcache.errors import GraphCacheError, NoGpu, NotFound, UnsupportedCall, UnsupportedGpu, UnsupportedSpec
+from graphcache.settings import SettingsError
+from graphcache.spec import GraphSpec
+from graphcache.torch.derive import Derived, derive
+
+log = logging.getLogger(__name__)
+
+# torch's own SDPA, captured at import: the fallback must never call a
+# patched F.scaled_dot_product_attention (ours, or another library's).
+TORCH_SDPA: Callable[..., Any] = torch._C._nn.scaled_dot_product_attention
+
+ON_MISS_VAR = "GRAPHCACHE_SDPA_ON_MISS"
+ON_MISS = ("torch", "build", "error")
+
+
+def on_miss_from_env() -> str:
+    value = os.environ.get(ON_MISS_VAR, "").strip().lower() or "torch"
+    if value not in ON_MISS:
+        raise SettingsError(
+            f"{ON_MISS_VAR}={os.environ.get(ON_MISS_VAR)!r} is not one of {', '.join(ON_MISS)}: "
+            "torch runs torch's SDPA on a miss, build builds and stores the graph, error raises"
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What calls of one shape do: run ``graph`` or fall back for ``reason``."""
+
+    spec: GraphSpec | None
+    graph: LoadedGraph | None
+    reason: str  # "" when graph is set
+    message: str = ""
+    copy_q: bool = False
+
+    def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Execute the graph on (b, h, s, d) tensors; returns (b, h, s, d)."""
+        assert self.graph is not None and self.spec is not None
+        if self.spec.layout == "bshd":
+            if self.copy_q:
+                q = q.transpose(1, 2).contiguous()
+            else:
+                q = q.transpose(1, 2)
+            out = self.graph.execute(q, k.transpose(1, 2), v.transpose(1, 2))
+            return out.transpose(1, 2)
+        if self.copy_q:
+            q = q.contiguous()
+        return self.graph.execute(q, k, v)
+
+
+class Runtime:
+    """One per process (``graphcache.torch.RUNTIME``); thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._count_lock = threading.Lock()
+        self.reset()
+
+    # configuration ------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Forget loaded graphs, remembered misses, counters and configuration."""
+        with self._lock:
+            self._cache: GraphCache | None = None
+            self._device: torch.device | None = None
+            self._on_miss: str | None = None
+            self._memo: dict[tuple[Any, ...], Plan] = {}
+            self._graphs: dict[GraphSpec, LoadedGraph] = {}
+            self._missed: dict[GraphSpec, int] = {}
+            self._hits = 0
+            self._misses = 0
+            self._fallbacks: Counter[str] = Counter()
+            self.recorders: list[Any] = []
+
+    def configure(self, cache: GraphCache | None = None, *, device: Any = None, on_miss: str | None = None) -> None:
+        """Use ``cache`` for tensors on ``device`` (default: the cuDNN
+        compiler's GPU); ``on_miss`` overrides GRAPHCACHE_SDPA_ON_MISS.
+        Forgets what the memo held, so the next calls ask the new cache."""
+        if on_miss is not None and on_miss not in ON_MISS:
+            raise ValueError(f"on_miss={on_miss!r} is not one of {', '.join(ON_MISS)}")
+        where = torch.device(device) if device is not None else None
+        if cache is not None and where is None:
+            index = getattr(cache.compiler, "device", None)
+            if not isinstance(index, int):
+                raise ValueError(
+                    "configure(cache) needs device=... for a compiler that does not say which GPU it runs on"
+                )
+            where = torch.device("cuda", index)
+        with self._lock:
+            self._memo.clear()
+            self._graphs.clear()
+            self._missed.clear()
+            self._cache = cache
+            self._device = where
+            self._on_miss = on_miss
+
+    def on_miss(self) -> str:
+        if self._on_miss is None:
+            self._on_miss = on_miss_from_env()
+        return self._on_miss
+
+    def _cache_for(self, device: torch.device) -> GraphCache | None:
+        """The cache serving tensors on ``device``, or None. Without
+        configure(), the first CUDA device seen gets GraphCache.from_env()
+        with the cuDNN compiler (GRAPHCACHE_SERVER / STORE / DIR)."""
+        if self._cache is None and device.type == "cuda":
+            from graphcache.compilers.cudnn import CudnnCompiler
+
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            self._cache = GraphCache.from_env(CudnnCompiler(device=index))
+            self._device = torch.device("cuda", index)
+        if self._cache is None or self._device is None:
+            return None
+        same = device.type == self._device.type and (
+            self._device.index is None or device.index is None or device.index == self._device.index
+        )
+        return self._cache if same else None
+
+    # the call -------------------------------------------------------------------
+
+    def call(
+        self,
+        query: Any,
+        key: Any,
+        value: Any,
+        attn_mask: Any = None,
+        dropout_p: float = 0.0,
+        is_causal: bool = False,
+        scale: float | None = None,
+        enable_gqa: bool = False,
+    ) -> Any:
+        """scaled_dot_product_attention through graphcache (see the package docs)."""
+        try:
+            memo_key: tuple[Any, ...] | None = (
+                query.shape,
+                query.stride(),
+                key.shape,
+                key.stride(),
+                value.shape,
+                value.stride(),
+                query.dtype,
+                key.dtype,
+                value.dtype,
+                query.device,
+                key.device,
+                value.device,
+                dropout_p,
+                is_causal,
+                scale,
+                enable_gqa,
+                attn_mask is None,
+            )
+        except (AttributeError, RuntimeError):  # not tensors, nested tensors: torch decides
+            memo_key = None
+        args = (query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+        if memo_key is None or attn_mask is not None or type(query) is not torch.Tensor:
+            plan = self._ineligible_plan(args)
+        elif torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
+            plan = _AUTOGRAD
+        else:
+            plan = self._memo.get(memo_key) or self._plan(memo_key, args)
+        if plan.graph is not None:
+            out = plan.run(query, key, value)
+            with self._count_lock:
+                self._hits += 1
+            if self.recorders:
+                self._note(memo_key, args)
+            return out
+        out = TORCH_SDPA(
+            query,
+            key,
+            value,
+            attn_mask=attn_mask,
+            dropout_p=dropout_p,
+            is_causal=is_causal,
+            scale=scale,
+            enable_gqa=enable_gqa,
+        )
+        # Counted after torch ran: a call torch refused (bad shapes, dtypes,
+        # devices) raised above and leaves no trace.
+        with self._count_lock:
+            self._fallbacks[plan.reason] += 1
+            if plan.reason == "miss":
+                self._misses += 1
+                assert plan.spec is not None
+                self._missed[plan.spec] = self._missed.get(plan.spec, 0) + 1
+        if self.recorders:
+            self._note(memo_key, args)
+        return out
+
+    def _note(self, memo_key: tuple[Any, ...] | None, args: tuple[Any, ...]) -> None:
+        # After the call succeeded: a call torch refused is not recorded.
+        for recorder in list(self.recorders):
+            recorder.note(memo_key, args)
+
+    def _ineligible_plan(self, args: tuple[Any, ...]) -> Plan:
+        try:
+            derived = _derive(args)
+        except UnsupportedCall as exc:
+            return Plan(None, None, exc.reason, str(exc))
+        return Plan(derived.spec, None, "invalid", "not a plain tensor call")  # pragma: no cover - defensive
+
+    def _plan(self, memo_key: tuple[Any, ...], args: tuple[Any, ...]) -> Plan:
+        with self._lock:
+            plan = self._memo.get(memo_key)
+            if plan is not None:
+                return plan
+            try:
+                derived = _derive(args)
+            except UnsupportedCall as exc:
+                plan = Plan(None, None, exc.reason, str(exc))
+            else:
+                plan = self._plan_for(derived, args[0].device)
+            self._memo[memo_key] = plan
+            return plan
+
+    def _plan_for(self, derived: Derived, device: torch.device) -> Plan:
+        spec = derived.spec
+        cache = self._cache_for(device)
+        if cache is None:
+            where = f"{self._device}" if self._device is not None else "a CUDA GPU"
+            return Plan(spec, None, "device", f"tensors are on {device}; the graphs run on {where}")
+        graph = self._graphs.get(spec)
+        if graph is None:
+            graph, reason, message = self._load(cache, spec)
+            if graph is None:
+                return Plan(spec, None, reason, message)
+            self._graphs[spec] = graph
+        return Plan(spec, graph, "", copy_q=derived.copy_q)
+
+    def _load(self, cache: GraphCache, spec: GraphSpec) -> tuple[LoadedGraph | None, str, str]:
+        """Load ``spec``'s graph, or say why not. Misses follow on_miss."""
+        on_miss = self.on_miss()
+        try:
+            if on_miss != "build" and cache.lookup(spec) is None:
+                if on_miss == "error":
+                    with self._count_lock:
+                        self._misses += 1
+                    raise NotFound(
+                        f"no cached cuDNN graph for {spec.summary()} (key {cache.key(spec)[:12]}): warm it "
+                        f"(graphcache record, then graphcache warm), or set {ON_MISS_VAR}=torch to run torch's "
+                        "SDPA on a miss"
+                    )
+                log.info("graphcache miss for %s: running torch SDPA (%s=torch)", spec.summary(), ON_MISS_VAR)
+                return None, "miss", f"no cached graph for {spec.summary()}"
+            graph = cache.load(spec)
+        except (NoGpu, UnsupportedGpu) as exc:
+            return None, "no_gpu", str(exc)
+        except UnsupportedSpec as exc:  # remembered per target: cuDNN cannot serve it here
+            return None, "unsupported", str(exc)
+        except NotFound:
+            raise
+        except GraphCacheError as exc:
+            log.warning("graphcache could not load %s, running torch SDPA: %s", spec.summary(), exc)
+            return None, "load_failed", f"{type(exc).__name__}: {exc}"
+        if getattr(graph, "backend", "") == "torch":  # a cache made with torch_fallback=True
+            return None, "unsupported", getattr(graph, "reason", "") or "served by torch"
+        return graph, "", ""
+
+    # counters ---------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """calls, hits, misses, fallbacks by reason, graphs loaded, and the specs that missed."""
+        with self._count_lock:
+            fallbacks = dict(self._fallbacks)
+            return {
+                "calls": self._hits + sum(fallbacks.values()),
+                "hits": self._hits,
+                "misses": self._misses,
+                "fallbacks": fallbacks,
+                "graphs_loaded": len(self._graphs),
+                "missed_specs": [{"spec": s.to_dict(), "calls": n} for s, n in self._missed.items()],
+            }
+
+
+_AUTOGRAD = Plan(None, None, "autograd", "an input requires grad: cuDNN graphs here are forward-only")
+
+
+def _derive(args: tuple[Any, ...]) -> Derived:
+    query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa = args
+    return derive(
+        query,
+        key,
+        value,
+        attn_mask=attn_mask,
+        dropout_p=dropout_p,
+        is_causal=is_causal,
+        scale=scale,
+        enable_gqa=enable_gqa,
+    )

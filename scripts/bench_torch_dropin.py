@@ -1,0 +1,153 @@
+#!/usr/bin/env python3
+"""What graphcache.torch's drop-in adds per SDPA call, at a decode shape.
+
+Side by side, interleaved, in one process (batch 1, 8 heads, seq_q 1,
+seq_kv 128, head_dim 64, bfloat16, on the CPU):
+
+- hit: ``graphcache.torch.scaled_dot_product_attention`` served from a
+  loaded graph, against calling that graph's ``execute`` directly. The graph
+  here does no work (it returns a preallocated output): on a GPU the cuDNN
+  launch is what the graph costs either way, so the difference between the
+  two rows is the drop-in's own cost (key, memo lookup, layout views,
+  counters). Loaded through a real GraphCache on a DiskStore in a temp folder.
+- fallback: the drop-in running torch's SDPA for a call cuDNN would not
+  take (float32) against ``F.scaled_dot_product_attention`` on the same
+  tensors.
+- op: the same hit through the ``graphcache::sdpa`` custom op (what a
+  torch.compile'd graph calls), against the direct graph.
+
+    python scripts/bench_torch_dropin.py [--calls 20000] [--rounds 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import graphcache.torch as gt  # noqa: E402
+from graphcache import Artifact, GraphCache, GraphSpec, Target  # noqa: E402
+from graphcache.stores import DiskStore  # noqa: E402
+
+TARGET = Target.parse("h200-sm90-cudnn9.28.0-fe1.32.0")
+
+
+class NullGraph:
+    """A loaded graph that does no work, so only the drop-in's cost is timed."""
+
+    backend = "null"
+
+    def __init__(self, spec: GraphSpec) -> None:
+        self.spec = spec
+        self.out = torch.zeros(spec.storage_shape("o"), dtype=torch.bfloat16)
+
+    def execute(self, q: Any, k: Any, v: Any, **kwargs: Any) -> Any:
+        return self.out
+
+
+class NullCompiler:
+    name = "null"
+    device = None
+
+    def target(self) -> Target:
+        return TARGET
+
+    def build(self, spec: GraphSpec, target: Target) -> Artifact:
+        return Artifact(spec=spec, target=target, payload=b"null", dialect="null")
+
+    def load(self, artifact: Artifact) -> NullGraph:
+        return NullGraph(artifact.spec)
+
+
+def per_call_us(fn: Any, calls: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - t0) / calls * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--calls", type=int, default=20000, help="calls per timing")
+    parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds (medians reported)")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+
+    def tensors(layout: str) -> tuple[torch.Tensor, ...]:
+        if layout == "bhsd":
+            return (
+                torch.randn(1, 8, 1, 64, dtype=torch.bfloat16),
+                torch.randn(1, 8, 128, 64, dtype=torch.bfloat16),
+                torch.randn(1, 8, 128, 64, dtype=torch.bfloat16),
+            )
+        return (
+            torch.randn(1, 1, 8, 64, dtype=torch.bfloat16).transpose(1, 2),
+            torch.randn(1, 128, 8, 64, dtype=torch.bfloat16).transpose(1, 2),
+            torch.randn(1, 128, 8, 64, dtype=torch.bfloat16).transpose(1, 2),
+        )
+
+    rows: dict[str, list[float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        cache = GraphCache(DiskStore(Path(tmp) / "store"), NullCompiler())  # type: ignore[arg-type]
+        gt.configure(cache, device="cpu", on_miss="build")
+        cases = {}
+        for layout in ("bhsd", "bshd"):
+            q, k, v = tensors(layout)
+            spec = gt.spec_for(q, k, v)
+            gt.scaled_dot_product_attention(q, k, v)  # builds, stores, loads once
+            graph = cache.load(spec)
+            qs, ks, vs = (t.transpose(1, 2) for t in (q, k, v)) if layout == "bshd" else (q, k, v)
+            cases[f"hit {layout}"] = (
+                lambda g=graph, a=(qs, ks, vs): g.execute(*a),
+                lambda a=(q, k, v): gt.scaled_dot_product_attention(*a),
+            )
+            if layout == "bhsd":
+                cases["op (custom op) bhsd"] = (
+                    lambda g=graph, a=(qs, ks, vs): g.execute(*a),
+                    lambda a=(q, k, v): torch.ops.graphcache.sdpa(*a, None, 0.0, False, None, False),
+                )
+        q, k, v = tensors("bhsd")
+        # Float32 on the CPU: cuDNN would not take it, so the drop-in runs torch's SDPA.
+        qf, kf, vf = (t.float() for t in (q, k, v))
+        cases["fallback bhsd fp32"] = (
+            lambda: F.scaled_dot_product_attention(qf, kf, vf),
+            lambda: gt.scaled_dot_product_attention(qf, kf, vf),
+        )
+        for _ in range(args.rounds):
+            for name, (base, ours) in cases.items():
+                calls = args.calls // 10 if name.startswith("fallback") else args.calls
+                rows.setdefault(name + " base", []).append(per_call_us(base, calls))
+                rows.setdefault(name + " ours", []).append(per_call_us(ours, calls))
+        stats = gt.stats()
+    print(
+        f"decode shape b1 h8 s1/128 d64 bf16, CPU, torch {torch.__version__}, 1 thread, "
+        f"{args.rounds} interleaved rounds x {args.calls} calls (fallback: {args.calls // 10})"
+    )
+    print("per call, median over rounds; 'added min' is the quietest round (the machine may be shared)")
+    print(f"{'case':22} {'baseline us':>12} {'drop-in us':>11} {'added us':>9} {'added min':>10}  baseline")
+    baselines = {
+        "hit": "graph.execute() direct",
+        "op": "graph.execute() direct",
+        "fallback": "F.scaled_dot_product_attention",
+    }
+    for name in cases:
+        base, ours = rows[name + " base"], rows[name + " ours"]
+        added = [o - b for o, b in zip(ours, base, strict=True)]
+        print(
+            f"{name:22} {statistics.median(base):12.2f} {statistics.median(ours):11.2f} "
+            f"{statistics.median(added):9.2f} {min(added):10.2f}  {baselines[name.split()[0]]}"
+        )
+    print(f"drop-in stats: hits {stats['hits']}, fallbacks {stats['fallbacks']}, graphs {stats['graphs_loaded']}")
+
+
+if __name__ == "__main__":
+    main()

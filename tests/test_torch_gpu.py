@@ -1,0 +1,102 @@
+"""graphcache.torch on a real GPU: patched models against unpatched torch.
+
+Skipped, with the reason, where there is no CUDA GPU with cuDNN (this
+repository's CI has none; not yet run on a GPU: see docs/gpu-results.md).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+torch = pytest.importorskip("torch", reason="needs torch with CUDA")
+
+import graphcache.torch as gt  # noqa: E402
+from graphcache import GraphCache  # noqa: E402
+from graphcache.compilers.torch_sdpa import TOLERANCE, relative_error  # noqa: E402
+from graphcache.stores import DiskStore  # noqa: E402
+
+
+@pytest.fixture
+def cached(tmp_path):
+    from graphcache.compilers.cudnn import CudnnCompiler
+
+    gt.reset()
+    gt.configure(GraphCache(DiskStore(tmp_path / "store"), CudnnCompiler()), on_miss="build")
+    yield
+    gt.reset()
+
+
+def test_patched_llama_prefill_and_decode_match_torch(cached):
+    transformers = pytest.importorskip("transformers", reason="needs Hugging Face transformers")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=512,
+        hidden_size=1024,
+        intermediate_size=2048,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        attn_implementation="sdpa",
+    )
+    model = transformers.LlamaForCausalLM(config).to("cuda", torch.bfloat16).eval()
+    ids = torch.randint(0, 512, (1, 64), device="cuda")
+
+    def run():
+        first = model(ids, use_cache=True)
+        token = first.logits[:, -1:].argmax(-1)
+        second = model(token, past_key_values=first.past_key_values, use_cache=True)
+        return first.logits, second.logits
+
+    with torch.no_grad():
+        want = run()
+        with gt.patch():
+            got = run()
+    for g, w in zip(got, want, strict=True):
+        assert relative_error(g, w) < TOLERANCE["bfloat16"]
+    stats = gt.stats()
+    assert stats["hits"] == 4 and stats["fallbacks"] == {}, stats  # 2 layers x (prefill, decode)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_patched_torch_modules_match_their_fused_fast_path(cached, dtype):
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(512, 8, batch_first=True).to("cuda", dtype).eval()
+    tel = torch.nn.TransformerEncoderLayer(512, 8, 1024, batch_first=True).to("cuda", dtype).eval()
+    x = torch.randn(1, 128, 512, device="cuda", dtype=dtype)
+    with torch.no_grad():
+        want = (mha(x, x, x, need_weights=False)[0], tel(x))
+        with gt.patch():
+            got = (mha(x, x, x, need_weights=False)[0], tel(x))
+    name = "float16" if dtype == torch.float16 else "bfloat16"
+    for g, w in zip(got, want, strict=True):
+        assert relative_error(g, w) < TOLERANCE[name]
+    assert gt.stats()["hits"] == 2
+
+
+def test_compiled_model_under_patch_matches_torch(cached):
+    torch._dynamo.reset()
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.qkv = torch.nn.Linear(512, 1536)
+
+        def forward(self, x):  # noqa: ANN001
+            b, s, _ = x.shape
+            q, k, v = self.qkv(x).view(b, s, 3, 8, 64).unbind(2)
+            out = torch.nn.functional.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+            )
+            return out.transpose(1, 2).reshape(b, s, 512)
+
+    model = Block().to("cuda", torch.bfloat16).eval()
+    x = torch.randn(2, 128, 512, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        want = model(x)
+        with gt.patch():
+            got = torch.compile(model, fullgraph=True)(x)
+    assert relative_error(got, want) < TOLERANCE["bfloat16"]
+    assert gt.stats()["hits"] == 1
+    torch._dynamo.reset()

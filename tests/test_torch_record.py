@@ -1,0 +1,188 @@
+"""graphcache.torch.record and ``graphcache record``: manifests from real model
+runs (torch's own modules and a Hugging Face Llama), read back by warm."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="graphcache.torch needs torch (pip install '.[gpu]' or '.[dev]')")
+
+import graphcache.torch as gt  # noqa: E402
+from graphcache import GraphSpec, ManifestError, SpecError, manifest  # noqa: E402
+from tests.clirun import cli  # noqa: E402
+from tests.fakes import TARGET  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def fresh_runtime():
+    gt.reset()
+    yield
+    gt.reset()
+
+
+def spec(**fields) -> GraphSpec:  # noqa: ANN003
+    return GraphSpec.from_dict({"dtype": "bfloat16", **fields})
+
+
+def test_torch_modules_record_exactly_their_specs(tmp_path):
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(256, 4, batch_first=True).eval()
+    tel = torch.nn.TransformerEncoderLayer(256, 4, 512, batch_first=True).eval()
+    one, two = torch.randn(1, 16, 256), torch.randn(2, 24, 256)
+    causal = torch.nn.Transformer.generate_square_subsequent_mask(16)
+    path = tmp_path / "m.yaml"
+    with torch.no_grad(), gt.record(path, dtype="bfloat16") as recorder:
+        mha(one, one, one, need_weights=False)
+        tel(one)
+        tel(one, src_mask=causal, is_causal=True)
+        mha(two, two, two, need_weights=False)  # (s, b*h, d) views: no packed layout for batch > 1
+    base = dict(batch=1, heads_q=4, seq_q=16, head_dim=64, layout="bshd")
+    assert manifest.load(path) == [spec(**base, mask="none"), spec(**base, mask="causal")]
+    assert recorder.specs == {spec(**base, mask="none"): 2, spec(**base, mask="causal"): 1}
+    text = path.read_text()
+    assert "# 4 SDPA call(s); 2 distinct" in text
+    assert "#   layout: 1 call(s): key strides" in text
+
+
+def test_record_round_trips_every_kind_of_spec(tmp_path):
+    calls = [
+        ((2, 8, 16, 64), (2, 8, 16, 64), (2, 8, 16, 64), {}),
+        ((1, 8, 4, 128), (1, 2, 40, 128), (1, 2, 40, 128), {"is_causal": True, "enable_gqa": True}),
+        ((1, 4, 8, 64), (1, 4, 8, 64), (1, 4, 8, 32), {"scale": 0.3}),
+        ((1, 4, 8, 64), (1, 4, 8, 64), (1, 4, 8, 64), {"scale": 1e-05}),
+    ]
+    path = tmp_path / "m.yaml"
+    with gt.record(path, dtype=torch.float16) as recorder:
+        for qs, ks, vs, kwargs in calls:
+            q, k, v = torch.randn(*qs), torch.randn(*ks), torch.randn(*vs)
+            torch.nn.functional.scaled_dot_product_attention(q, k, v, **kwargs)
+            torch.nn.functional.scaled_dot_product_attention(q, k, v, **kwargs)
+    assert manifest.load(path) == list(recorder.specs)
+    assert len(recorder.specs) == 4 and set(recorder.specs.values()) == {2}
+    assert {s.dtype for s in recorder.specs} == {"float16"}
+
+
+def test_a_recording_with_no_eligible_call_says_why_and_writes_nothing(tmp_path):
+    path = tmp_path / "m.yaml"
+    q = torch.randn(1, 4, 8, 64)
+    with pytest.raises(ManifestError, match=r"dtype \(1 call\(s\)\): dtype torch.float32 .*dtype='bfloat16'"):
+        with gt.record(path):
+            torch.nn.functional.scaled_dot_product_attention(q, q, q)
+    assert not path.exists()
+
+
+def test_record_refuses_a_bad_dtype_or_folder_before_running(tmp_path):
+    with pytest.raises(SpecError, match="dtype='fp8'.*float16, bfloat16"):
+        with gt.record(tmp_path / "m.yaml", dtype="fp8"):
+            pytest.fail("the block must not run")
+    with pytest.raises(ManifestError, match="does not exist"):
+        with gt.record(tmp_path / "nowhere" / "m.yaml"):
+            pytest.fail("the block must not run")
+
+
+def test_an_exception_in_the_block_writes_no_manifest(tmp_path):
+    path = tmp_path / "m.yaml"
+    q = torch.randn(1, 4, 8, 64, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="model crashed"), gt.record(path):
+        torch.nn.functional.scaled_dot_product_attention(q, q, q)
+        raise RuntimeError("model crashed")
+    assert not path.exists() and not gt.enabled()
+
+
+# -- a model nobody on this project wrote: Hugging Face Llama (GQA, "sdpa") ---------------
+
+
+LLAMA = """
+import sys
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+prompt = int(sys.argv[1]) if len(sys.argv) > 1 else 12
+torch.manual_seed(0)
+config = LlamaConfig(
+    vocab_size=256, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+    num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=512,
+    attn_implementation="sdpa",
+)
+model = LlamaForCausalLM(config).eval()
+ids = torch.randint(0, 256, (1, prompt))
+with torch.no_grad():  # a prefill and 3 cached decode steps
+    out = model.generate(ids, max_new_tokens=4, min_new_tokens=4, do_sample=False, pad_token_id=0)
+assert out.shape == (1, prompt + 4)
+"""
+
+
+def llama_expected(prompt: int) -> list[GraphSpec]:
+    """What Llama's sdpa attention asks for: a causal prefill (q a transposed
+    projection, k/v the contiguous cache: bhsd) and one-token decode steps over
+    a growing cache; 8 query heads share 2 key/value heads; head_dim 256/8."""
+    base = dict(batch=1, heads_q=8, heads_kv=2, head_dim=32, layout="bhsd")
+    prefill = spec(**base, seq_q=prompt, mask="causal")
+    return [prefill] + [spec(**base, seq_q=1, seq_kv=prompt + n) for n in (1, 2, 3)]
+
+
+def test_llama_records_exactly_its_prefill_and_decode_specs(tmp_path, monkeypatch):
+    pytest.importorskip("transformers", reason="needs Hugging Face transformers (the dev extra installs it)")
+    script = tmp_path / "llama.py"
+    script.write_text(LLAMA)
+    path = tmp_path / "llama.yaml"
+    # The in-process API: a float32 CPU run, recorded as the GPU will run it.
+    import runpy
+    import sys
+
+    monkeypatch.setattr(sys, "argv", [str(script)])
+    with gt.record(path, dtype="bfloat16") as recorder:
+        runpy.run_path(str(script), run_name="__main__")
+    assert manifest.load(path) == llama_expected(12)
+    assert set(recorder.specs.values()) == {2}  # each spec once per layer
+    assert recorder.ineligible == {}
+
+
+def test_graphcache_record_cli_runs_the_script_and_warm_check_lists_the_specs(tmp_path):
+    pytest.importorskip("transformers", reason="needs Hugging Face transformers (the dev extra installs it)")
+    script = tmp_path / "llama.py"
+    script.write_text(LLAMA)
+    path = tmp_path / "llama.yaml"
+    out = cli("record", "-o", str(path), "--dtype", "bfloat16", str(script), "20")  # ARGS reach the script
+    assert out.returncode == 0, out.stderr
+    assert "4 spec(s)" in out.stdout and str(path) in out.stdout
+    assert manifest.load(path) == llama_expected(20)
+    store = ["--cache-dir", str(tmp_path / "cache")]
+    check = cli("warm", str(path), "--check", "--target", str(TARGET), *store)
+    assert check.returncode == 1
+    for s in llama_expected(20):
+        assert s.summary() in check.stdout
+    assert "0/4 present" in check.stdout
+    warm = cli("warm", str(path), "--compiler", "tests.fakes:FakeCompiler", *store)  # the GPU's step, stood in
+    assert warm.returncode == 0, warm.stderr
+    check = cli("warm", str(path), "--check", "--target", str(TARGET), *store)
+    assert check.returncode == 0 and "4/4 present" in check.stdout
+
+
+def test_graphcache_record_passes_a_failing_scripts_status_and_writes_nothing(tmp_path):
+    script = tmp_path / "fails.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import sys
+            import torch
+            q = torch.randn(1, 4, 8, 64, dtype=torch.bfloat16)
+            torch.nn.functional.scaled_dot_product_attention(q, q, q)
+            sys.exit(int(sys.argv[1]))
+            """
+        )
+    )
+    path = tmp_path / "m.yaml"
+    out = cli("record", "-o", str(path), str(script), "3")
+    assert out.returncode == 3 and not path.exists()
+    assert "no manifest written" in out.stderr
+    out = cli("record", "-o", str(path), str(script), "0")
+    assert out.returncode == 0, out.stderr
+    assert manifest.load(path) == [spec(batch=1, heads_q=4, seq_q=8, head_dim=64, layout="bhsd")]
+
+
+def test_graphcache_record_names_a_missing_script(tmp_path):
+    out = cli("record", "-o", str(tmp_path / "m.yaml"), str(tmp_path / "nope.py"))
+    assert out.returncode == 2 and "nope.py" in out.stderr
