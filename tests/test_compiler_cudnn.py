@@ -30,9 +30,11 @@ MATRIX = [
 ]
 
 
+@pytest.mark.cudnn
 @pytest.mark.parametrize("changes", MATRIX, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
 def test_real_frontend_constructs_and_validates(changes):
-    cudnn = pytest.importorskip("cudnn")
+    import cudnn
+
     major_minor = tuple(int(x) for x in cudnn.__version__.split(".")[:2])
     if major_minor < (1, 32):
         pytest.skip(f"validate() without a GPU needs frontend 1.32+, found {cudnn.__version__}")
@@ -56,9 +58,11 @@ def test_real_frontend_constructs_and_validates(changes):
         assert built.tensors["seq_len_kv"].get_uid() == uids["seq_len_kv"]
 
 
+@pytest.mark.cudnn
 @pytest.mark.parametrize("mask", MASKS, ids=lambda m: "-".join(map(str, m.values())))
 def test_real_frontend_graph_carries_the_mask_and_scale(mask):
-    cudnn = pytest.importorskip("cudnn")
+    import cudnn
+
     spec = make(**mask)
     built = build_graph(cudnn, spec, lower=False)
     nodes = built.graph.nodes() if callable(built.graph.nodes) else built.graph.nodes
@@ -172,8 +176,10 @@ def test_payload_forms_normalise_to_bytes():
     assert payload_for_frontend(b"ab", "1.23.0") == [97, 98]
 
 
+@pytest.mark.cudnn
 def test_real_frontend_dropout_gets_seed_and_offset_tensors_with_their_uids():
-    cudnn = pytest.importorskip("cudnn")
+    import cudnn
+
     built = build_graph(cudnn, make(mask="causal", dropout=0.1), lower=False)
     uids = UidMap.default()
     assert built.tensors["dropout_seed"].get_uid() == uids["dropout_seed"]
