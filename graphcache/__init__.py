@@ -6,6 +6,7 @@ from graphcache import manifest
 from graphcache.artifact import Artifact
 from graphcache.cache import GraphCache
 from graphcache.errors import (
+    BuildError,
     CorruptArtifact,
     ExecutionError,
     GraphCacheError,
@@ -13,6 +14,7 @@ from graphcache.errors import (
     NoGpu,
     NotFound,
     NotSerializable,
+    PlanRejected,
     SignatureError,
     SpecError,
     StoreError,
@@ -30,6 +32,7 @@ from graphcache.uids import UidMap
 __version__ = "0.1.0"
 
 __all__ = [
+    "BuildError",
     "FORMAT_VERSION",
     "Artifact",
     "CorruptArtifact",
@@ -41,6 +44,7 @@ __all__ = [
     "NoGpu",
     "NotFound",
     "NotSerializable",
+    "PlanRejected",
     "SignatureError",
     "SpecError",
     "StoreError",

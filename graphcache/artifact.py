@@ -51,8 +51,11 @@ class Artifact:
 
     ``key`` is derived from spec, UID map and target, never stored apart from
     them. After ``decode`` the payload is a read-only memoryview of the
-    envelope (``bytes(artifact.payload)`` copies it out). ``unsupported`` marks a negative entry: the spec was tried on this
-    target and cannot be cached (the reason), with an empty payload.
+    envelope (``bytes(artifact.payload)`` copies it out). ``unsupported`` marks
+    a negative entry: the spec was tried on this target and cannot be cached
+    (the reason), with an empty payload. ``canary`` describes the plan's
+    output on a fixed seeded input at build time (digest and summary
+    values), which a load re-checks.
     """
 
     spec: GraphSpec
@@ -66,6 +69,7 @@ class Artifact:
     builder_host: str = field(default_factory=socket.gethostname)
     created_at: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
     validation_error: float | None = None
+    canary: dict[str, Any] | None = None
     runtime: dict[str, Any] = field(default_factory=dict)
     unsupported: str | None = None
     signature: str | None = None
@@ -106,6 +110,7 @@ class Artifact:
             "payload_sha256": self.payload_sha256,
             "payload_size": len(self.payload),
             "validation_error": self.validation_error,
+            "canary": None if self.canary is None else dict(self.canary),
             "runtime": dict(self.runtime),
             "unsupported": self.unsupported,
             "signature": self.signature,
@@ -182,12 +187,19 @@ class Artifact:
                 builder_host=str(header.get("builder_host", "")),
                 created_at=str(header.get("created_at", "")),
                 validation_error=header.get("validation_error"),
+                canary=_optional_dict(header.get("canary")),
                 runtime=dict(header.get("runtime") or {}),
                 unsupported=header.get("unsupported"),
                 signature=header.get("signature"),
             )
         except (TypeError, ValueError) as exc:
             raise CorruptArtifact(f"header field has the wrong type: {exc}", "bad_header") from exc
+
+
+def _optional_dict(value: Any) -> dict[str, Any] | None:
+    if value is not None and not isinstance(value, dict):
+        raise TypeError(f"expected a mapping or null, got {type(value).__name__}")
+    return value
 
 
 def read_header(data: bytes) -> dict[str, Any]:

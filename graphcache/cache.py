@@ -17,6 +17,7 @@ from graphcache.errors import (
     NoGpu,
     NotFound,
     NotSerializable,
+    PlanRejected,
     StoreUnavailable,
     UnsupportedGpu,
     UnsupportedSpec,
@@ -42,6 +43,8 @@ class Stats:
     fallbacks: int = 0
     store_errors: int = 0
     lease_waits: int = 0
+    rejected: int = 0
+    canary_failures: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def bump(self, name: str) -> None:
@@ -238,18 +241,24 @@ class GraphCache:
         assert self.compiler is not None
         self._stats.bump("builds")
         try:
-            artifact = self.compiler.build(spec, target)
+            artifact = self.compiler.build(spec, target, self.uids)
         except UnsupportedSpec as exc:
             # Deterministic for this target (cuDNN, frontend and GPU are in the
             # key): remember it, so the next request answers at once instead of
-            # rebuilding. NotSerializable is one kind of it.
+            # rebuilding. NotSerializable is one kind of it. Failures of this
+            # host (BuildError) are not caught here: they are never stored.
             artifact = Artifact(
                 spec=spec,
                 target=target,
                 payload=b"",
                 uids=self.uids,
                 unsupported=str(exc),
-                runtime={"unsupported_kind": type(exc).__name__},
+                runtime={
+                    "unsupported_kind": type(exc).__name__,
+                    "unsupported_step": exc.step,
+                    "frontend": target.frontend,
+                    "cudnn": target.cudnn,
+                },
             )
         if self.signing_key:
             artifact = artifact.signed(self.signing_key)
@@ -273,9 +282,16 @@ class GraphCache:
         try:
             if self.compiler is None:
                 raise NoGpu("no compiler configured")
-            artifact = self.get(spec, target)
-            return self.compiler.load(artifact)
-        except (NoGpu, UnsupportedGpu, UnsupportedSpec, NotSerializable) as exc:
+            try:
+                return self.compiler.load(self.get(spec, target))
+            except PlanRejected as exc:
+                # The bytes verified but the plan cannot be used as it is (it
+                # would recompile, does not deserialize, or failed its canary):
+                # drop it, so neither this worker nor the next one loads it
+                # again, and build it afresh once.
+                self._reject(spec, target, exc)
+                return self.compiler.load(self.get(spec, target))
+        except (NoGpu, UnsupportedGpu, UnsupportedSpec, NotSerializable, PlanRejected) as exc:
             if not self.torch_fallback:
                 raise
             from graphcache.compilers.torch_sdpa import TorchSdpaGraph
@@ -283,6 +299,19 @@ class GraphCache:
             self._stats.bump("fallbacks")
             return TorchSdpaGraph(spec, reason=str(exc))
 
+    def _reject(self, spec: GraphSpec, target: Target | None, exc: PlanRejected) -> None:
+        key = self.key(spec, target)
+        self._stats.bump("rejected")
+        if exc.reason == "canary_mismatch":
+            self._stats.bump("canary_failures")
+        log.error("stored plan %s rejected (%s), removing it: %s", key[:12], exc.reason, exc)
+        try:
+            self.store.delete(key)
+        except GraphCacheError as err:
+            log.warning("could not remove rejected entry %s: %s", key[:12], err)
+
     def stats(self) -> dict[str, Any]:
-        """Counters: hits, misses, builds, corrupt, unsupported, fallbacks, store_errors."""
+        """Counters: hits, misses, builds, corrupt, unsupported, fallbacks,
+        store_errors, lease_waits, rejected (stored plans dropped at load) and
+        canary_failures (of those, the ones whose numerical canary disagreed)."""
         return self._stats.as_dict()

@@ -297,25 +297,33 @@ def rm_cmd(ctx: Context, key: str) -> None:
 
 
 @main.command("purge")
-@click.option("--target", required=True, help="The retired target, e.g. h200-sm90-cudnn9.27.0-fe1.31.0.")
+@click.option("--target", default=None, help="The retired target, e.g. h200-sm90-mp132-cudnn9.27.0-fe1.31.0.")
+@click.option(
+    "--unsupported",
+    is_flag=True,
+    help="Remove only negative entries (specs recorded as unsupported), of --target or of every target.",
+)
 @click.option("--server", default=None, help="Purge on this service (admin token in $GRAPHCACHE_TOKEN).")
 @click.option("--dry-run", is_flag=True, help="List what would be removed.")
 @store_options
 @pass_ctx
-def purge_cmd(ctx: Context, target: str, server: str | None, dry_run: bool) -> None:
-    """Remove every entry built for TARGET (pinned ones too)."""
+def purge_cmd(ctx: Context, target: str | None, unsupported: bool, server: str | None, dry_run: bool) -> None:
+    """Remove every entry built for TARGET (pinned ones too), or with
+    --unsupported the negative entries, e.g. after a cuDNN fix or a host
+    whose failures were wrongly recorded."""
     from graphcache import ops
     from graphcache.target import Target
 
-    tgt = Target.parse(target)
+    if target is None and not unsupported:
+        raise click.UsageError("give --target TARGET, --unsupported, or both")
+    tgt = None if target is None else Target.parse(target)
     store = _server_store(ctx, server, read_only=True)
-    removed = ops.purge(store, tgt, dry_run=dry_run)
+    removed = ops.purge(store, tgt, unsupported=unsupported, dry_run=dry_run)
     for key in removed:
         click.echo(key)
-    click.echo(
-        f"{'would remove' if dry_run else 'removed'} {len(removed)} entr{'y' if len(removed) == 1 else 'ies'} "
-        f"of {tgt} from {store!r}"
-    )
+    what = f"{'negative ' if unsupported else ''}entr{'y' if len(removed) == 1 else 'ies'}"
+    scope = f"of {tgt} " if tgt is not None else ""
+    click.echo(f"{'would remove' if dry_run else 'removed'} {len(removed)} {what} {scope}from {store!r}")
 
 
 @main.command("pin")

@@ -36,11 +36,41 @@ class UnsupportedGpu(GraphCacheError):
 
 
 class UnsupportedSpec(GraphCacheError):
-    """cuDNN (or the installed frontend) cannot express this spec."""
+    """cuDNN (or the installed frontend) cannot express this spec.
+
+    Deterministic for a target, so GraphCache records it as a negative entry
+    shared by every host of that target: raise it only where cuDNN itself
+    said "not supported", never for a failure of this host. ``step`` names
+    the build step that refused (None where no step ran).
+    """
+
+    def __init__(self, message: str, step: str | None = None) -> None:
+        super().__init__(message)
+        self.step = step
 
 
 class NotSerializable(UnsupportedSpec):
     """The plan cuDNN chose cannot be serialized, so it cannot be cached."""
+
+
+class BuildError(GraphCacheError):
+    """A build failed for a reason that is not a property of the spec on its
+    target: a missing driver or NVRTC, out of memory, an internal cuDNN
+    error, a plan that failed its reference check. Reported, never recorded
+    as a negative entry (that would poison the cache for every host)."""
+
+
+class PlanRejected(GraphCacheError):
+    """A stored plan verified as bytes but cannot be used as it is on this
+    machine: it would need a recompile, it does not deserialize, or its
+    numerical canary disagrees. GraphCache drops the entry and rebuilds.
+
+    ``reason``: needs_recompile, deserialize_failed or canary_mismatch.
+    """
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class CorruptArtifact(GraphCacheError):

@@ -6,18 +6,21 @@ import hashlib
 import json
 import re
 
+from graphcache.recipe import RECIPE_VERSION
 from graphcache.spec import GraphSpec
 from graphcache.target import Target
 from graphcache.uids import UidMap
 
 # Bump when the envelope or the key encoding changes: old entries then miss
-# instead of being misread.
-FORMAT_VERSION = 1
+# instead of being misread. 2: the key covers the graph recipe and the GPU's
+# multiprocessor count; headers record the engine and the numerical canary.
+FORMAT_VERSION = 2
 KEY_PATTERN = re.compile(r"^[0-9a-f]{64}$")
 
 
 def key_for(spec: GraphSpec, target: Target, uids: UidMap | None = None) -> str:
-    """Lowercase hex sha256 over format version, canonical spec, UID map and target.
+    """Lowercase hex sha256 over format version, graph recipe version,
+    canonical spec, UID map and target.
 
     Stable across processes, machines and Python versions (canonical JSON with
     sorted keys and shortest round-trip floats); any field change changes it.
@@ -25,6 +28,7 @@ def key_for(spec: GraphSpec, target: Target, uids: UidMap | None = None) -> str:
     uids = uids or UidMap.default()
     document = {
         "format": FORMAT_VERSION,
+        "recipe": RECIPE_VERSION,
         "spec": spec.to_dict(),
         "target": target.to_dict(),
         "uids": uids.to_dict(),

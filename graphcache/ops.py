@@ -102,23 +102,35 @@ def _map(fn: Callable[[GraphSpec], Any], items: list[GraphSpec], jobs: int) -> I
 # -- retention --------------------------------------------------------------------------
 
 
-def purge(store: Store, target: Target, *, dry_run: bool = False) -> list[str]:
-    """Remove every entry built for ``target`` (a retired cuDNN, frontend or
-    GPU), pinned or not. Returns the keys removed (or that would be)."""
+def purge(store: Store, target: Target | None = None, *, unsupported: bool = False, dry_run: bool = False) -> list[str]:
+    """Remove entries, pinned or not: every entry built for ``target`` (a
+    retired cuDNN, frontend or GPU), and with ``unsupported`` only the
+    negative entries (of ``target``, or of every target when it is None).
+    Returns the keys removed (or that would be).
+
+    Raises ValueError when neither a target nor ``unsupported`` is given.
+    """
+    if target is None and not unsupported:
+        raise ValueError("purge needs a target, or unsupported=True to clear negative entries")
     remote = getattr(store, "purge", None)
     if remote is not None:
-        return list(remote(str(target), dry_run=dry_run))
-    wanted = target.to_dict()
+        return list(remote(None if target is None else str(target), unsupported=unsupported, dry_run=dry_run))
+    wanted = None if target is None else target.to_dict()
     removed = []
     for key in list(store.keys()):
         try:
             header = stored_header(store, key)
         except CorruptArtifact:
             continue  # not ours to judge here; a read quarantines it
-        if header is not None and header.get("target") == wanted:
-            if not dry_run:
-                store.delete(key)
-            removed.append(key)
+        if header is None:
+            continue
+        if wanted is not None and header.get("target") != wanted:
+            continue
+        if unsupported and not header.get("unsupported"):
+            continue
+        if not dry_run:
+            store.delete(key)
+        removed.append(key)
     return removed
 
 

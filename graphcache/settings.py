@@ -39,6 +39,7 @@ class Settings:
     token            GRAPHCACHE_TOKEN          bearer token the CLI and workers send
     timeout          GRAPHCACHE_TIMEOUT        client timeout in seconds
     upload_timeout   GRAPHCACHE_UPLOAD_TIMEOUT seconds a client may take to send an upload (then 408)
+    canary           GRAPHCACHE_CANARY         run each loaded cuDNN plan once on the canary input (1/0, default 1)
     """
 
     cache_dir: Path = field(default_factory=default_cache_dir)
@@ -56,6 +57,7 @@ class Settings:
     timeout: float = 5.0
     upload_timeout: float = 60.0
     build: bool = True
+    canary: bool = True
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:
@@ -84,7 +86,7 @@ class Settings:
                 values[name.lower()] = tuple(t.strip() for t in v.split(",") if t.strip())
         if (v := get("SIGNING_KEY")) is not None:
             values["signing_key"] = v.encode("utf-8")
-        for name in ("REQUIRE_SIGNED", "BUILD"):
+        for name in ("REQUIRE_SIGNED", "BUILD", "CANARY"):
             if (v := get(name)) is not None:
                 values[name.lower()] = _bool("GRAPHCACHE_" + name, v)
         if (v := get("SERVER")) is not None:

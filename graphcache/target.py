@@ -8,9 +8,16 @@ from typing import Any
 
 from graphcache.errors import NoGpu, TargetError
 
-FORM = "GPU-smMAJORMINOR-cudnnX.Y.Z-feX.Y.Z (for example h200-sm90-cudnn9.28.0-fe1.32.0)"
+FORM = (
+    "GPU-smMAJORMINOR[-mpSMS]-cudnnX.Y.Z-feX.Y.Z (for example h200-sm90-mp132-cudnn9.28.0-fe1.32.0; "
+    "`graphcache doctor` on the GPU host prints its own)"
+)
 _VERSION = r"\d+(?:\.\d+){1,3}"
-_TEXT = re.compile(rf"^(?P<gpu>[a-z0-9_]+)-sm(?P<sm>\d{{2,3}})-cudnn(?P<cudnn>{_VERSION})-fe(?P<fe>{_VERSION})$")
+_TEXT = re.compile(
+    rf"^(?P<gpu>[a-z0-9_]+)-sm(?P<sm>\d{{2,3}})(?:-mp(?P<mp>\d{{1,4}}))?-cudnn(?P<cudnn>{_VERSION})-fe(?P<fe>{_VERSION})$"
+)
+# The text form as a plain pattern (no named groups), for OpenAPI and other validators.
+PATTERN = r"^[a-z0-9_]+-sm[0-9]{2,3}(-mp[0-9]{1,4})?-cudnn[0-9]+(\.[0-9]+){1,3}-fe[0-9]+(\.[0-9]+){1,3}$"
 _GPU = re.compile(r"^[a-z0-9_]+$")
 _CC = re.compile(r"^\d{1,2}\.\d$")
 _NOISE = ("nvidia", "geforce", "tesla", "quadro")
@@ -32,17 +39,22 @@ def cudnn_version_text(number: int) -> str:
 
 @dataclass(frozen=True)
 class Target:
-    """GPU model, compute capability, cuDNN and cudnn-frontend versions.
+    """GPU model, compute capability, multiprocessor count, cuDNN and
+    cudnn-frontend versions.
 
     A blob built for one target is never handed to another: cuDNN plans need
-    an identical GPU and the same cuDNN. Text form:
-    ``h200-sm90-cudnn9.28.0-fe1.32.0``.
+    an identical GPU and the same cuDNN. ``sm_count`` tells apart GPUs that
+    share a name but not a size (another SKU, a MIG slice): heuristics and
+    plans depend on it. A detected target always has it; a target named by
+    hand without ``-mpN`` has None and so different keys. Text form:
+    ``h200-sm90-mp132-cudnn9.28.0-fe1.32.0``.
     """
 
     gpu: str
     compute_capability: str
     cudnn: str
     frontend: str
+    sm_count: int | None = None
 
     def __post_init__(self) -> None:
         if not _GPU.match(self.gpu):
@@ -50,15 +62,20 @@ class Target:
         if not _CC.match(self.compute_capability):
             raise TargetError(f"compute_capability={self.compute_capability!r} must look like '9.0'")
         for name in ("cudnn", "frontend"):
-            if not re.fullmatch(_VERSION, getattr(self, name)):
+            if not isinstance(getattr(self, name), str) or not re.fullmatch(_VERSION, getattr(self, name)):
                 raise TargetError(f"{name}={getattr(self, name)!r} must look like '9.28.0'")
+        if self.sm_count is not None and (
+            isinstance(self.sm_count, bool) or not isinstance(self.sm_count, int) or not 0 < self.sm_count < 10000
+        ):
+            raise TargetError(f"sm_count={self.sm_count!r} must be the GPU's multiprocessor count, e.g. 132")
 
     @property
     def sm(self) -> str:
         return "sm" + self.compute_capability.replace(".", "")
 
     def __str__(self) -> str:
-        return f"{self.gpu}-{self.sm}-cudnn{self.cudnn}-fe{self.frontend}"
+        mp = "" if self.sm_count is None else f"-mp{self.sm_count}"
+        return f"{self.gpu}-{self.sm}{mp}-cudnn{self.cudnn}-fe{self.frontend}"
 
     @classmethod
     def parse(cls, text: str) -> Target:
@@ -72,25 +89,25 @@ class Target:
             compute_capability=f"{int(sm[:-1])}.{sm[-1]}",
             cudnn=match["cudnn"],
             frontend=match["fe"],
+            sm_count=None if match["mp"] is None else int(match["mp"]),
         )
 
-    def to_dict(self) -> dict[str, str]:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "gpu": self.gpu,
             "compute_capability": self.compute_capability,
             "cudnn": self.cudnn,
             "frontend": self.frontend,
+            "sm_count": self.sm_count,
         }
 
     @classmethod
     def from_dict(cls, data: Any) -> Target:
-        if not isinstance(data, dict) or set(data) != {
-            "gpu",
-            "compute_capability",
-            "cudnn",
-            "frontend",
-        }:
-            raise TargetError(f"target mapping {data!r} needs exactly gpu, compute_capability, cudnn, frontend")
+        required = {"gpu", "compute_capability", "cudnn", "frontend"}
+        if not isinstance(data, dict) or not required <= set(data) <= required | {"sm_count"}:
+            raise TargetError(
+                f"target mapping {data!r} needs exactly gpu, compute_capability, cudnn, frontend (and sm_count)"
+            )
         return cls(**data)
 
     @classmethod
@@ -110,6 +127,7 @@ class Target:
             )
         major, minor = torch.cuda.get_device_capability(device)
         name = torch.cuda.get_device_name(device)
+        sm_count = int(torch.cuda.get_device_properties(device).multi_processor_count)
         try:
             import cudnn  # type: ignore[import-not-found]
         except ImportError as exc:
@@ -126,6 +144,7 @@ class Target:
             compute_capability=f"{major}.{minor}",
             cudnn=cudnn_text,
             frontend=cudnn.__version__.split("+")[0],
+            sm_count=sm_count,
         )
 
 

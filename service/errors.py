@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
+
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from graphcache.errors import (
     CorruptArtifact,
@@ -18,6 +24,8 @@ from graphcache.errors import (
     UnsupportedGpu,
     UnsupportedSpec,
 )
+
+log = logging.getLogger("graphcache.service")
 
 
 class ServiceError(Exception):
@@ -59,3 +67,58 @@ def from_library(exc: Exception) -> ServiceError:
 
 def body(code: str, detail: str, **extra: Any) -> bytes:
     return json.dumps({"error": code, "detail": detail, **extra}).encode()
+
+
+def json_response(status: int, data: Any, headers: dict[str, str] | None = None) -> Response:
+    return Response(json.dumps(data), status_code=status, media_type="application/json", headers=headers)
+
+
+def error_response(err: ServiceError) -> Response:
+    return Response(
+        body(err.code, err.detail), status_code=err.status, media_type="application/json", headers=err.headers or None
+    )
+
+
+def install_handlers(app: FastAPI) -> None:
+    """Every error a route raises answers JSON ``{"error", "detail"}``."""
+
+    @app.exception_handler(ServiceError)
+    async def _service_error(request: Request, exc: ServiceError) -> Response:
+        return error_response(exc)
+
+    @app.exception_handler(GraphCacheError)
+    async def _library_error(request: Request, exc: GraphCacheError) -> Response:
+        return error_response(from_library(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> Response:
+        if any(tuple(e.get("loc", ()))[:2] == ("path", "key") for e in exc.errors()):
+            return error_response(ServiceError(400, "invalid_key", "a key is 64 lowercase hex characters"))
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e.get('loc', ()) if p != 'body') or 'body'}: {e.get('msg')}"
+            for e in exc.errors()
+        )
+        return error_response(ServiceError(422, "invalid_request", problems))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            headers["Allow"] = ", ".join(_allowed_methods(request))
+        return error_response(ServiceError(exc.status_code, code, str(exc.detail), headers))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> Response:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return error_response(from_library(exc))
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    """Every method some route accepts at this path (several routes share one)."""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        match, _ = route.matches(request.scope)
+        if match != Match.NONE:
+            methods |= set(getattr(route, "methods", None) or ())
+    return sorted(methods)

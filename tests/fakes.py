@@ -13,7 +13,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from graphcache import Artifact, GraphSpec, NotSerializable, Target, TargetMismatch
+from graphcache import Artifact, GraphSpec, NotSerializable, PlanRejected, Target, TargetMismatch, UidMap
 
 TARGET = Target.parse("h200-sm90-cudnn9.28.0-fe1.32.0")
 OTHER_TARGET = Target.parse("a100_sxm4_80gb-sm80-cudnn9.28.0-fe1.32.0")
@@ -41,29 +41,40 @@ class FakeCompiler:
         size: int = 4096,
         delay: float = 0.0,
         unsupported: set[str] | None = None,
+        reject_loads: list[str] | None = None,
     ) -> None:
         self._target = target
         self.size = size
         self.delay = delay
         self.unsupported = unsupported or set()
+        # PlanRejected reasons the next loads raise, one per load (what
+        # CudnnCompiler.load raises for a blob that would recompile or whose
+        # canary disagrees).
+        self.reject_loads = list(reject_loads or [])
         self.builds = 0
+        self.loads = 0
         self._lock = threading.Lock()
 
     def target(self) -> Target:
         return self._target
 
-    def build(self, spec: GraphSpec, target: Target) -> Artifact:
+    def build(self, spec: GraphSpec, target: Target, uids: UidMap | None = None) -> Artifact:
         with self._lock:
             self.builds += 1
         if self.delay:
             time.sleep(self.delay)
         if spec.mask in self.unsupported:
-            raise NotSerializable(f"fake: mask {spec.mask} has no serializable plan")
-        return make_artifact(spec, target, size=self.size)
+            raise NotSerializable(f"fake: mask {spec.mask} has no serializable plan", step="serialize")
+        return make_artifact(spec, target, size=self.size, uids=uids)
 
     def load(self, artifact: Artifact) -> FakeLoaded:
         if artifact.target != self._target:
             raise TargetMismatch(f"built for {artifact.target}, this is {self._target}")
+        with self._lock:
+            self.loads += 1
+            reason = self.reject_loads.pop(0) if self.reject_loads else None
+        if reason is not None:
+            raise PlanRejected(f"fake: stored plan {artifact.key[:12]} rejected ({reason})", reason)
         return FakeLoaded(artifact.spec, artifact)
 
 
@@ -72,11 +83,12 @@ def payload_for(spec: GraphSpec, size: int) -> bytes:
     return (seed * (size // len(seed) + 1))[:size]
 
 
-def make_artifact(spec: GraphSpec, target: Target = TARGET, size: int = 4096) -> Artifact:
+def make_artifact(spec: GraphSpec, target: Target = TARGET, size: int = 4096, uids: UidMap | None = None) -> Artifact:
     return Artifact(
         spec=spec,
         target=target,
         payload=payload_for(spec, size),
+        uids=uids or UidMap.default(),
         dialect="fake",
         workspace_size=1024,
         build_seconds=0.5,

@@ -6,7 +6,7 @@ import struct
 
 import pytest
 
-from graphcache import Artifact, CorruptArtifact, SignatureError, key_for
+from graphcache import FORMAT_VERSION, Artifact, CorruptArtifact, SignatureError, key_for
 from graphcache.artifact import MAGIC, frame, read_header
 from tests.fakes import OTHER_TARGET, TARGET, make_artifact, spec
 
@@ -109,7 +109,7 @@ def test_header_with_invalid_spec_is_corrupt_not_a_crash(artifact):
 def test_non_json_header_is_corrupt():
     import hashlib
 
-    data = MAGIC + struct.pack(">HI", 1, 4) + hashlib.sha256(b"\x80abc").digest() + b"\x80abc"
+    data = MAGIC + struct.pack(">HI", FORMAT_VERSION, 4) + hashlib.sha256(b"\x80abc").digest() + b"\x80abc"
     with pytest.raises(CorruptArtifact, match="JSON"):
         Artifact.decode(data)
 

@@ -120,7 +120,7 @@ def test_unsupported_spec_kinds_are_remembered_as_they_were_raised(store):
     from graphcache import UnsupportedSpec
 
     class Refusing(FakeCompiler):
-        def build(self, spec, target):  # noqa: ANN001
+        def build(self, spec, target, uids=None):  # noqa: ANN001
             self.builds += 1
             raise UnsupportedSpec("cuDNN refused it at check_support")
 

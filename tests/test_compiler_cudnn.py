@@ -184,28 +184,3 @@ def test_real_frontend_dropout_gets_seed_and_offset_tensors_with_their_uids():
     uids = UidMap.default()
     assert built.tensors["dropout_seed"].get_uid() == uids["dropout_seed"]
     assert built.tensors["dropout_offset"].get_uid() == uids["dropout_offset"]
-
-
-def test_a_step_cudnn_refuses_becomes_unsupported_spec_naming_the_step():
-    cudnn = fe.fe_1_27()
-
-    def refuse(self):  # noqa: ANN001
-        raise RuntimeError("cudnnGraphNotSupportedError: No valid engine configs for SDPA")
-
-    cudnn.pygraph.check_support = refuse
-    with pytest.raises(UnsupportedSpec, match="at check_support: cudnnGraphNotSupportedError"):
-        build_graph(cudnn, make(mask="causal"))
-
-
-def test_out_of_memory_is_not_called_unsupported():
-    from graphcache import GraphCacheError
-
-    cudnn = fe.fe_1_27()
-
-    def oom(self):  # noqa: ANN001
-        raise RuntimeError("CUDNN_STATUS_ALLOC_FAILED: out of memory")
-
-    cudnn.pygraph.build_plans = oom
-    with pytest.raises(GraphCacheError, match="ran out of memory") as info:
-        build_graph(cudnn, make(mask="causal"))
-    assert not isinstance(info.value, UnsupportedSpec)

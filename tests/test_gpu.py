@@ -46,14 +46,13 @@ FRESH = r"""
 import json, sys
 from graphcache import Artifact
 from graphcache.compilers.cudnn import CudnnCompiler
-from graphcache.compilers.torch_sdpa import random_inputs, reference, relative_error
+from graphcache.compilers.torch_sdpa import random_inputs, reference_error
 art = Artifact.decode(open(sys.argv[1], "rb").read())
-graph = CudnnCompiler().load(art)
+graph = CudnnCompiler().load(art)  # deserializes with enforce_precompiled and checks the canary
 inputs = random_inputs(art.spec, "cuda", seed=7)
 result = graph.execute(**inputs)
 out = result[0] if art.spec.generate_stats else result
-ref, _ = reference(art.spec, **inputs)
-print(json.dumps({"error": relative_error(out, ref)}))
+print(json.dumps({"error": reference_error(art.spec, out, inputs)}))
 """
 
 
@@ -65,6 +64,8 @@ def test_build_serialize_then_load_in_a_fresh_process(compiler, tmp_path, change
     artifact = compiler.build(spec)
     assert artifact.payload and artifact.validation_error is not None
     assert artifact.validation_error < TOLERANCE[spec.dtype]
+    assert artifact.canary is not None and artifact.canary["sha256"]
+    print(f"engine {artifact.runtime.get('engine')}, notes {artifact.runtime.get('behavior_notes')}")
     path = tmp_path / "a.gcart"
     path.write_bytes(artifact.encode())
     out = subprocess.run([sys.executable, "-c", FRESH, str(path)], capture_output=True, text=True, timeout=600)
@@ -99,3 +100,76 @@ def test_graph_cache_end_to_end(compiler, tmp_path):
     assert graph.backend == "cudnn"
     GraphCache(DiskStore(tmp_path), compiler).load(spec)
     assert cache.stats()["builds"] == 1
+
+
+def test_a_doctored_canary_rejects_the_plan_and_the_cache_rebuilds_it(compiler, tmp_path):
+    from graphcache import PlanRejected
+
+    spec = make(mask="causal")
+    artifact = compiler.build(spec)
+    doctored = dataclasses.replace(
+        artifact, canary={**artifact.canary, "sha256": "0" * 64, "deterministic": True, "l2": 1e9}
+    )
+    with pytest.raises(PlanRejected) as info:
+        compiler.load(doctored)
+    assert info.value.reason == "canary_mismatch"
+    store = DiskStore(tmp_path)
+    store.put(doctored.key, doctored.encode())
+    cache = GraphCache(store, compiler)
+    graph = cache.load(spec)
+    assert graph.backend == "cudnn" and cache.stats()["canary_failures"] == 1 and cache.stats()["builds"] == 1
+
+
+def test_execute_follows_the_callers_stream_and_threads_take_turns(compiler):
+    import threading
+
+    import torch
+
+    from graphcache.compilers.torch_sdpa import random_inputs, reference_error
+
+    spec = make(mask="causal")
+    graph = compiler.load(compiler.build(spec))
+    errors: list[float] = []
+
+    def run(seed: int) -> None:
+        stream = torch.cuda.Stream()
+        inputs = random_inputs(spec, "cuda", seed=seed)
+        torch.cuda.current_stream().synchronize()
+        with torch.cuda.stream(stream):
+            out = graph.execute(**inputs)
+        stream.synchronize()
+        errors.append(reference_error(spec, out, inputs))
+
+    threads = [threading.Thread(target=run, args=(seed,)) for seed in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert len(errors) == 4 and all(e < 5e-3 for e in errors), errors
+
+
+def test_tensors_on_another_device_are_refused(compiler):
+    from graphcache import ExecutionError
+    from graphcache.compilers.torch_sdpa import random_inputs
+
+    spec = make(mask="causal")
+    graph = compiler.load(compiler.build(spec))
+    with pytest.raises(ExecutionError, match="cuda"):
+        graph.execute(**random_inputs(spec, "cpu"))
+
+
+def test_a_custom_uid_map_builds_and_runs(compiler):
+    from graphcache import UidMap
+    from graphcache.compilers.torch_sdpa import random_inputs
+
+    uids = UidMap({**UidMap.default().to_dict(), "o": 40})
+    spec = make(mask="causal")
+    artifact = compiler.build(spec, uids=uids)
+    assert artifact.uids == uids
+    graph = compiler.load(artifact)
+    graph.execute(**random_inputs(spec, "cuda"))
+
+
+def test_dropout_records_no_validation_error(compiler):
+    artifact = compiler.build(make(mask="causal", dropout=0.1))
+    assert artifact.validation_error is None and "dropout" in artifact.runtime["validation"]

@@ -16,8 +16,10 @@ BERT = GraphSpec(batch=8, heads_q=12, seq_q=512, head_dim=64)
 # Golden keys: if one of these changes, the key encoding changed. That must be
 # deliberate and must bump FORMAT_VERSION, or every deployed cache misses.
 GOLDEN = {
-    "llama": "a903749faeec8fa24ee4914e53452e82b52d4d33eaa06ccc7ced9abc49633831",
-    "bert": "6fb7a7de3e85acabb04c6ba77f0367bd6f85a9eccb0ecdc819cceccc5cac56e6",
+    # Format 2 (2026-11-30): the key covers the graph recipe version and the
+    # GPU's multiprocessor count (issue 10). Format 1 keys: a903749f..., 6fb7a7de...
+    "llama": "b32f7ea9a79e0da872684f3c2159eab908033c4aa8a61ba68dccdb656d123938",
+    "bert": "3d9405f5e77ff40336bd16de04d7f483aaf38aa93d4fc90cb77147313ebbe60d",
 }
 
 
@@ -35,7 +37,15 @@ def test_golden_keys():
 def test_key_is_sha256_of_the_documented_encoding():
     import hashlib
 
-    document = {"format": 1, "spec": BERT.to_dict(), "target": TARGET.to_dict(), "uids": UidMap.default().to_dict()}
+    from graphcache.compilers.cudnn import RECIPE_VERSION
+
+    document = {
+        "format": 2,
+        "recipe": RECIPE_VERSION,
+        "spec": BERT.to_dict(),
+        "target": TARGET.to_dict(),
+        "uids": UidMap.default().to_dict(),
+    }
     text = json.dumps(document, sort_keys=True, separators=(",", ":"))
     assert key_for(BERT, TARGET) == hashlib.sha256(text.encode()).hexdigest()
 
@@ -85,7 +95,13 @@ def test_window_bounds_change_the_key():
 
 @pytest.mark.parametrize(
     "field, value",
-    [("gpu", "h100_sxm"), ("compute_capability", "8.9"), ("cudnn", "9.27.0"), ("frontend", "1.31.0")],
+    [
+        ("gpu", "h100_sxm"),
+        ("compute_capability", "8.9"),
+        ("cudnn", "9.27.0"),
+        ("frontend", "1.31.0"),
+        ("sm_count", 132),
+    ],
 )
 def test_every_target_field_changes_the_key(field, value):
     other = Target(**{**TARGET.to_dict(), field: value})
@@ -104,3 +120,19 @@ def test_uid_map_refuses_duplicates_and_missing_roles():
     with pytest.raises(ValueError, match="lacks roles"):
         UidMap({"q": 1, "k": 2, "v": 3})
     assert json.dumps(UidMap.default().to_dict())
+
+
+def test_a_gpu_of_the_same_name_with_fewer_multiprocessors_has_other_keys():
+    # A MIG slice or a smaller SKU reports the same name and compute capability.
+    full = Target.parse("h100_sxm-sm90-mp132-cudnn9.28.0-fe1.32.0")
+    slice_ = Target.parse("h100_sxm-sm90-mp16-cudnn9.28.0-fe1.32.0")
+    assert full.sm_count == 132 and str(full) == "h100_sxm-sm90-mp132-cudnn9.28.0-fe1.32.0"
+    assert key_for(LLAMA, full) != key_for(LLAMA, slice_)
+
+
+def test_a_new_graph_recipe_changes_every_key(monkeypatch):
+    import graphcache.key
+
+    before = key_for(LLAMA, TARGET)
+    monkeypatch.setattr(graphcache.key, "RECIPE_VERSION", graphcache.key.RECIPE_VERSION + 1)
+    assert key_for(LLAMA, TARGET) != before

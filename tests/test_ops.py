@@ -46,7 +46,7 @@ def test_warm_builds_missing_reports_and_pins(tmp_path, manifest_file):
 
 def test_warm_reports_failures(tmp_path):
     class Broken(FakeCompiler):
-        def build(self, spec, target):  # noqa: ANN001
+        def build(self, spec, target, uids=None):  # noqa: ANN001
             raise RuntimeError("cuDNN said no")
 
     rows = ops.warm([spec()], GraphCache(DiskStore(tmp_path), Broken()))
@@ -146,3 +146,26 @@ def test_explain_over_the_server(tmp_path):
         f.write_text("batch: 1\nheads_q: 8\nseq_q: 2048\nhead_dim: 64\nmask: causal\n")
         out = cli("explain", str(f), "--target", str(TARGET), "--server", srv.url)
         assert out.returncode == 0 and "present" in out.stdout
+
+
+def test_purge_unsupported_clears_only_negative_entries_and_rm_clears_one(tmp_path):
+    """A negative entry recorded by mistake (or before a cuDNN fix) must be
+    removable without touching the plans that work."""
+    store = DiskStore(tmp_path / "s")
+    cache = GraphCache(store, FakeCompiler(unsupported={"sliding_window"}))
+    good = cache.get(spec(mask="causal"), TARGET)
+    negatives = []
+    for window in (8, 16):
+        with pytest.raises(Exception, match="no serializable plan"):
+            cache.get(spec(mask="sliding_window", window_left=window), TARGET)
+        negatives.append(cache.key(spec(mask="sliding_window", window_left=window), TARGET))
+    store.close()
+    base = ["--cache-dir", str(tmp_path / "s")]
+
+    assert cli(*base, "purge").returncode == 2  # neither --target nor --unsupported
+    dry = cli(*base, "purge", "--unsupported", "--dry-run")
+    assert dry.returncode == 0 and sorted(dry.stdout.split()[:2]) == sorted(negatives)
+    assert cli(*base, "rm", negatives[0]).returncode == 0
+    out = cli(*base, "purge", "--unsupported")
+    assert out.returncode == 0 and "removed 1 negative entry" in out.stdout, out.stdout + out.stderr
+    assert list(DiskStore(tmp_path / "s").keys()) == [good.key]

@@ -7,6 +7,7 @@ from typing import Any, Protocol, runtime_checkable
 from graphcache.artifact import Artifact
 from graphcache.spec import GraphSpec
 from graphcache.target import Target
+from graphcache.uids import UidMap
 
 
 @runtime_checkable
@@ -33,14 +34,18 @@ class LoadedGraph(Protocol):
 class Compiler(Protocol):
     """Builds artifacts for a target and loads them back.
 
-    ``build`` raises NoGpu / UnsupportedGpu / UnsupportedSpec /
-    NotSerializable; ``load`` raises TargetMismatch for a foreign artifact.
+    ``build`` sets the tensor UIDs from ``uids`` (the default map when None)
+    and records the map in the artifact, so its key is the caller's. It
+    raises NoGpu / UnsupportedGpu / UnsupportedSpec / NotSerializable (the
+    spec cannot be served on this target: recorded) and BuildError (this
+    host failed: not recorded). ``load`` raises TargetMismatch for a foreign
+    artifact and PlanRejected for a plan that cannot be used as it is.
     """
 
     name: str
 
     def target(self) -> Target: ...
 
-    def build(self, spec: GraphSpec, target: Target) -> Artifact: ...
+    def build(self, spec: GraphSpec, target: Target, uids: UidMap | None = None) -> Artifact: ...
 
     def load(self, artifact: Artifact) -> LoadedGraph: ...

@@ -10,7 +10,9 @@ lowered, so one attempt covers the whole build, not one call.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -19,24 +21,55 @@ from typing import Any
 
 from graphcache.artifact import Artifact
 from graphcache.errors import (
+    BuildError,
     ExecutionError,
-    GraphCacheError,
     NoGpu,
     NotSerializable,
+    PlanRejected,
     TargetMismatch,
     UnsupportedGpu,
     UnsupportedSpec,
 )
+from graphcache.recipe import RECIPE_VERSION
 from graphcache.spec import GraphSpec
 from graphcache.target import Target, runtime_info
 from graphcache.uids import UidMap
 
 log = logging.getLogger(__name__)
 
+__all__ = ["RECIPE_VERSION", "CudnnCompiler", "CudnnGraph", "build_graph", "classify_failure"]
+
 MIN_COMPUTE_CAPABILITY = (8, 0)
 MIN_CUDNN_SERIALIZE = 90000  # serialized SDPA plans need cuDNN 9.x
 _IO_TYPES = {"float16": "HALF", "bfloat16": "BFLOAT16"}
 TRANSIENT = ("OUT OF MEMORY", "ALLOC_FAILED")
+# Words of failures that belong to this host, not to the spec: a missing
+# driver, NVRTC or sub-library, a driver too old, a stream or launch error,
+# an internal error. Frontend 1.32 on a host with no driver reports its
+# backend's failure as cudnnGraphNotSupportedError ("no engine proposed a
+# plan ... the backend declined: "cuda" is an NVIDIA driver library ..."),
+# so the words win over the exception's type.
+ENVIRONMENT = (
+    "DRIVER",
+    "NVRTC",
+    "SUBLIBRARY_LOADING_FAILED",
+    "RUNTIME_PREREQUISITE_MISSING",
+    "UNABLE TO FIND SYMBOL",
+    "CAN ONLY BE FOUND VIA SYSTEM SEARCH",
+    "CUDA_GET_DEVICE",
+    "INTERNAL_ERROR",
+    "EXECUTION_FAILED",
+    "MAPPING_ERROR",
+    "CUDA ERROR",
+    "CUDAERROR",
+    "STREAM",
+    "NO CUDA",
+    "NO GPU",
+    "DEVICE IS NON",
+    "CURRENT DEVICE IS NONE",
+) + TRANSIENT
+# Unknown-keyword refusals: pybind's message before 1.27, the lowering's after.
+_KEYWORD_REFUSAL = re.compile(r"incompatible function arguments|unexpected keyword|keyword argument", re.IGNORECASE)
 
 
 # -- dialects -------------------------------------------------------------
@@ -223,20 +256,68 @@ def _construct(
         try:
             if step == "create_execution_plans":
                 graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+                _keep_runtime_compiled(cudnn, graph)
             else:
                 getattr(graph, step)()
-        except TypeError:
-            raise  # an unknown keyword at lowering: the dialect chain tries the next one
-        except Exception as exc:  # noqa: BLE001 - cuDNN's errors have many types; say which step refused
-            text = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
-            if any(word in text.upper() for word in TRANSIENT):
-                # Out of memory is about this moment, not this spec: never recorded as unsupported.
-                raise GraphCacheError(f"cuDNN ran out of memory building {spec.summary()} at {step}: {text}") from exc
-            raise UnsupportedSpec(
-                f"cuDNN {_backend_version(cudnn)} refused {spec.summary()} at {step}: {text}"
-            ) from exc
+        except TypeError as exc:
+            if _KEYWORD_REFUSAL.search(str(exc)):
+                raise  # an unknown keyword at lowering: the dialect chain tries the next one
+            raise classify_failure(cudnn, spec, step, exc) from exc
+        except Exception as exc:  # noqa: BLE001 - cuDNN's errors have many types; classify_failure sorts them
+            raise classify_failure(cudnn, spec, step, exc) from exc
         timings[step] = time.perf_counter() - start
     return graph, tensors, timings
+
+
+def _keep_runtime_compiled(cudnn: Any, graph: Any) -> None:
+    """Keep only plans of runtime-compiled engines: the ones cuDNN can
+    serialize. Needs plans to exist (a filter set on an empty plan list marks
+    nothing), so it runs right after create_execution_plans, before
+    check_support. Frontends without behavior notes (before 1.5) keep all."""
+    notes = getattr(cudnn, "behavior_note", None)
+    select = getattr(graph, "select_behavior_notes", None)
+    if notes is not None and select is not None and hasattr(notes, "RUNTIME_COMPILATION"):
+        select([notes.RUNTIME_COMPILATION])
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:400] if text else type(exc).__name__
+
+
+def _is_not_supported(cudnn: Any, exc: BaseException) -> bool:
+    kind = getattr(cudnn, "cudnnGraphNotSupportedError", None)
+    if isinstance(kind, type) and isinstance(exc, kind):
+        return True
+    return "NOT_SUPPORTED" in str(exc).upper()
+
+
+def classify_failure(cudnn: Any, spec: GraphSpec, step: str, exc: BaseException) -> BuildError | UnsupportedSpec:
+    """What a failure at a build step means for the cache.
+
+    UnsupportedSpec (stored as a negative entry for the whole target) only
+    when cuDNN said the graph is not supported and nothing in its words
+    points at this host; everything else is a BuildError, reported and never
+    stored.
+    """
+    text = _first_line(exc)
+    # The whole message, not its first line: the backend's reason comes last.
+    words = str(exc).upper()
+    versions = f"cuDNN {_backend_version(cudnn)}, cudnn-frontend {frontend_version(cudnn)}"
+    if any(word in words for word in TRANSIENT):
+        # Out of memory is about this moment, not this spec.
+        return BuildError(f"cuDNN ran out of memory building {spec.summary()} at {step}: {text}")
+    if any(word in words for word in ENVIRONMENT):
+        return BuildError(
+            f"building {spec.summary()} failed at {step} because of this host ({versions}): {text}. "
+            "Not recorded as unsupported: check the driver, NVRTC and cuDNN libraries here (graphcache doctor)."
+        )
+    if _is_not_supported(cudnn, exc):
+        return UnsupportedSpec(f"{versions} does not support {spec.summary()}: refused at {step}: {text}", step=step)
+    return BuildError(
+        f"building {spec.summary()} failed at {step} ({versions}): {type(exc).__name__}: {text}. "
+        "Not recorded as unsupported; report it if it repeats."
+    )
 
 
 # -- payload forms -----------------------------------------------------------
@@ -253,15 +334,45 @@ def payload_bytes(serialized: Any) -> bytes:
     raise NotSerializable(f"serialize() returned {type(serialized).__name__}, not bytes or a list of ints")
 
 
+def _version_tuple(frontend: str) -> tuple[int, int]:
+    try:
+        major, minor = (int(p) for p in frontend.split("+")[0].split(".")[:2])
+    except ValueError:
+        return (0, 0)
+    return major, minor
+
+
 def payload_for_frontend(payload: bytes, frontend: str) -> Any:
     """What this frontend's ``deserialize`` takes: bytes from 1.32 (where it
     avoids building a list), a list of ints before (1.23 refuses bytes)."""
     payload = bytes(payload)
+    return payload if _version_tuple(frontend) >= (1, 32) else list(payload)
+
+
+def deserialize_into(graph: Any, handle: Any, payload: bytes, frontend: str) -> None:
+    """``graph.deserialize`` in the form this frontend takes: the handle from
+    1.14, ``enforce_precompiled=True`` from 1.26 (a blob that would need
+    NVRTC to recompile fails instead of recompiling behind the cache's back)."""
+    data = payload_for_frontend(payload, frontend)
+    version = _version_tuple(frontend)
+    if version >= (1, 26):
+        graph.deserialize(handle, data, enforce_precompiled=True)
+    elif version >= (1, 14):
+        graph.deserialize(handle, data)
+    else:
+        graph.deserialize(data)
+
+
+def engine_name(graph: Any) -> str:
+    """The engine of the selected plan: a Python (CuTe DSL) engine's name on
+    frontends 1.31+, else 'cudnn-backend'."""
     try:
-        major, minor = (int(p) for p in frontend.split(".")[:2])
-    except ValueError:
-        return list(payload)
-    return payload if (major, minor) >= (1, 32) else list(payload)
+        engine = graph.selected_engine  # 1.31+: None when the backend serves the plan
+    except Exception:  # noqa: BLE001 - older frontends lack it
+        engine = None
+    if engine is None:
+        return "cudnn-backend"
+    return str(getattr(engine, "name", type(engine).__name__))
 
 
 # -- the compiler --------------------------------------------------------------
@@ -272,7 +383,12 @@ class CudnnCompiler:
 
     ``cudnn_module`` lets a test hand in a stand-in for the frontend; by
     default ``import cudnn`` happens on first use, so importing graphcache
-    never needs torch or cudnn.
+    never needs torch or cudnn. ``canary`` (default: GRAPHCACHE_CANARY, on)
+    runs every loaded plan once on the canary input and refuses it when its
+    output differs from what the build recorded.
+
+    One cuDNN handle per compiler: builds, loads and executions take turns
+    on it (a handle is not safe to use from two threads at once).
     """
 
     name = "cudnn"
@@ -282,14 +398,20 @@ class CudnnCompiler:
         device: int = 0,
         *,
         check_reference: bool = True,
+        canary: bool | None = None,
         cudnn_module: Any = None,
     ) -> None:
+        if canary is None:
+            from graphcache.settings import Settings
+
+            canary = Settings.from_env().canary
         self.device = device
         self.check_reference = check_reference
+        self.canary = canary
         self._cudnn = cudnn_module
         self._handle: Any = None
+        self._stream: Any = None
         self._target: Target | None = None
-        # One cuDNN handle per compiler; builds and loads take turns on it.
         self._lock = threading.RLock()
 
     # environment ------------------------------------------------------------
@@ -327,123 +449,194 @@ class CudnnCompiler:
             )
 
     def handle(self) -> Any:
-        if self._handle is None:
-            import torch
+        """The handle, bound to the current CUDA stream of this device.
 
-            cudnn = self.cudnn()
+        Call with the lock held: the stream is set again whenever the
+        caller's current stream differs from the last one set, so work is
+        always queued on the stream the caller's tensors were made on.
+        """
+        import torch
+
+        cudnn = self.cudnn()
+        if self._handle is None:
             torch.cuda.set_device(self.device)
             self._handle = cudnn.create_handle()
-            cudnn.set_stream(handle=self._handle, stream=torch.cuda.current_stream().cuda_stream)
+        stream = torch.cuda.current_stream(self.device)
+        if stream.cuda_stream != self._stream:
+            cudnn.set_stream(handle=self._handle, stream=stream.cuda_stream)
+            self._stream = stream.cuda_stream
         return self._handle
 
     # build ------------------------------------------------------------------
 
     def build(self, spec: GraphSpec, target: Target | None = None, uids: UidMap | None = None) -> Artifact:
-        """Build, serialize and reference-check one graph on this GPU.
+        """Build, serialize, deserialize and check one graph on this GPU.
 
-        Raises NoGpu, UnsupportedGpu, TargetMismatch (asked to build for
-        another target), UnsupportedSpec, NotSerializable, and ExecutionError
-        when the plan's output disagrees with the float32 reference.
+        What is checked is what is stored: the serialized blob is loaded
+        into a fresh graph, which runs against the float32 reference and
+        gives the numerical canary. Raises NoGpu, UnsupportedGpu,
+        TargetMismatch (asked to build for another target), UnsupportedSpec
+        (cuDNN said not supported), NotSerializable (no serializable plan,
+        or a blob that does not load back), and BuildError (anything about
+        this host, or an output that disagrees with the reference).
         """
         with self._lock:
-            return self._build(spec, target, uids)
+            return self._build(spec, target, uids or UidMap.default())
 
-    def _build(self, spec: GraphSpec, target: Target | None, uids: UidMap | None) -> Artifact:
+    def _build(self, spec: GraphSpec, target: Target | None, uids: UidMap) -> Artifact:
         here = self.target()
         if target is not None and target != here:
             raise TargetMismatch(f"cannot build for {target} on this machine ({here}); run the build there")
         self.preflight()
-        uids = uids or UidMap.default()
         cudnn = self.cudnn()
         start = time.perf_counter()
         built = build_graph(cudnn, spec, uids, self.handle())
+        engine = engine_name(built.graph)
+        notes = _behavior_notes(built.graph)
+        t0 = time.perf_counter()
         try:
-            t0 = time.perf_counter()
-            payload = payload_bytes(_serialize(built.graph))
-            built.timings["serialize"] = time.perf_counter() - t0
+            payload = payload_bytes(_serialize(built.graph, here.frontend))
         except NotSerializable:
             raise
         except Exception as exc:  # noqa: BLE001 - the backend raises many types here
+            failure = classify_failure(cudnn, spec, "serialize", exc)
+            if isinstance(failure, BuildError):
+                raise failure from exc
             raise NotSerializable(
-                f"the plan cuDNN chose for {spec.summary()} cannot be serialized "
-                f"(behavior notes: {_behavior_notes(built.graph)}): {exc}"
+                f"the plan cuDNN chose for {spec.summary()} (engine {engine}, behavior notes {notes}) "
+                f"cannot be serialized by cudnn-frontend {here.frontend}: {_first_line(exc)}",
+                step="serialize",
             ) from exc
+        built.timings["serialize"] = time.perf_counter() - t0
         if not payload:
-            raise NotSerializable(f"serialize() returned an empty plan for {spec.summary()}")
-        workspace = int(built.graph.get_workspace_size())
-        build_seconds = time.perf_counter() - start
+            raise NotSerializable(
+                f"serialize() returned an empty plan for {spec.summary()} (engine {engine})", step="serialize"
+            )
         artifact = Artifact(
             spec=spec,
             target=here,
             payload=payload,
             uids=uids,
             dialect=built.dialect,
-            workspace_size=workspace,
-            build_seconds=build_seconds,
+            workspace_size=int(built.graph.get_workspace_size()),
+            build_seconds=time.perf_counter() - start,
             timings=built.timings,
-            runtime={**runtime_info(), "behavior_notes": _behavior_notes(built.graph)},
+            runtime={
+                **runtime_info(),
+                "engine": engine,
+                "behavior_notes": notes,
+                "recipe": RECIPE_VERSION,
+            },
         )
-        if self.check_reference:
-            error = self._reference_error(CudnnGraph(self, artifact, built.graph))
-            if error > _tolerance(spec):
-                raise ExecutionError(
-                    f"cuDNN output for {spec.summary()} differs from the float32 reference: relative "
-                    f"error {error:.2e} > {_tolerance(spec):.0e}; not caching this plan"
-                )
-            log.info("built %s in %.2fs; relative error %.2e", spec.summary(), build_seconds, error)
-            import dataclasses
+        # Round trip: the blob is what every worker will load, so it is the
+        # blob, deserialized into a fresh graph, that must run and agree.
+        t0 = time.perf_counter()
+        try:
+            loaded = self._deserialize(artifact)
+        except PlanRejected as exc:
+            raise NotSerializable(
+                f"the serialized plan for {spec.summary()} (engine {engine}) does not load back: {exc}",
+                step="deserialize",
+            ) from exc
+        built.timings["deserialize"] = time.perf_counter() - t0
+        if not self.check_reference:
+            return artifact
+        return self._checked(artifact, loaded)
 
-            artifact = dataclasses.replace(artifact, validation_error=error)
-        return artifact
+    def _checked(self, artifact: Artifact, loaded: CudnnGraph) -> Artifact:
+        from graphcache.compilers import canary
+        from graphcache.compilers.torch_sdpa import TOLERANCE, reference_error, within_tolerance
 
-    def _reference_error(self, graph: CudnnGraph) -> float:
-        from graphcache.compilers.torch_sdpa import random_inputs, reference, relative_error
-
-        spec = graph.spec
+        spec = artifact.spec
         if spec.dropout:
-            return 0.0  # dropout's random stream differs from torch's: nothing to compare
-        inputs = random_inputs(spec, f"cuda:{self.device}")
-        result = graph.execute(**inputs)
-        out = result[0] if spec.generate_stats else result
-        ref, _ = reference(spec, **inputs)
-        return relative_error(out, ref)
+            # Dropout draws from cuDNN's random stream, which torch cannot
+            # reproduce: there is nothing to compare, so nothing is claimed.
+            runtime = {**artifact.runtime, "validation": "skipped: dropout's random stream differs from torch's"}
+            return dataclasses.replace(artifact, validation_error=None, canary=None, runtime=runtime)
+        feed = canary.inputs(spec, f"cuda:{self.device}")
+        first = _output(loaded.execute(**feed), spec).clone()
+        second = _output(loaded.execute(**feed), spec)
+        error = reference_error(spec, first, feed)
+        if not within_tolerance(spec, error):
+            raise BuildError(
+                f"cuDNN output for {spec.summary()} (engine {artifact.runtime.get('engine')}) differs from "
+                f"the float32 reference: relative error {error:.2e}, tolerance {TOLERANCE[spec.dtype]:.0e}; "
+                "not caching this plan"
+            )
+        record = canary.describe(spec, first, feed, deterministic=canary.same_bits(spec, first, second, feed))
+        log.info("built %s in %.2fs; relative error %.2e", spec.summary(), artifact.build_seconds, error)
+        return dataclasses.replace(artifact, validation_error=error, canary=record)
 
     # load -------------------------------------------------------------------
 
     def load(self, artifact: Artifact) -> CudnnGraph:
         """Deserialize a verified artifact for this machine.
 
-        Raises NotSerializable for a negative entry and TargetMismatch for an
-        artifact built for another GPU, cuDNN or frontend.
+        Raises NotSerializable for a negative entry, TargetMismatch for an
+        artifact built for another GPU, cuDNN or frontend, and PlanRejected
+        when the plan would need a recompile, does not deserialize, or fails
+        its numerical canary (the cache then drops the entry).
         """
         with self._lock:
-            return self._load(artifact)
+            if artifact.unsupported:
+                raise NotSerializable(artifact.unsupported)
+            here = self.target()
+            if artifact.target != here:
+                raise TargetMismatch(
+                    f"artifact {artifact.key[:12]} was built for {artifact.target}; this machine is "
+                    f"{here}. Fetch the key for this target, or build here."
+                )
+            loaded = self._deserialize(artifact)
+            if self.canary:
+                self._check_canary(loaded)
+            return loaded
 
-    def _load(self, artifact: Artifact) -> CudnnGraph:
-        if artifact.unsupported:
-            raise NotSerializable(artifact.unsupported)
-        here = self.target()
-        if artifact.target != here:
-            raise TargetMismatch(
-                f"artifact {artifact.key[:12]} was built for {artifact.target}; this machine is "
-                f"{here}. Fetch the key for this target, or build here."
-            )
+    def _deserialize(self, artifact: Artifact) -> CudnnGraph:
         cudnn = self.cudnn()
         handle = self.handle()
         graph = cudnn.pygraph(handle=handle)
-        data = payload_for_frontend(artifact.payload, here.frontend)
         try:
-            graph.deserialize(handle, data)
-        except TypeError:  # frontends before 1.14 take no handle
-            graph.deserialize(data)
+            deserialize_into(graph, handle, bytes(artifact.payload), artifact.target.frontend)
+        except Exception as exc:  # noqa: BLE001 - any refusal: the blob cannot be used as it is
+            text = _first_line(exc)
+            if any(word in str(exc).upper() for word in TRANSIENT):
+                raise BuildError(f"out of memory loading {artifact.key[:12]}: {text}") from exc
+            reason = "needs_recompile" if "PRECOMPILED" in str(exc).upper() else "deserialize_failed"
+            raise PlanRejected(
+                f"the stored plan {artifact.key[:12]} for {artifact.spec.summary()} "
+                f"{'would need a recompile' if reason == 'needs_recompile' else 'does not deserialize'} "
+                f"on this machine: {text}",
+                reason,
+            ) from exc
         return CudnnGraph(self, artifact, graph)
 
+    def _check_canary(self, loaded: CudnnGraph) -> None:
+        from graphcache.compilers import canary
 
-def _serialize(graph: Any) -> Any:
-    try:
+        artifact = loaded.artifact
+        if artifact.canary is None:
+            return  # dropout specs, and builds without a reference check, record none
+        spec = artifact.spec
+        feed = canary.inputs(spec, f"cuda:{self.device}")
+        problem = canary.mismatch(spec, artifact.canary, _output(loaded.execute(**feed), spec), feed)
+        if problem is not None:
+            raise PlanRejected(
+                f"the stored plan {artifact.key[:12]} for {spec.summary()} failed its numerical canary: {problem}",
+                "canary_mismatch",
+            )
+
+
+def _output(result: Any, spec: GraphSpec) -> Any:
+    return result[0] if spec.generate_stats else result
+
+
+def _serialize(graph: Any, frontend: str) -> Any:
+    # 1.32 adds as_bytes; before it serialize() takes no argument. Decided by
+    # version, not by catching TypeError: 1.32's serializer raises a
+    # TypeError subclass for a plan it cannot represent.
+    if _version_tuple(frontend) >= (1, 32):
         return graph.serialize(as_bytes=True)
-    except TypeError:  # frontends before 1.32 return a list of ints
-        return graph.serialize()
+    return graph.serialize()
 
 
 def _behavior_notes(graph: Any) -> list[str]:
@@ -453,17 +646,12 @@ def _behavior_notes(graph: Any) -> list[str]:
         return []
 
 
-def _tolerance(spec: GraphSpec) -> float:
-    from graphcache.compilers.torch_sdpa import TOLERANCE
-
-    return TOLERANCE[spec.dtype]
-
-
 class CudnnGraph:
-    """A deserialized (or freshly built) cuDNN plan with its workspace.
+    """A deserialized cuDNN plan with its workspace.
 
     The workspace is allocated once, at load; ``execute`` keys its variant
-    pack by the artifact's UID map, the same table the builder used.
+    pack by the artifact's UID map, the same table the builder used, and
+    runs on the caller's current CUDA stream.
     """
 
     backend = "cudnn"
@@ -476,8 +664,9 @@ class CudnnGraph:
         self.spec = artifact.spec
         self.uids = artifact.uids
         self._graph = graph
+        self.device = torch.device("cuda", compiler.device)
         self.workspace_size = int(graph.get_workspace_size())
-        self.workspace = torch.empty(max(self.workspace_size, 1), device=f"cuda:{compiler.device}", dtype=torch.uint8)
+        self.workspace = torch.empty(max(self.workspace_size, 1), device=self.device, dtype=torch.uint8)
         self._dropout_calls = 0
 
     def execute(
@@ -491,7 +680,9 @@ class CudnnGraph:
         seq_len_kv: Any = None,
     ) -> Any:
         """Run the plan; returns ``out`` (allocated when None), and
-        ``(out, stats)`` when the spec generates stats."""
+        ``(out, stats)`` when the spec generates stats. Raises
+        ExecutionError for tensors that do not match the spec or are not on
+        this graph's GPU."""
         import torch
 
         from graphcache.compilers.torch_sdpa import check_inputs
@@ -499,6 +690,8 @@ class CudnnGraph:
         spec = self.spec
         tensors = {"q": q, "k": k, "v": v, "o": out, "seq_len_q": seq_len_q, "seq_len_kv": seq_len_kv}
         check_inputs(spec, tensors, device_type="cuda")
+        if q.device != self.device:
+            raise ExecutionError(f"q is on {q.device}; this graph was loaded on {self.device}: move the tensors")
         if out is None:
             out = torch.empty(spec.storage_shape("o"), dtype=q.dtype, device=q.device)
         pack = {self.uids[r]: t for r, t in (("q", q), ("k", k), ("v", v), ("o", out))}
@@ -509,11 +702,14 @@ class CudnnGraph:
         if spec.generate_stats:
             stats = torch.empty(spec.dims("stats"), dtype=torch.float32, device=q.device)
             pack[self.uids["stats"]] = stats
-        if spec.dropout:
-            self._dropout_calls += 1
-            seed = torch.randint(0, 2**62, (1, 1, 1, 1), dtype=torch.int64, device=q.device)
-            offset = torch.full((1, 1, 1, 1), self._dropout_calls, dtype=torch.int64, device=q.device)
-            pack[self.uids["dropout_seed"]] = seed
-            pack[self.uids["dropout_offset"]] = offset
-        self._graph.execute(pack, self.workspace, handle=self._compiler.handle())
+        with self._compiler._lock:
+            if spec.dropout:
+                self._dropout_calls += 1
+                seed = torch.randint(0, 2**62, (1, 1, 1, 1), dtype=torch.int64, device=q.device)
+                offset = torch.full((1, 1, 1, 1), self._dropout_calls, dtype=torch.int64, device=q.device)
+                pack[self.uids["dropout_seed"]] = seed
+                pack[self.uids["dropout_offset"]] = offset
+            # The handle is bound to the current stream, where ``out`` was just
+            # allocated and where the caller's kernels run.
+            self._graph.execute(pack, self.workspace, handle=self._compiler.handle())
         return (out, stats) if spec.generate_stats else out

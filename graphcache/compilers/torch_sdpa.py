@@ -103,12 +103,52 @@ def reference(
 
 
 def relative_error(out: Any, ref: Any) -> float:
-    """||out - ref|| / ||ref|| in float32 (0 when both are zero)."""
+    """||out - ref|| / ||ref|| in float32 (0 when both are zero).
+
+    ``inf`` when either side holds a NaN or an infinity: a comparison with
+    NaN is false, so a check written ``error > tolerance`` would pass it.
+    Check with ``within_tolerance`` (``error <= tolerance``).
+    """
     import torch
 
-    diff = torch.linalg.vector_norm((out.float() - ref.float()).reshape(-1)).item()
-    norm = torch.linalg.vector_norm(ref.float().reshape(-1)).item()
+    a, b = out.float(), ref.float()
+    if not (bool(torch.isfinite(a).all()) and bool(torch.isfinite(b).all())):
+        return float("inf")
+    diff = torch.linalg.vector_norm((a - b).reshape(-1)).item()
+    norm = torch.linalg.vector_norm(b.reshape(-1)).item()
     return diff / norm if norm else diff
+
+
+def within_tolerance(spec: GraphSpec, error: float) -> bool:
+    """True when ``error`` is a number no larger than the dtype's tolerance
+    (False for NaN and inf)."""
+    return error <= TOLERANCE[spec.dtype]
+
+
+def valid_rows(spec: GraphSpec, tensor: Any, seq_len_q: Any = None) -> Any:
+    """``tensor`` (an output in the spec's layout) with the padded query rows
+    of a padded spec set to zero, whatever they held (NaN included).
+
+    cuDNN promises nothing about rows at or past a sequence's valid length,
+    so a comparison looks only at the valid rows, on both sides.
+    """
+    import torch
+
+    if not spec.padding or seq_len_q is None:
+        return tensor
+    rows = torch.arange(spec.seq_q, device=tensor.device).view(1, 1, -1, 1)
+    valid = rows < seq_len_q.reshape(-1, 1, 1, 1).to(tensor.device)  # (b, 1, s, 1) in bhsd
+    if spec.layout == "bshd":
+        valid = valid.transpose(1, 2)  # (b, s, 1, 1)
+    return torch.where(valid, tensor, torch.zeros((), dtype=tensor.dtype, device=tensor.device))
+
+
+def reference_error(spec: GraphSpec, out: Any, inputs: dict[str, Any]) -> float:
+    """Relative error of ``out`` against the float32 reference on ``inputs``
+    (from ``random_inputs``), over the valid query rows only."""
+    ref, _ = reference(spec, **inputs)
+    seq_len_q = inputs.get("seq_len_q")
+    return relative_error(valid_rows(spec, out, seq_len_q), valid_rows(spec, ref, seq_len_q))
 
 
 def random_inputs(spec: GraphSpec, device: str, seed: int = 0) -> dict[str, Any]:

@@ -162,9 +162,14 @@ class HttpStore:
         _expect(response, 200)
         return True
 
-    def purge(self, target: str, *, dry_run: bool = False) -> list[str]:
-        """Remove every entry of ``target`` on the server (admin token)."""
-        response = self._request("POST", "/v1/purge", params={"target": target, "dry_run": str(dry_run).lower()})
+    def purge(self, target: str | None, *, unsupported: bool = False, dry_run: bool = False) -> list[str]:
+        """Remove every entry of ``target`` on the server, or with
+        ``unsupported`` only its negative entries (of every target when
+        ``target`` is None). Needs an admin token."""
+        params = {"dry_run": str(dry_run).lower(), "unsupported": str(unsupported).lower()}
+        if target is not None:
+            params["target"] = target
+        response = self._request("POST", "/v1/purge", params=params)
         _expect(response, 200)
         return list(response.json()["removed"])
 

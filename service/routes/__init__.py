@@ -1,0 +1,1 @@
+"""FastAPI routes by resource; each module's ``add_routes(app, state)`` declares its own."""

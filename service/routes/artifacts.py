@@ -1,0 +1,171 @@
+"""Routes for one artifact: GET/HEAD (see service.asgi for the fast path), PUT, DELETE, pin."""
+
+from __future__ import annotations
+
+import anyio
+from fastapi import FastAPI, Request, Response
+
+from graphcache.artifact import Artifact
+from graphcache.errors import CorruptArtifact, StoreError
+from graphcache.stores.disk import read_all
+from service.errors import ServiceError, json_response
+from service.models import (
+    ARTIFACT_HEADERS,
+    OCTET_BODY,
+    KeyPath,
+    PinResult,
+    UploadResult,
+    error_responses,
+)
+from service.state import State
+
+
+def add_routes(app: FastAPI, state: State) -> None:
+    @app.get(
+        "/v1/artifacts/{key}",
+        response_class=Response,
+        summary="Download an artifact (verified before it is served)",
+        responses={
+            200: {
+                "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+                "description": "the artifact envelope",
+                "headers": ARTIFACT_HEADERS,
+            },
+            304: {"description": "If-None-Match matched the ETag"},
+            **error_responses(400, 401, 403, 404, 503),
+        },
+    )
+    async def get_artifact(key: KeyPath, request: Request) -> Response:
+        # Served by ArtifactFastPath; this route documents it and serves if the layer is bypassed.
+        status, headers, served = await state.artifact("GET", key, _raw_headers(request))
+        payload = b""
+        if served is not None and served.handle is not None:
+            with served.handle:
+                payload = read_all(served.handle, served.size)
+        elif served is not None and served.data is not None:
+            payload = served.data
+        return Response(payload, status_code=status, headers={k.decode(): v.decode() for k, v in headers})
+
+    @app.head(
+        "/v1/artifacts/{key}",
+        response_class=Response,
+        summary="Whether an artifact is stored (no body)",
+        responses={
+            200: {"description": "stored", "headers": ARTIFACT_HEADERS},
+            304: {"description": "not modified"},
+            **error_responses(400, 401, 403, 404, 503),
+        },
+    )
+    async def head_artifact(key: KeyPath, request: Request) -> Response:
+        status, headers, _ = await state.artifact("HEAD", key, _raw_headers(request))
+        return Response(b"", status_code=status, headers={k.decode(): v.decode() for k, v in headers})
+
+    @app.put(
+        "/v1/artifacts/{key}",
+        summary="Upload an artifact (write token); the server verifies it before storing",
+        status_code=201,
+        response_model=UploadResult,
+        responses={
+            200: {"model": UploadResult, "description": "identical artifact already stored"},
+            **error_responses(400, 401, 403, 408, 413, 503),
+        },
+        openapi_extra=OCTET_BODY,
+    )
+    async def put_artifact(key: KeyPath, request: Request) -> Response:
+        state.auth.require(request, "write")
+        try:
+            with anyio.fail_after(state.settings.upload_timeout):
+                data = await _read_limited(request, state.settings.max_upload, state)
+        except TimeoutError:
+            state.metrics.rejected.labels("timeout").inc()
+            raise ServiceError(
+                408,
+                "timeout",
+                f"the upload took longer than {state.settings.upload_timeout:g}s (GRAPHCACHE_UPLOAD_TIMEOUT)",
+            ) from None
+        try:
+            artifact = await anyio.to_thread.run_sync(_verify_upload, data, key, state.settings.signing_key)
+        except CorruptArtifact as exc:
+            state.metrics.rejected.labels(exc.reason).inc()
+            raise ServiceError(400, exc.reason, f"upload refused: {exc}") from exc
+        try:
+            created = await anyio.to_thread.run_sync(state.store.put, key, data)
+        except StoreError as exc:
+            state.metrics.store_errors.inc()
+            raise ServiceError(503, "store_unavailable", str(exc)) from exc
+        state.reader.forget(key)
+        state.metrics.uploads.labels("created" if created else "identical").inc()
+        return json_response(
+            201 if created else 200,
+            {
+                "key": key,
+                "created": created,
+                "size": len(data),
+                "target": str(artifact.target),
+                "spec": artifact.spec.summary(),
+            },
+        )
+
+    @app.delete(
+        "/v1/artifacts/{key}",
+        status_code=204,
+        response_class=Response,
+        summary="Remove an artifact (admin token)",
+        responses={204: {"description": "removed"}, **error_responses(400, 401, 403, 404, 503)},
+    )
+    async def delete_artifact(key: KeyPath, request: Request) -> Response:
+        state.auth.require(request, "admin")
+        removed = await anyio.to_thread.run_sync(state.store.delete, key)
+        state.reader.forget(key)
+        if not removed:
+            raise ServiceError(404, "not_found", f"no artifact stored for key {key}")
+        return Response(status_code=204)
+
+    @app.post(
+        "/v1/artifacts/{key}/pin",
+        summary="Exempt an artifact from eviction (write token)",
+        response_model=PinResult,
+        responses=error_responses(400, 401, 403, 404, 501, 503),
+    )
+    async def pin_artifact(key: KeyPath, request: Request) -> Response:
+        state.auth.require(request, "write")
+        pin = getattr(state.store, "pin", None)
+        if pin is None:
+            raise ServiceError(501, "not_supported", f"{state.store!r} cannot pin entries")
+        if not await anyio.to_thread.run_sync(pin, key):
+            raise ServiceError(404, "not_found", f"no artifact stored for key {key}")
+        return json_response(200, {"key": key, "pinned": True})
+
+
+def _raw_headers(request: Request) -> dict[bytes, bytes]:
+    return dict(request.scope["headers"])
+
+
+async def _read_limited(request: Request, limit: int, state: State) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise ServiceError(400, "bad_request", "Content-Length must be a number")
+        if int(declared) > limit:
+            state.metrics.rejected.labels("too_large").inc()
+            raise ServiceError(
+                413,
+                "too_large",
+                f"upload of {declared} bytes exceeds the limit of {limit} bytes (GRAPHCACHE_MAX_UPLOAD)",
+            )
+    chunks = bytearray()
+    async for chunk in request.stream():
+        chunks += chunk
+        if len(chunks) > limit:
+            state.metrics.rejected.labels("too_large").inc()
+            raise ServiceError(413, "too_large", f"upload exceeds the limit of {limit} bytes (GRAPHCACHE_MAX_UPLOAD)")
+    return bytes(chunks)
+
+
+def _verify_upload(data: bytes, key: str, signing_key: bytes | None) -> Artifact:
+    """The server never trusts what it is sent: full decode, key recomputed,
+    the path key matched, and the signature checked when signing is on."""
+    artifact = Artifact.decode(data, expected_key=key)
+    if signing_key:
+        artifact.verify_signature(signing_key)
+    return artifact

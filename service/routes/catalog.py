@@ -1,0 +1,82 @@
+"""Routes over many artifacts: listing and purging a retired target."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import anyio
+from fastapi import FastAPI, Query, Request, Response
+
+from graphcache.errors import CorruptArtifact
+from graphcache.stores import Store, stored_header
+from graphcache.target import Target
+from service.errors import json_response
+from service.models import KEY_RE, TARGET_RE, ArtifactPage, PurgeResult, error_responses
+from service.state import State
+
+
+def add_routes(app: FastAPI, state: State) -> None:
+    @app.post(
+        "/v1/purge",
+        summary="Remove every artifact of a retired target (admin token)",
+        response_model=PurgeResult,
+        responses=error_responses(401, 403, 422, 503),
+    )
+    async def purge(
+        request: Request,
+        target: Annotated[str, Query(pattern=TARGET_RE, description="the retired target's text form")],
+        dry_run: bool = False,
+    ) -> Response:
+        state.auth.require(request, "admin")
+        from graphcache.ops import purge as purge_entries
+
+        tgt = Target.parse(target)
+        removed = await anyio.to_thread.run_sync(lambda: purge_entries(state.store, tgt, dry_run=dry_run))
+        for key in removed:
+            state.reader.forget(key)
+        return json_response(200, {"target": str(tgt), "removed": removed, "dry_run": dry_run})
+
+    @app.get(
+        "/v1/artifacts",
+        summary="List artifacts (headers, or keys only), paged by key",
+        response_model=ArtifactPage,
+        responses=error_responses(401, 403, 422, 503),
+    )
+    async def list_artifacts(
+        request: Request,
+        target: Annotated[str | None, Query(pattern=TARGET_RE, description="only this target")] = None,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+        cursor: Annotated[str | None, Query(pattern=KEY_RE, description="next_cursor of the previous page")] = None,
+        keys_only: bool = False,
+    ) -> Response:
+        state.auth.require(request, "read")
+        items, next_cursor = await anyio.to_thread.run_sync(_page, state.store, target, limit, cursor, keys_only)
+        return json_response(200, {"items": items, "next_cursor": next_cursor})
+
+
+def _page(
+    store: Store, target: str | None, limit: int, cursor: str | None, keys_only: bool = False
+) -> tuple[list[dict[str, Any]], str | None]:
+    keys = sorted(k for k in store.keys() if cursor is None or k > cursor)
+    if keys_only and target is None:
+        page = keys[:limit]
+        return [{"key": k} for k in page], (page[-1] if len(keys) > limit else None)
+    items: list[dict[str, Any]] = []
+    last = None
+    for key in keys:
+        try:
+            header = stored_header(store, key)
+        except CorruptArtifact as exc:
+            last = key
+            items.append({"key": key, "corrupt": str(exc)})
+        else:
+            if header is None:
+                continue
+            last = key
+            if target is not None and header.get("target_text") != target:
+                continue
+            items.append({"key": key} if keys_only else {"key": key, "size": header["payload_size"], "header": header})
+        if len(items) >= limit:
+            break
+    more = last is not None and any(k > last for k in keys)
+    return items, (last if more else None)

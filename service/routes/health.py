@@ -1,0 +1,77 @@
+"""Routes about the server itself: health, Prometheus metrics, counters as JSON."""
+
+from __future__ import annotations
+
+import time
+
+import anyio
+from fastapi import FastAPI, Response
+
+from graphcache.errors import StoreError
+from graphcache.stores import Store
+from service.errors import ServiceError, error_response, json_response
+from service.models import Health, error_responses
+from service.state import State
+
+
+def add_routes(app: FastAPI, state: State) -> None:
+    @app.get("/healthz", summary="Whether the store answers", response_model=Health, responses=error_responses(503))
+    async def healthz() -> Response:
+        try:
+            with anyio.fail_after(5):
+                await anyio.to_thread.run_sync(_ping, state.store)
+        except (StoreError, OSError, TimeoutError) as exc:
+            state.metrics.store_errors.inc()
+            return error_response(ServiceError(503, "store_unavailable", f"{state.store!r} did not answer: {exc}"))
+        return json_response(200, {"status": "ok", "store": repr(state.store)})
+
+    @app.get(
+        "/metrics",
+        summary="Prometheus metrics",
+        response_class=Response,
+        responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "metrics"}},
+    )
+    async def metrics() -> Response:
+        return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/stats", summary="Counters as JSON")
+    async def stats() -> Response:
+        reg = state.metrics.registry
+
+        def value(name: str, **labels: str) -> int:
+            return int(reg.get_sample_value(name, labels) or 0)
+
+        rejected = {
+            s.labels["reason"]: int(s.value)
+            for m in state.metrics.rejected.collect()
+            for s in m.samples
+            if s.name.endswith("_total")
+        }
+        return json_response(
+            200,
+            {
+                "store": repr(state.store),
+                "uptime_seconds": round(time.time() - state.started, 1),
+                "hits": value("graphcache_hits_total"),
+                "misses": value("graphcache_misses_total"),
+                "bytes_served": value("graphcache_bytes_served_total"),
+                "uploads": value("graphcache_uploads_total", result="created"),
+                "uploads_identical": value("graphcache_uploads_total", result="identical"),
+                "uploads_rejected": rejected,
+                "quarantined": sum(
+                    int(s.value)
+                    for m in state.metrics.quarantined.collect()
+                    for s in m.samples
+                    if s.name.endswith("_total")
+                ),
+                "builds": value("graphcache_builds_total", result="built"),
+            },
+        )
+
+
+def _ping(store: Store) -> None:
+    ping = getattr(store, "ping", None)
+    if ping is not None:
+        ping()
+    else:
+        store.exists("0" * 64)

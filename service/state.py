@@ -1,0 +1,111 @@
+"""What the routes and the fast path share: settings, store, metrics, auth,
+the reader, and the build path's controller."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from graphcache.cache import GraphCache
+from graphcache.errors import GraphCacheError, NoGpu, StoreError
+from graphcache.key import is_key
+from graphcache.settings import Settings
+from graphcache.stores import Store
+from service.auth import Auth
+from service.errors import ServiceError
+from service.metrics import Metrics
+from service.reader import ArtifactReader, Served, Unverified
+
+OCTET = b"application/octet-stream"
+
+
+class State:
+    def __init__(self, settings: Settings, store: Store, compiler: Any) -> None:
+        self.settings = settings
+        self.store = store
+        self.metrics = Metrics()
+        self.auth = Auth(settings)
+        quarantine = None
+        if hasattr(store, "path"):
+            quarantine = Path(store.path) / "quarantine"
+        self.reader = ArtifactReader(store, self.metrics, quarantine, settings.hot_cache_bytes)
+        self._compiler = compiler
+        self._compiler_error: str | None = None
+        self._cache: GraphCache | None = None
+        self.started = time.time()
+
+    def graph_cache(self) -> GraphCache:
+        """The build path's controller; detects a GPU on first use (imports torch)."""
+        if self._cache is not None:
+            return self._cache
+        if self._compiler is None:
+            if self._compiler_error is None and not self.settings.build:
+                self._compiler_error = "building is disabled on this server (GRAPHCACHE_BUILD=0)"
+            if self._compiler_error is None:
+                try:
+                    from graphcache.compilers.cudnn import CudnnCompiler
+
+                    compiler = CudnnCompiler()
+                    compiler.target()
+                    self._compiler = compiler
+                except GraphCacheError as exc:
+                    self._compiler_error = f"this server cannot build: {exc}"
+            if self._compiler is None:
+                raise NoGpu(self._compiler_error or "no compiler")
+        self._cache = GraphCache(self.store, self._compiler, signing_key=self.settings.signing_key)
+        return self._cache
+
+    async def artifact(
+        self, method: str, key: str, headers: dict[bytes, bytes]
+    ) -> tuple[int, list[tuple[bytes, bytes]], Served | None]:
+        """Status, headers and the entry (None: no body) for GET/HEAD of one
+        artifact. When the entry has an open handle the caller streams from
+        it and must close it."""
+        self.auth.check(headers.get(b"authorization"), "read")
+        if not is_key(key):
+            raise ServiceError(
+                400, "invalid_key", "a key is 64 lowercase hex characters (sha256 of the spec and target)"
+            )
+        try:
+            found = self.reader.lookup(key)
+        except (StoreError, OSError) as exc:
+            self.metrics.store_errors.inc()
+            raise ServiceError(503, "store_unavailable", f"the store did not answer: {exc}") from exc
+        served = None
+        if isinstance(found, Unverified):
+            served = await anyio.to_thread.run_sync(self.reader.verify, key, found)
+        elif found is not None:
+            served = found
+        if served is None:
+            self.metrics.misses.inc()
+            raise ServiceError(404, "not_found", f"no artifact stored for key {key}")
+        self.metrics.hits.inc()
+        etag = f'"{served.etag}"'.encode()
+        not_modified = _etag_matches(headers.get(b"if-none-match"), etag)
+        if (not_modified or method == "HEAD") and served.handle is not None:
+            served.handle.close()
+        if not_modified:
+            return 304, [(b"etag", etag)], None
+        out = [
+            (b"content-type", OCTET),
+            (b"content-length", str(served.size).encode()),
+            (b"etag", etag),
+            (b"cache-control", b"no-cache"),
+        ]
+        if method == "HEAD":
+            return 200, out, None
+        self.metrics.bytes_served.inc(served.size)
+        return 200, out, served
+
+
+def _etag_matches(header: bytes | None, etag: bytes) -> bool:
+    if not header:
+        return False
+    for part in header.split(b","):
+        tag = part.strip()
+        if tag == b"*" or tag.removeprefix(b"W/") == etag:
+            return True
+    return False

@@ -1,0 +1,307 @@
+"""What a build failure, a reference check and a canary mean for the shared cache.
+
+Run against the real cudnn-frontend 1.32 binding where this CPU allows (graph
+construction, validate, build_operation_graph, and its real failure at
+create_execution_plans without a driver), and against torch tensors on the
+CPU for the numerical checks. The GPU halves are in tests/test_gpu.py.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from graphcache import BuildError, GraphCache, GraphCacheError, GraphSpec, NotSerializable, UidMap, UnsupportedSpec
+from graphcache.stores import DiskStore
+from tests.fakes import TARGET, FakeCompiler
+from tests.fakes import spec as fake_spec
+
+torch = pytest.importorskip("torch", reason="the numerical checks run on torch tensors")
+
+
+def make(**changes) -> GraphSpec:
+    return GraphSpec.from_dict({"batch": 2, "heads_q": 8, "seq_q": 128, "head_dim": 64, "mask": "causal", **changes})
+
+
+@pytest.fixture
+def cudnn():
+    module = pytest.importorskip("cudnn", reason="needs nvidia-cudnn-frontend (1.32 runs its graph code on a CPU)")
+    if tuple(int(x) for x in module.__version__.split(".")[:2]) < (1, 32):
+        pytest.skip(f"lowering without a GPU needs frontend 1.32+, found {module.__version__}")
+    return module
+
+
+# -- a failure of this host is never "unsupported" ----------------------------------
+
+
+def test_a_host_without_a_driver_is_a_build_error_not_an_unsupported_spec(cudnn):
+    from graphcache.compilers.cudnn import build_graph
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the driver failure cannot be seen here")
+    # Frontend 1.32 reports "no driver" as cudnnGraphNotSupportedError at
+    # create_execution_plans; stored as unsupported, it would poison the cache
+    # for every host of the target.
+    with pytest.raises(GraphCacheError) as info:
+        build_graph(cudnn, make())
+    assert isinstance(info.value, BuildError) and not isinstance(info.value, UnsupportedSpec)
+    assert "create_execution_plans" in str(info.value) and "Not recorded as unsupported" in str(info.value)
+    assert isinstance(info.value.__cause__, cudnn.cudnnGraphNotSupportedError)
+
+
+def _refuse_at(monkeypatch, cudnn, step: str, exc: BaseException) -> None:
+    def refuse(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003
+        raise exc
+
+    monkeypatch.setattr(cudnn.pygraph, step, refuse)
+
+
+def test_cudnn_saying_not_supported_is_an_unsupported_spec_naming_the_step(cudnn, monkeypatch):
+    from graphcache.compilers.cudnn import build_graph
+
+    refusal = cudnn.cudnnGraphNotSupportedError("No valid engine configs for SDPA_FWD with head dim 64")
+    _refuse_at(monkeypatch, cudnn, "create_execution_plans", refusal)
+    with pytest.raises(UnsupportedSpec) as info:
+        build_graph(cudnn, make())
+    assert info.value.step == "create_execution_plans"
+    assert "does not support" in str(info.value) and "cudnn-frontend 1.32" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        RuntimeError("CUDNN_STATUS_ALLOC_FAILED: out of memory"),
+        RuntimeError("CUDNN_STATUS_INTERNAL_ERROR at plan finalize"),
+        RuntimeError("[cudnn_frontend] Error: NVRTC compilation failed: libnvrtc.so.12 not found"),
+        RuntimeError("cudaErrorLaunchFailure: unspecified launch failure on stream 0x5"),
+        ValueError("something nobody expected"),
+        TypeError("'NoneType' object is not subscriptable"),  # a TypeError that is not a keyword refusal
+    ],
+    ids=["oom", "internal", "nvrtc", "stream", "unexpected", "other-typeerror"],
+)
+def test_host_and_internal_failures_at_any_step_are_build_errors(cudnn, monkeypatch, exc):
+    from graphcache.compilers.cudnn import build_graph
+
+    _refuse_at(monkeypatch, cudnn, "build_operation_graph", exc)
+    with pytest.raises(BuildError, match="build_operation_graph|out of memory"):
+        build_graph(cudnn, make())
+
+
+def test_not_supported_words_about_the_driver_are_still_the_hosts_fault(cudnn, monkeypatch):
+    from graphcache.compilers.cudnn import build_graph
+
+    exc = cudnn.cudnnGraphNotSupportedError("the backend declined: CUDA driver version is insufficient")
+    _refuse_at(monkeypatch, cudnn, "build_operation_graph", exc)
+    with pytest.raises(BuildError):
+        build_graph(cudnn, make())
+
+
+def test_plans_are_restricted_to_runtime_compiled_engines_before_check_support(cudnn, monkeypatch):
+    """Only runtime-compiled plans serialize: the filter must be in force when
+    check_support and build_plans pick a plan."""
+    from graphcache.compilers.cudnn import build_graph
+
+    seen: dict[str, object] = {}
+    monkeypatch.setattr(cudnn.pygraph, "create_execution_plans", lambda self, modes=None: None)
+
+    def check_support(self):  # noqa: ANN001
+        # 1.32 records note filters on the graph (pygraph._note_filters) and
+        # replays them on the backend once it has plans.
+        seen["filters"] = list(self._note_filters)
+        raise cudnn.cudnnGraphNotSupportedError("No valid engine configs (stop here)")
+
+    monkeypatch.setattr(cudnn.pygraph, "check_support", check_support)
+    with pytest.raises(UnsupportedSpec):
+        build_graph(cudnn, make())
+    assert ("behavior", cudnn.behavior_note.RUNTIME_COMPILATION, True) in seen["filters"]
+
+
+# -- the cache stores only what is the spec's own ---------------------------------------
+
+
+class _Failing(FakeCompiler):
+    """FakeCompiler (the stand-in for CudnnCompiler) whose builds raise ``exc``."""
+
+    def __init__(self, exc: BaseException) -> None:
+        super().__init__()
+        self.exc = exc
+
+    def build(self, spec, target, uids=None):  # noqa: ANN001
+        self.builds += 1
+        raise self.exc
+
+
+def test_a_build_error_is_reported_and_nothing_is_stored(tmp_path):
+    store = DiskStore(tmp_path)
+    compiler = _Failing(BuildError("building failed at build_plans because of this host: NVRTC missing"))
+    cache = GraphCache(store, compiler)
+    for _ in range(2):
+        with pytest.raises(BuildError):
+            cache.get(fake_spec(), TARGET)
+    assert list(store.keys()) == []
+    assert compiler.builds == 2  # tried again: nothing was remembered
+
+
+def test_an_unsupported_spec_is_stored_with_frontend_cudnn_and_step(tmp_path):
+    store = DiskStore(tmp_path)
+    cache = GraphCache(store, _Failing(UnsupportedSpec("cuDNN does not support it", step="check_support")))
+    with pytest.raises(UnsupportedSpec):
+        cache.get(fake_spec(), TARGET)
+    (key,) = list(store.keys())
+    from graphcache import Artifact
+
+    header = Artifact.decode(store.get(key)).runtime
+    assert header["unsupported_step"] == "check_support"
+    assert (header["frontend"], header["cudnn"]) == (TARGET.frontend, TARGET.cudnn)
+
+
+def test_a_custom_uid_map_reaches_the_compiler(tmp_path):
+    uids = UidMap({**UidMap.default().to_dict(), "o": 40})
+    cache = GraphCache(DiskStore(tmp_path), FakeCompiler(), uids=uids)
+    artifact = cache.get(fake_spec(), TARGET)
+    assert artifact.uids == uids and artifact.key == cache.key(fake_spec(), TARGET)
+
+
+@pytest.mark.parametrize("reason", ["canary_mismatch", "needs_recompile", "deserialize_failed"])
+def test_a_rejected_plan_is_dropped_rebuilt_and_counted(tmp_path, reason):
+    store = DiskStore(tmp_path)
+    builder = FakeCompiler()
+    GraphCache(store, builder).get(fake_spec(), TARGET)
+    stale = store.get(GraphCache(store).key(fake_spec(), TARGET))
+
+    worker = FakeCompiler(reject_loads=[reason])
+    cache = GraphCache(store, worker)
+    graph = cache.load(fake_spec())
+    assert graph.spec == fake_spec() and worker.builds == 1 and worker.loads == 2
+    stats = cache.stats()
+    assert stats["rejected"] == 1
+    assert stats["canary_failures"] == (1 if reason == "canary_mismatch" else 0)
+    assert store.get(cache.key(fake_spec())) is not None and stale is not None
+
+
+def test_a_plan_rejected_twice_is_an_error_not_a_loop(tmp_path):
+    from graphcache import PlanRejected
+
+    cache = GraphCache(DiskStore(tmp_path), FakeCompiler(reject_loads=["canary_mismatch"] * 5))
+    with pytest.raises(PlanRejected):
+        cache.load(fake_spec())
+
+
+# -- the reference check --------------------------------------------------------------
+
+
+def test_nan_never_passes_the_reference_check():
+    from graphcache.compilers.torch_sdpa import relative_error, within_tolerance
+
+    ref = torch.ones(4, 4)
+    bad = ref.clone()
+    bad[1, 2] = float("nan")
+    assert relative_error(bad, ref) == math.inf and relative_error(ref, bad) == math.inf
+    assert relative_error(ref.clone().fill_(float("inf")), ref) == math.inf
+    assert not within_tolerance(make(), relative_error(bad, ref))
+    assert not within_tolerance(make(), float("nan"))
+    assert within_tolerance(make(), relative_error(ref, ref))
+
+
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+def test_padded_rows_are_ignored_on_both_sides_and_valid_rows_are_not(layout):
+    from graphcache.compilers.torch_sdpa import TorchSdpaGraph, random_inputs, reference_error, within_tolerance
+
+    spec = make(dtype="float16", padding=True, layout=layout, seq_q=64)
+    feed = random_inputs(spec, "cpu", seed=3)
+    feed["seq_len_q"] = torch.tensor([40, 64], dtype=torch.int32).view(2, 1, 1, 1)
+    out = TorchSdpaGraph(spec).execute(**feed).float()
+    assert within_tolerance(spec, reference_error(spec, out, feed))
+
+    garbage = out.clone()
+    rows = (slice(None), slice(40, None)) if layout == "bshd" else (slice(None), slice(None), slice(40, None))
+    garbage[0][rows[1:]] = float("nan")  # batch 0's padded query rows: cuDNN promises nothing there
+    assert within_tolerance(spec, reference_error(spec, garbage, feed))
+
+    broken = out.clone()
+    first_row = (0, 3) if layout == "bshd" else (0, slice(None), 3)
+    broken[first_row] = float("nan")  # a valid row
+    assert not within_tolerance(spec, reference_error(spec, broken, feed))
+
+
+# -- the numerical canary ---------------------------------------------------------------
+
+
+def _canary_case(spec: GraphSpec):
+    from graphcache.compilers import canary
+    from graphcache.compilers.torch_sdpa import TorchSdpaGraph
+
+    feed = canary.inputs(spec, "cpu")
+    return canary, feed, TorchSdpaGraph(spec).execute(**feed)
+
+
+def test_the_canary_input_is_the_same_on_every_call():
+    canary, feed, _ = _canary_case(make())
+    again = canary.inputs(make(), "cpu")
+    assert all(torch.equal(feed[r], again[r]) for r in ("q", "k", "v"))
+
+
+def test_a_deterministic_plan_must_match_bit_for_bit():
+    spec = make()
+    canary, feed, out = _canary_case(spec)
+    record = canary.describe(spec, out, feed, deterministic=True)
+    assert canary.mismatch(spec, record, out.clone(), feed) is None
+    nudged = out.clone()
+    nudged.view(torch.int16).view(-1)[17] += 1  # one unit in the last place of one value
+    assert "bits differ" in canary.mismatch(spec, record, nudged, feed)
+
+
+def test_a_nondeterministic_plan_passes_within_tolerance_and_fails_beyond():
+    spec = make(dtype="bfloat16")
+    canary, feed, out = _canary_case(spec)
+    record = canary.describe(spec, out, feed, deterministic=False)
+    close = (out.float() * (1 + 1e-3)).to(out.dtype)
+    assert canary.mismatch(spec, record, close, feed) is None
+    far = (out.float() * 1.5).to(out.dtype)
+    assert canary.mismatch(spec, record, far, feed) is not None
+    dropped = torch.zeros_like(out)  # e.g. a plan that lost softmax_precision badly
+    assert canary.mismatch(spec, record, dropped, feed) is not None
+
+
+def test_the_canary_ignores_padded_rows_but_not_valid_ones():
+    from graphcache.compilers import canary
+    from graphcache.compilers.torch_sdpa import TorchSdpaGraph
+
+    spec = make(padding=True, seq_q=64, layout="bshd")
+    feed = canary.inputs(spec, "cpu")
+    feed["seq_len_q"] = torch.tensor([40, 64], dtype=torch.int32).view(2, 1, 1, 1)
+    out = TorchSdpaGraph(spec).execute(**feed)
+    record = canary.describe(spec, out, feed, deterministic=True)
+    junk = out.clone()
+    junk[0, 40:] = 7.0  # batch 0's query rows past its valid length
+    assert canary.mismatch(spec, record, junk, feed) is None
+    junk[0, 39] = 7.0  # its last valid row
+    assert canary.mismatch(spec, record, junk, feed) is not None
+
+
+def test_canary_can_be_turned_off_from_the_environment(monkeypatch):
+    from graphcache.compilers.cudnn import CudnnCompiler
+
+    monkeypatch.setenv("GRAPHCACHE_CANARY", "0")
+    assert CudnnCompiler().canary is False
+    monkeypatch.delenv("GRAPHCACHE_CANARY")
+    assert CudnnCompiler().canary is True
+
+
+def test_dropout_is_not_claimed_as_checked():
+    """A dropout spec records no validation error (null) and says why."""
+    import dataclasses
+
+    from graphcache.compilers.cudnn import CudnnCompiler
+    from tests.fakes import make_artifact
+
+    artifact = make_artifact(make(dropout=0.1), TARGET)
+    checked = CudnnCompiler(canary=False)._checked(artifact, loaded=None)  # type: ignore[arg-type]
+    assert checked.validation_error is None and checked.canary is None
+    assert "dropout" in checked.runtime["validation"]
+    assert dataclasses.replace(checked, runtime={}).header()["validation_error"] is None
+
+
+def test_negative_entries_are_kinds_of_unsupported_spec():
+    assert issubclass(NotSerializable, UnsupportedSpec) and not issubclass(BuildError, UnsupportedSpec)
