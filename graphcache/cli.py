@@ -736,6 +736,8 @@ def serve_cmd(
 
     import uvicorn
 
+    from service.server import uvicorn_options
+
     # Workers are separate processes: hand them the settings through the
     # environment, which create_app_from_env reads once at start.
     check_location(ctx.location if ctx.location is not None else ctx.settings.store)
@@ -749,19 +751,14 @@ def serve_cmd(
     uvicorn.run(
         "service.app:create_app_from_env",
         factory=True,
-        host=host,
-        port=port,
-        workers=workers,
-        loop="uvloop",
-        http="httptools",
-        log_level=log_level,
-        access_log=False,
-        # Request bodies are bounded by GRAPHCACHE_MAX_UPLOAD and
-        # GRAPHCACHE_UPLOAD_TIMEOUT in the app; httptools refuses request
-        # heads over its 80 KiB limit with a 400.
-        timeout_keep_alive=timeout_keep_alive,
-        timeout_graceful_shutdown=10,
-        limit_concurrency=limit_concurrency,
+        **uvicorn_options(
+            host=host,
+            port=port,
+            workers=workers,
+            log_level=log_level,
+            limit_concurrency=limit_concurrency,
+            timeout_keep_alive=timeout_keep_alive,
+        ),
     )
 
 
