@@ -32,9 +32,10 @@ if [ "$1" = "-m" ] && [ "$2" = "pip" ]; then
   exit 1
 fi
 if [ "$1" = "-m" ] && [ "$2" = "venv" ]; then
-  mkdir -p "$3/bin"
-  sed "s#@REAL@#$VENV_REAL#" "$SHIM_DIR/venv-python.in" > "$3/bin/python"
-  chmod +x "$3/bin/python"
+  dir="${@: -1}"  # the folder is the last argument, after any options
+  mkdir -p "$dir/bin"
+  sed "s#@REAL@#$VENV_REAL#" "$SHIM_DIR/venv-python.in" > "$dir/bin/python"
+  chmod +x "$dir/bin/python"
   exit 0
 fi
 exec "$BASE_PYTHON" "$@"
