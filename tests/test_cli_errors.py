@@ -255,3 +255,13 @@ def test_pin_off_against_a_server(tmp_path):
         assert "not stored" in line
         denied = one_error_line(cli("pin", art.key, "--off", "--store", srv.url))
         assert "401" in denied and store.pinned(art.key)
+
+
+def test_a_cache_folder_whose_index_is_not_sqlite_is_one_line(tmp_path):
+    folder = tmp_path / "c"
+    folder.mkdir()
+    (folder / "cache.db").write_bytes(b"not a database, " * 100)
+    for verb in (["ls"], ["inspect", "abcdef12"]):
+        line = one_error_line(cli("--cache-dir", str(folder), *verb))
+        assert f"{folder / 'cache.db'} is not a diskcache index" in line
+    assert (folder / "cache.db").read_bytes() == b"not a database, " * 100, "nothing changed"

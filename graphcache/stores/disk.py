@@ -12,6 +12,7 @@ from typing import Any
 
 import diskcache
 
+from graphcache.errors import StoreError
 from graphcache.key import is_key
 
 log = logging.getLogger(__name__)
@@ -83,7 +84,16 @@ class DiskStore:
         self.touch_interval = touch_interval
         self._touched: dict[str, float] = {}
         self._paths: dict[str, str] = {}
-        self._cache = diskcache.Cache(
+        try:
+            self._cache = self._open_index(size_limit)
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(
+                f"{self.path / 'cache.db'} is not a diskcache index ({exc}): "
+                "move the folder aside, or point --cache-dir / GRAPHCACHE_DIR at another one"
+            ) from exc
+
+    def _open_index(self, size_limit: int) -> diskcache.Cache:
+        return diskcache.Cache(
             str(self.path),
             size_limit=size_limit,
             # diskcache's own LRU writes access_time in a transaction on every
