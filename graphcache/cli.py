@@ -11,6 +11,7 @@ import datetime as _dt
 import json
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -216,7 +217,7 @@ def ls_cmd(ctx: Context, target: str | None, as_json: bool) -> None:
         console.print(f"{count} artifact(s) in {store!r}")
 
 
-def _listing(store: Store, target: str | None) -> Any:
+def _listing(store: Store, target: str | None) -> Iterator[tuple[str, dict[str, Any] | None, str | None]]:
     """(key, header, problem) for every entry, by key. A service is asked for
     its listing route (headers only, filtered there), never every artifact."""
     items = getattr(store, "items", None)
