@@ -12,6 +12,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from graphcache.errors import (
+    BuildError,
     CorruptArtifact,
     GraphCacheError,
     NoGpu,
@@ -61,6 +62,10 @@ def from_library(exc: Exception) -> ServiceError:
         return ServiceError(422, "unsupported", str(exc))
     if isinstance(exc, StoreError):
         return ServiceError(503, "store_unavailable", str(exc))
+    if isinstance(exc, BuildError):
+        # The build host failed (driver, NVRTC, memory, a plan that failed its
+        # checks): the server's fault, not the request's; nothing was stored.
+        return ServiceError(500, "build_failed", str(exc))
     if isinstance(exc, GraphCacheError):
         return ServiceError(400, "bad_request", str(exc))
     return ServiceError(500, "internal", f"internal error ({type(exc).__name__}); see the server log")

@@ -8,12 +8,12 @@ from fastapi import Path as PathParam
 from pydantic import BaseModel, ConfigDict, Field
 
 from graphcache.spec import GraphSpec
+from graphcache.target import PATTERN as TARGET_RE
 
 KEY_RE = r"^[0-9a-f]{64}$"
-TARGET_RE = r"^[a-z0-9_]+-sm[0-9]{2,3}-cudnn[0-9]+(\.[0-9]+){1,3}-fe[0-9]+(\.[0-9]+){1,3}$"
 KeyPath = Annotated[str, PathParam(description="cache key: 64 lowercase hex characters", pattern=KEY_RE)]
 SPEC_FIELD = Field(description="GraphSpec fields", json_schema_extra=GraphSpec.json_schema())
-TARGET_FIELD = Field(description="target text, e.g. h200-sm90-cudnn9.28.0-fe1.32.0", pattern=TARGET_RE)
+TARGET_FIELD = Field(description="target text, e.g. h200-sm90-mp132-cudnn9.28.0-fe1.32.0", pattern=TARGET_RE)
 
 
 class ResolveRequest(BaseModel):
@@ -46,9 +46,10 @@ class PinResult(BaseModel):
 
 
 class PurgeResult(BaseModel):
-    target: str
+    target: str | None
     removed: list[str]
     dry_run: bool
+    unsupported: bool = False
 
 
 class ArtifactPage(BaseModel):
@@ -82,7 +83,8 @@ _WHY = {
     408: "the upload was not received within GRAPHCACHE_UPLOAD_TIMEOUT",
     409: "artifact built for another target",
     413: "upload above GRAPHCACHE_MAX_UPLOAD",
-    422: "invalid request body or parameters (detail names the field)",
+    422: "invalid request body or parameters (detail names the field), or a spec cuDNN does not support here",
+    500: "the build failed on this host (driver, NVRTC, memory, a plan that failed its checks); nothing was stored",
     501: "the store cannot do this",
     503: "the store (or, for builds, a GPU) is unavailable",
 }

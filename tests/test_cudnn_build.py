@@ -97,6 +97,15 @@ def test_not_supported_words_about_the_driver_are_still_the_hosts_fault(cudnn, m
         build_graph(cudnn, make())
 
 
+def test_the_hosts_words_are_matched_as_words(cudnn, monkeypatch):
+    from graphcache.compilers.cudnn import build_graph
+
+    exc = cudnn.cudnnGraphNotSupportedError("No valid engine configs; see the upstream support matrix")
+    _refuse_at(monkeypatch, cudnn, "build_operation_graph", exc)
+    with pytest.raises(UnsupportedSpec):
+        build_graph(cudnn, make())
+
+
 def test_plans_are_restricted_to_runtime_compiled_engines_before_check_support(cudnn, monkeypatch):
     """Only runtime-compiled plans serialize: the filter must be in force when
     check_support and build_plans pick a plan."""
@@ -115,6 +124,22 @@ def test_plans_are_restricted_to_runtime_compiled_engines_before_check_support(c
     with pytest.raises(UnsupportedSpec):
         build_graph(cudnn, make())
     assert ("behavior", cudnn.behavior_note.RUNTIME_COMPILATION, True) in seen["filters"]
+
+
+def test_a_python_engine_plan_is_refused_where_the_frontend_cannot_serialize_it():
+    from graphcache.compilers.cudnn import serialization_refusal
+
+    # Names as 1.31/1.32 report them (pygraph.selected_engine.name).
+    assert "sdpa_fwd_prefill_sm90" in serialization_refusal("sdpa_fwd_prefill_sm90", "1.31.0")
+    assert serialization_refusal("sdpa_fwd_prefill_sm90", "1.32.0") is None
+    assert serialization_refusal("cudnn-backend", "1.28.0") is None
+
+
+def test_the_engine_is_named_from_the_real_graph(cudnn):
+    from graphcache.compilers.cudnn import build_graph, engine_name
+
+    built = build_graph(cudnn, make(), lower=False)
+    assert engine_name(built.graph) == "cudnn-backend"  # no plan selected: the backend path
 
 
 # -- the cache stores only what is the spec's own ---------------------------------------

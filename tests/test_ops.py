@@ -169,3 +169,19 @@ def test_purge_unsupported_clears_only_negative_entries_and_rm_clears_one(tmp_pa
     out = cli(*base, "purge", "--unsupported")
     assert out.returncode == 0 and "removed 1 negative entry" in out.stdout, out.stdout + out.stderr
     assert list(DiskStore(tmp_path / "s").keys()) == [good.key]
+
+
+def test_purge_unsupported_through_the_server(tmp_path):
+    store = DiskStore(tmp_path / "s")
+    cache = GraphCache(store, FakeCompiler(unsupported={"sliding_window"}))
+    good = cache.get(spec(mask="causal"), TARGET)
+    with pytest.raises(Exception, match="no serializable plan"):
+        cache.get(spec(mask="sliding_window", window_left=8), TARGET)
+    settings = Settings(admin_tokens=("adm",))
+    with ServerThread(create_app(settings, store=store)) as srv:
+        out = cli("purge", "--unsupported", "--server", srv.url, env={"GRAPHCACHE_TOKEN": "adm"})
+        assert out.returncode == 0 and "removed 1 negative entry" in out.stdout, out.stdout + out.stderr
+        assert HttpStore(srv.url).get(good.key) is not None
+        bad = HttpStore(srv.url, token="adm")._request("POST", "/v1/purge", params={})
+        assert bad.status_code == 400 and "unsupported=true" in bad.json()["detail"]
+    assert list(store.keys()) == [good.key]

@@ -49,25 +49,12 @@ TRANSIENT = ("OUT OF MEMORY", "ALLOC_FAILED")
 # backend's failure as cudnnGraphNotSupportedError ("no engine proposed a
 # plan ... the backend declined: "cuda" is an NVIDIA driver library ..."),
 # so the words win over the exception's type.
-ENVIRONMENT = (
-    "DRIVER",
-    "NVRTC",
-    "SUBLIBRARY_LOADING_FAILED",
-    "RUNTIME_PREREQUISITE_MISSING",
-    "UNABLE TO FIND SYMBOL",
-    "CAN ONLY BE FOUND VIA SYSTEM SEARCH",
-    "CUDA_GET_DEVICE",
-    "INTERNAL_ERROR",
-    "EXECUTION_FAILED",
-    "MAPPING_ERROR",
-    "CUDA ERROR",
-    "CUDAERROR",
-    "STREAM",
-    "NO CUDA",
-    "NO GPU",
-    "DEVICE IS NON",
-    "CURRENT DEVICE IS NONE",
-) + TRANSIENT
+ENVIRONMENT = re.compile(
+    r"driver|nvrtc|sublibrary_loading_failed|runtime_prerequisite_missing|unable to find symbol"
+    r"|can only be found via system search|cuda_get_device|internal_error|execution_failed|mapping_error"
+    r"|cuda ?error|\bstream\b|no cuda|no gpu|device is none|out of memory|alloc_failed",
+    re.IGNORECASE,
+)
 # Unknown-keyword refusals: pybind's message before 1.27, the lowering's after.
 _KEYWORD_REFUSAL = re.compile(r"incompatible function arguments|unexpected keyword|keyword argument", re.IGNORECASE)
 
@@ -302,12 +289,12 @@ def classify_failure(cudnn: Any, spec: GraphSpec, step: str, exc: BaseException)
     """
     text = _first_line(exc)
     # The whole message, not its first line: the backend's reason comes last.
-    words = str(exc).upper()
+    words = str(exc)
     versions = f"cuDNN {_backend_version(cudnn)}, cudnn-frontend {frontend_version(cudnn)}"
-    if any(word in words for word in TRANSIENT):
+    if any(word in words.upper() for word in TRANSIENT):
         # Out of memory is about this moment, not this spec.
         return BuildError(f"cuDNN ran out of memory building {spec.summary()} at {step}: {text}")
-    if any(word in words for word in ENVIRONMENT):
+    if ENVIRONMENT.search(words):
         return BuildError(
             f"building {spec.summary()} failed at {step} because of this host ({versions}): {text}. "
             "Not recorded as unsupported: check the driver, NVRTC and cuDNN libraries here (graphcache doctor)."
@@ -373,6 +360,22 @@ def engine_name(graph: Any) -> str:
     if engine is None:
         return "cudnn-backend"
     return str(getattr(engine, "name", type(engine).__name__))
+
+
+def serialization_refusal(engine: str, frontend: str) -> str | None:
+    """Why this frontend cannot serialize a plan of ``engine``, or None.
+
+    Python (CuTe DSL) engines appear in 1.31; only 1.32's ``serialize()``
+    writes their plans (a CUDNN_FE_PYPLAN blob). 1.31's writes the backend
+    graph without the selected Python plan, a blob that would rebuild (or
+    fail) at every load.
+    """
+    if engine != "cudnn-backend" and _version_tuple(frontend) < (1, 32):
+        return (
+            f"cuDNN chose the Python engine {engine}, whose plans cudnn-frontend {frontend} cannot serialize "
+            "(1.32 can): not cacheable with this frontend"
+        )
+    return None
 
 
 # -- the compiler --------------------------------------------------------------
@@ -493,6 +496,9 @@ class CudnnCompiler:
         built = build_graph(cudnn, spec, uids, self.handle())
         engine = engine_name(built.graph)
         notes = _behavior_notes(built.graph)
+        refusal = serialization_refusal(engine, here.frontend)
+        if refusal:
+            raise NotSerializable(f"{spec.summary()}: {refusal}", step="serialize")
         t0 = time.perf_counter()
         try:
             payload = payload_bytes(_serialize(built.graph, here.frontend))

@@ -35,7 +35,7 @@ def add_routes(app: FastAPI, state: State) -> None:
         "/v1/build",
         summary="Build a spec on this host's GPU and store it (write token)",
         response_model=BuildResult,
-        responses=error_responses(400, 401, 403, 409, 422, 503),
+        responses=error_responses(400, 401, 403, 409, 422, 500, 503),
     )
     async def build(request: Request, payload: BuildRequest) -> Response:
         state.auth.require(request, "write")

@@ -18,23 +18,33 @@ from service.state import State
 def add_routes(app: FastAPI, state: State) -> None:
     @app.post(
         "/v1/purge",
-        summary="Remove every artifact of a retired target (admin token)",
+        summary="Remove every artifact of a retired target, or the negative entries (admin token)",
         response_model=PurgeResult,
-        responses=error_responses(401, 403, 422, 503),
+        responses=error_responses(400, 401, 403, 422, 503),
     )
     async def purge(
         request: Request,
-        target: Annotated[str, Query(pattern=TARGET_RE, description="the retired target's text form")],
+        target: Annotated[str | None, Query(pattern=TARGET_RE, description="the retired target's text form")] = None,
+        unsupported: Annotated[
+            bool, Query(description="only negative entries (of target, or of every target without one)")
+        ] = False,
         dry_run: bool = False,
     ) -> Response:
         state.auth.require(request, "admin")
         from graphcache.ops import purge as purge_entries
 
-        tgt = Target.parse(target)
-        removed = await anyio.to_thread.run_sync(lambda: purge_entries(state.store, tgt, dry_run=dry_run))
+        if target is None and not unsupported:
+            return json_response(
+                400, {"error": "bad_request", "detail": "give target=TARGET, unsupported=true, or both"}
+            )
+        tgt = None if target is None else Target.parse(target)
+        removed = await anyio.to_thread.run_sync(
+            lambda: purge_entries(state.store, tgt, unsupported=unsupported, dry_run=dry_run)
+        )
         for key in removed:
             state.reader.forget(key)
-        return json_response(200, {"target": str(tgt), "removed": removed, "dry_run": dry_run})
+        body = {"target": None if tgt is None else str(tgt), "removed": removed, "dry_run": dry_run}
+        return json_response(200, {**body, "unsupported": unsupported})
 
     @app.get(
         "/v1/artifacts",
