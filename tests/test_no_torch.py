@@ -91,6 +91,7 @@ TORCH_FILES = [
     "tests/test_cache.py",
     "tests/test_target.py",
     "tests/test_compiler_cudnn.py",
+    "tests/test_ops.py",
 ]
 
 
