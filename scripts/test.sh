@@ -39,6 +39,11 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   $SUDO apt-get update -qq && $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
 
+# Old cudnn-frontend releases beside a shared cuDNN runtime, for
+# tests/test_frontend_versions.py (their real bindings on CPU). About 20 s and
+# 250 MB on a fresh clone, cached in .cache/old-frontends after that.
+PYTHON="$PY" scripts/old_frontends.sh
+
 # Lint and types first: cheap, and they fail the run like a failing test.
 "$PY" -m ruff check graphcache service tests scripts
 "$PY" -m mypy graphcache service

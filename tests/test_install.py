@@ -78,6 +78,17 @@ def calls(tmp_path: Path) -> list[str]:
 def test_scripts_test_sh_never_installs_into_the_system_python(tmp_path):
     env = shims(tmp_path)
     env["GRAPHCACHE_VENV"] = str(tmp_path / "venv")
+    # scripts/old_frontends.sh's cache, as a previous run leaves it (its
+    # .complete stamps), so that it installs nothing here and writes nothing
+    # into the checkout.
+    cache = tmp_path / "old-frontends"
+    env.update(GRAPHCACHE_OLD_FRONTENDS=str(cache), OLD_FRONTENDS_RUNTIME="stand-in-runtime")
+    (cache / "runtime").mkdir(parents=True)
+    (cache / "runtime" / ".complete").write_text("stand-in-runtime\n")
+    listed = re.search(r"^FRONTENDS=\(([^)]*)\)", (ROOT / "scripts" / "old_frontends.sh").read_text(), re.M)
+    for version in listed.group(1).split() if listed else ():
+        (cache / f"fe-{version}").mkdir()
+        (cache / f"fe-{version}" / ".complete").touch()
     out = subprocess.run(
         ["bash", str(ROOT / "scripts" / "test.sh"), "-q"], env=env, capture_output=True, text=True, timeout=300
     )

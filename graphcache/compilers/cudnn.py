@@ -55,15 +55,17 @@ ENVIRONMENT = re.compile(
     r"|cuda ?error|\bstream\b|no cuda|no gpu|device is none|out of memory|alloc_failed",
     re.IGNORECASE,
 )
-# Unknown-keyword refusals: pybind's message before 1.27, the lowering's after.
-_KEYWORD_REFUSAL = re.compile(r"incompatible function arguments|unexpected keyword|keyword argument", re.IGNORECASE)
 
 
 # -- dialects -------------------------------------------------------------
 
 
 def _band(cudnn: Any, spec: GraphSpec) -> dict[str, Any]:
-    """Mask keywords of frontends 1.10+ (diagonal alignment and band bounds)."""
+    """Mask keywords of frontends 1.10+ (diagonal alignment and band bounds).
+
+    Only called for a frontend that has ``cudnn.diagonal_alignment`` (the
+    dialect's ``requires``): 1.5-1.9 lack it and decline before this runs.
+    """
     align = cudnn.diagonal_alignment
     if spec.mask == "none":
         return {}
@@ -106,18 +108,42 @@ def _causal_flags(cudnn: Any, spec: GraphSpec) -> dict[str, Any] | None:
 @dataclass(frozen=True)
 class Dialect:
     """One generation of SDPA keywords; ``kwargs`` returns None when it cannot
-    express the spec's mask exactly."""
+    express the spec's mask exactly.
+
+    ``requires`` names the module attributes the dialect reads (e.g.
+    ``diagonal_alignment``, first in 1.10). A frontend without one of them
+    does not speak the dialect: it declines, like a frontend refusing a
+    keyword, and the chain goes on to the next one.
+    """
 
     name: str
     frontends: str
     kwargs: Callable[[Any, GraphSpec], dict[str, Any] | None]
+    requires: tuple[str, ...] = ()
+
+    def missing(self, cudnn: Any) -> list[str]:
+        """The module attributes this dialect needs and ``cudnn`` lacks."""
+        return [attr for attr in self.requires if not hasattr(cudnn, attr)]
 
 
 DIALECTS: tuple[Dialect, ...] = (
-    Dialect("diagonal_band", "1.13+", _newest),
-    Dialect("diagonal_band_is_inference", "1.10-1.12", _band_is_inference),
+    Dialect("diagonal_band", "1.13+", _newest, requires=("diagonal_alignment",)),
+    Dialect("diagonal_band_is_inference", "1.10-1.12", _band_is_inference, requires=("diagonal_alignment",)),
     Dialect("causal_flags", "1.5-1.9", _causal_flags),
 )
+
+# pybind11's overload failure for the C++ sdpa(): raised at the call by
+# frontends before 1.27, and by 1.27+ when their Python graph is lowered (at
+# validate() in 1.27-1.30, at create_execution_plans() in 1.31+). Read from
+# each release's wheel (docs/frontends.md); other TypeErrors (1.32's
+# _plan_serdes._Unserializable, a wrong argument type) are not refusals.
+KEYWORD_REFUSAL = "sdpa(): incompatible function arguments"
+
+
+def refuses_keywords(exc: BaseException) -> bool:
+    """Whether ``exc`` is the frontend refusing the dialect's sdpa() keywords."""
+    return isinstance(exc, TypeError) and str(exc).lstrip().startswith(KEYWORD_REFUSAL)
+
 
 BUILD_STEPS = (
     "validate",
@@ -169,13 +195,30 @@ def build_graph(
     tried: list[str] = []
     skipped: list[str] = []
     for dialect in dialects:
-        kwargs = dialect.kwargs(cudnn, spec)
+        missing = dialect.missing(cudnn)
+        if missing:
+            names = ", ".join(f"cudnn.{attr}" for attr in missing)
+            skipped.append(f"{dialect.name} (cudnn-frontend {frontend_version(cudnn)} has no {names})")
+            continue
+        try:
+            kwargs = dialect.kwargs(cudnn, spec)
+        except AttributeError as exc:
+            # A name the dialect reads that ``requires`` did not list: still a
+            # frontend that does not speak this dialect, never a crash of the chain.
+            skipped.append(f"{dialect.name} (cudnn-frontend {frontend_version(cudnn)} lacks a name it needs: {exc})")
+            continue
         if kwargs is None:
             skipped.append(f"{dialect.name} (cannot express mask {spec.mask!r} exactly)")
             continue
         try:
             graph, tensors, timings = _construct(cudnn, spec, uids, handle, kwargs, lower)
         except TypeError as exc:
+            if not refuses_keywords(exc):
+                raise BuildError(
+                    f"cudnn-frontend {frontend_version(cudnn)} raised a TypeError building {spec.summary()} "
+                    f"with dialect {dialect.name} that is not a refused sdpa() keyword, so the spec is not "
+                    f"recorded as unsupported: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else exc!r}"
+                ) from exc
             tried.append(f"{dialect.name}: {str(exc).splitlines()[0][:200]}")
             log.info("dialect %s refused by frontend %s: %s", dialect.name, frontend_version(cudnn), exc)
             continue
@@ -247,7 +290,7 @@ def _construct(
             else:
                 getattr(graph, step)()
         except TypeError as exc:
-            if _KEYWORD_REFUSAL.search(str(exc)):
+            if refuses_keywords(exc):
                 raise  # an unknown keyword at lowering: the dialect chain tries the next one
             raise classify_failure(cudnn, spec, step, exc) from exc
         except Exception as exc:  # noqa: BLE001 - cuDNN's errors have many types; classify_failure sorts them
