@@ -9,23 +9,29 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import json
+import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from graphcache.artifact import Artifact, read_header
-from graphcache.errors import CorruptArtifact, GraphCacheError, NotFound, SpecError
+from graphcache.errors import CorruptArtifact, GraphCacheError, NotFound, SpecError, StoreLocationError
 from graphcache.key import is_key
 from graphcache.settings import Settings
 from graphcache.spec import GraphSpec
-from graphcache.stores import Store, open_store, stored_header
+from graphcache.stores import Store, check_location, disk_folder, open_store, stored_header
 
-console = Console()
-err_console = Console(stderr=True, soft_wrap=True)
+# Markup off: what is printed holds paths, specs and error texts, and Rich
+# would read '[gpu]' or '[/x]' in them as tags (dropping or crashing on them).
+# Colour is given explicitly with Text(..., style=...).
+console = Console(markup=False, highlight=False)
+err_console = Console(stderr=True, soft_wrap=True, markup=False, highlight=False)
 
 
 class Context:
@@ -42,8 +48,19 @@ class Context:
             self.location = store
         self._store = None
 
-    def store(self) -> Store:
+    def store(self, *, read_only: bool = False) -> Store:
+        """The store --store / --cache-dir name. ``read_only`` verbs (ls, get,
+        inspect, rm, pin, explain, purge) refuse a cache folder that does not
+        exist, where opening it would create an empty one and answer
+        'nothing stored' about a mistyped path."""
         if self._store is None:
+            folder = disk_folder(self.settings, self.location)
+            if read_only and folder is not None and not folder.is_dir():
+                where = "--store" if self.location else "--cache-dir / GRAPHCACHE_DIR"
+                raise StoreLocationError(
+                    f"no cache folder at {folder} ({where}): nothing is stored there; "
+                    "check the path (warm or serve create it)"
+                )
             self._store = open_store(self.settings, self.location)
         return self._store
 
@@ -111,18 +128,25 @@ def resolve_key(store: Store, text: str) -> str:
     return matches[0]
 
 
+def _looks_like_key(text: str) -> bool:
+    text = text.strip().lower()
+    return len(text) >= 6 and all(c in "0123456789abcdef" for c in text)
+
+
 def load_spec_file(path: str) -> GraphSpec:
     """One spec from a JSON or YAML file."""
-    text = Path(path).read_text()
-    try:
-        if path.endswith((".yaml", ".yml")):
-            import yaml
+    import yaml
 
-            data = yaml.safe_load(text)
-        else:
-            data = json.loads(text)
-    except Exception as exc:  # noqa: BLE001 - any parse error is the user's file
-        raise SpecError(f"{path}: not valid JSON/YAML: {exc}") from exc
+    from graphcache.manifest import parse_error_text
+
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        raise SpecError(f"{path}: no such file") from None
+    try:
+        data = yaml.safe_load(text) if path.endswith((".yaml", ".yml")) else json.loads(text)
+    except (yaml.YAMLError, json.JSONDecodeError) as exc:
+        raise SpecError(parse_error_text(path, exc)) from exc
     try:
         return GraphSpec.from_dict(data)
     except SpecError as exc:
@@ -159,14 +183,18 @@ def age(created_at: str) -> str:
 @pass_ctx
 def ls_cmd(ctx: Context, target: str | None, as_json: bool) -> None:
     """List stored artifacts: key prefix, spec, target, size, age."""
-    store = ctx.store()
+    if target is not None:
+        from graphcache.target import Target
+
+        target = str(Target.parse(target))  # a typo is an error, not an empty listing
+    store = ctx.store(read_only=True)
     table = Table("key", "spec", "target", "size", "age", "note")
     count = 0
-    for key in sorted(store.keys()):
-        try:
-            header = stored_header(store, key)
-        except CorruptArtifact as exc:
-            table.add_row(key[:12], "-", "-", "-", "-", f"corrupt: {exc}")
+    for key, header, problem in _listing(store, target):
+        if problem is not None:
+            if as_json:
+                click.echo(json.dumps({"key": key, "corrupt": problem}, sort_keys=True))
+            table.add_row(key[:12], "-", "-", "-", "-", f"corrupt: {problem}")
             continue
         if header is None:
             continue
@@ -189,6 +217,21 @@ def ls_cmd(ctx: Context, target: str | None, as_json: bool) -> None:
         console.print(f"{count} artifact(s) in {store!r}")
 
 
+def _listing(store: Store, target: str | None) -> Iterator[tuple[str, dict[str, Any] | None, str | None]]:
+    """(key, header, problem) for every entry, by key. A service is asked for
+    its listing route (headers only, filtered there), never every artifact."""
+    items = getattr(store, "items", None)
+    if items is not None:
+        for item in items(target):
+            yield item["key"], item.get("header"), item.get("corrupt")
+        return
+    for key in sorted(store.keys()):
+        try:
+            yield key, stored_header(store, key), None
+        except CorruptArtifact as exc:
+            yield key, None, str(exc)
+
+
 @main.command("inspect")
 @click.argument("what")
 @store_options
@@ -199,18 +242,25 @@ def inspect_cmd(ctx: Context, what: str) -> None:
     expected: str | None = None
     if path.is_file():
         data: bytes | None = path.read_bytes()
+    elif not _looks_like_key(what):
+        raise NotFound(f"no such file: {what} (and it is not a key or a key prefix of 6+ hex characters)")
     else:
-        expected = resolve_key(ctx.store(), what)
-        data = ctx.store().get(expected)
+        store = ctx.store(read_only=True)
+        expected = resolve_key(store, what)
+        data = store.get(expected)
     if data is None:
         raise NotFound(f"key {expected} is not stored")
-    header = read_header(data)
     try:
-        Artifact.decode(data, expected_key=expected)
-        header["verified"] = True
-    except CorruptArtifact as exc:
-        header["verified"] = False
-        header["problem"] = str(exc)
+        header = read_header(data)
+    except CorruptArtifact as exc:  # not even a header: say so in the same shape
+        header = {"key": expected, "verified": False, "problem": str(exc)}
+    else:
+        try:
+            Artifact.decode(data, expected_key=expected)
+            header["verified"] = True
+        except CorruptArtifact as exc:
+            header["verified"] = False
+            header["problem"] = str(exc)
     header["size"] = len(data)
     click.echo(json.dumps(header, indent=2, sort_keys=True))
     if not header["verified"]:
@@ -224,7 +274,7 @@ def inspect_cmd(ctx: Context, what: str) -> None:
 @pass_ctx
 def get_cmd(ctx: Context, key: str, output: str) -> None:
     """Write the verified artifact KEY to a file."""
-    store = ctx.store()
+    store = ctx.store(read_only=True)
     key = resolve_key(store, key)
     data = store.get(key)
     if data is None:
@@ -240,7 +290,7 @@ def get_cmd(ctx: Context, key: str, output: str) -> None:
 @pass_ctx
 def rm_cmd(ctx: Context, key: str) -> None:
     """Remove the artifact KEY (or unique prefix)."""
-    store = ctx.store()
+    store = ctx.store(read_only=True)
     key = resolve_key(store, key)
     if not store.delete(key):
         raise NotFound(f"key {key} is not stored")
@@ -268,7 +318,7 @@ def purge_cmd(ctx: Context, target: str | None, unsupported: bool, server: str |
     if target is None and not unsupported:
         raise click.UsageError("give --target TARGET, --unsupported, or both")
     tgt = None if target is None else Target.parse(target)
-    store = _server_store(ctx, server)
+    store = _server_store(ctx, server, read_only=True)
     removed = ops.purge(store, tgt, unsupported=unsupported, dry_run=dry_run)
     for key in removed:
         click.echo(key)
@@ -284,7 +334,7 @@ def purge_cmd(ctx: Context, target: str | None, unsupported: bool, server: str |
 @pass_ctx
 def pin_cmd(ctx: Context, key: str, off: bool) -> None:
     """Exempt KEY from LRU eviction (or, with --off, make it evictable again)."""
-    store = ctx.store()
+    store = ctx.store(read_only=True)
     key = resolve_key(store, key)
     method = getattr(store, "unpin" if off else "pin", None)
     if method is None:
@@ -342,13 +392,13 @@ def _scalar(value: str) -> Any:
     return yaml.safe_load(value) if value else value
 
 
-def _server_store(ctx: Context, server: str | None) -> Store:
+def _server_store(ctx: Context, server: str | None, *, read_only: bool = False) -> Store:
     from graphcache.stores import HttpStore
 
     url = server or ctx.settings.server
     if url:
         return HttpStore(url, token=ctx.settings.token, timeout=ctx.settings.timeout)
-    return ctx.store()
+    return ctx.store(read_only=read_only)
 
 
 def _load_compiler(path: str) -> Any:
@@ -365,7 +415,12 @@ def _progress(label: str) -> Any:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     return Progress(
-        TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err_console, transient=False
+        TextColumn(label, markup=False),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=False,
     )
 
 
@@ -430,7 +485,9 @@ def warm_cmd(
             rows = ops.check(specs, tgt, store, jobs=max(jobs, 8), progress=lambda: bar.advance(task))
         table = Table("spec", "key", "status")
         for row in rows:
-            table.add_row(row.spec.summary(), row.key[:12], "[green]present[/]" if row.present else "[red]missing[/]")
+            table.add_row(
+                row.spec.summary(), row.key[:12], Text("present", "green") if row.present else Text("missing", "red")
+            )
         console.print(table)
         missing = sum(not r.present for r in rows)
         console.print(f"{len(rows) - missing}/{len(rows)} present for {tgt} in {store!r}")
@@ -445,7 +502,7 @@ def warm_cmd(
                 )
             )
         if missing:
-            err_console.print(f"[red]coverage gate failed:[/] {missing} spec(s) missing")
+            err_console.print(Text("coverage gate failed:", "red"), f"{missing} spec(s) missing")
             sys.exit(1)
         return
     from graphcache.cache import GraphCache
@@ -461,7 +518,7 @@ def warm_cmd(
     table = Table("spec", "key", "status", "detail")
     colour = {"present": "green", "built": "cyan", "unsupported": "yellow", "failed": "red"}
     for built in built_rows:
-        table.add_row(built.spec.summary(), built.key[:12], f"[{colour[built.status]}]{built.status}[/]", built.detail)
+        table.add_row(built.spec.summary(), built.key[:12], Text(built.status, colour[built.status]), built.detail)
     console.print(table)
     counts = {s: sum(r.status == s for r in built_rows) for s in colour}
     console.print(", ".join(f"{n} {s}" for s, n in counts.items()))
@@ -495,7 +552,7 @@ def explain_cmd(ctx: Context, spec_file: str, target: str, server: str | None) -
 
     spec = load_spec_file(spec_file)
     tgt = Target.parse(target)
-    result = ops.explain(spec, tgt, _server_store(ctx, server))
+    result = ops.explain(spec, tgt, _server_store(ctx, server, read_only=True))
     if result.present:
         console.print(f"present: {spec.summary()} on {tgt} is stored as {result.key}")
         return
@@ -505,12 +562,13 @@ def explain_cmd(ctx: Context, spec_file: str, target: str, server: str | None) -
     if not result.nearest:
         console.print("the store holds no entries to compare with")
     for cand in result.nearest:
+        console.print()
         console.print(
-            f"\n[bold]{cand.key[:12]}[/] {cand.spec.summary() if cand.spec else '?'} on {cand.target}: "
-            f"{len(cand.differences)} difference(s)"
+            Text(cand.key[:12], "bold"),
+            f"{cand.spec.summary() if cand.spec else '?'} on {cand.target}: {len(cand.differences)} difference(s)",
         )
         for diff in cand.differences:
-            console.print(f"  - {diff}", highlight=False)
+            console.print(f"  - {diff}")
     sys.exit(1)
 
 
@@ -546,6 +604,14 @@ def bench_cmd(
     from graphcache import bench
     from graphcache.target import Target
 
+    if plot_out:
+        # Before any work: a bench run is minutes on a GPU, and its plot the last step.
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise click.UsageError(
+                "--plot needs matplotlib, which is not installed: pip install 'graphcache[plot]' (or drop --plot)"
+            ) from None
     specs = _manifest_specs(manifest, spec_args)
     store = _server_store(ctx, server)
     url = server or ctx.settings.server
@@ -587,7 +653,7 @@ def _print_bench(report: dict[str, Any]) -> None:
         )
         for r in report["specs"]:
             if "error" in r:
-                table.add_row(r["summary"], "-", "-", "-", f"[red]{r['error']}[/]", "", "")
+                table.add_row(r["summary"], "-", "-", "-", Text(r["error"], "red"), "", "")
                 continue
             mem = r.get("memory")
             mem_text = (
@@ -611,14 +677,14 @@ def _print_bench(report: dict[str, Any]) -> None:
     table = Table("spec", "key", "size", "fetch ms", "verify ms", "total ms")
     for r in report["specs"]:
         if "error" in r:
-            table.add_row(r["summary"], r["key"][:12], "-", "-", "-", f"[red]{r['error']}[/]")
+            table.add_row(r["summary"], r["key"][:12], "-", "-", "-", Text(r["error"], "red"))
             continue
         p = r["warm"]["phases"]
         table.add_row(
             r["summary"], r["key"][:12], human_size(r["bytes"]), ms(p["fetch"]), ms(p["verify"]), ms(r["warm"]["total"])
         )
     console.print(table)
-    console.print(f"[yellow]{report['note']}[/]")
+    console.print(Text(report["note"], "yellow"))
 
 
 @main.command("doctor")
@@ -644,7 +710,7 @@ def doctor_cmd(spec_file: str | None) -> None:
 
 @main.command("serve")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", default=8080, show_default=True, type=int)
+@click.option("--port", default=8080, show_default=True, type=click.IntRange(1, 65535), help="TCP port, 1-65535.")
 @click.option("--workers", default=1, show_default=True, type=click.IntRange(1, 64), help="uvicorn worker processes.")
 @click.option("--log-level", default="info", show_default=True)
 @click.option(
@@ -671,8 +737,11 @@ def serve_cmd(
 
     import uvicorn
 
+    from service.server import uvicorn_options
+
     # Workers are separate processes: hand them the settings through the
     # environment, which create_app_from_env reads once at start.
+    check_location(ctx.location if ctx.location is not None else ctx.settings.store)
     os.environ["GRAPHCACHE_DIR"] = str(ctx.settings.cache_dir)
     if ctx.location is not None:
         os.environ["GRAPHCACHE_STORE"] = ctx.location
@@ -683,19 +752,14 @@ def serve_cmd(
     uvicorn.run(
         "service.app:create_app_from_env",
         factory=True,
-        host=host,
-        port=port,
-        workers=workers,
-        loop="uvloop",
-        http="httptools",
-        log_level=log_level,
-        access_log=False,
-        # Request bodies are bounded by GRAPHCACHE_MAX_UPLOAD and
-        # GRAPHCACHE_UPLOAD_TIMEOUT in the app; httptools refuses request
-        # heads over its 80 KiB limit with a 400.
-        timeout_keep_alive=timeout_keep_alive,
-        timeout_graceful_shutdown=10,
-        limit_concurrency=limit_concurrency,
+        **uvicorn_options(
+            host=host,
+            port=port,
+            workers=workers,
+            log_level=log_level,
+            limit_concurrency=limit_concurrency,
+            timeout_keep_alive=timeout_keep_alive,
+        ),
     )
 
 
@@ -728,13 +792,26 @@ def record_cmd(output: str, dtype: str | None, script: str, args: tuple[str, ...
     try:
         recorder = run_script(script, args, output, dtype)
     except SystemExit as exc:
-        err_console.print(f"[red]error:[/red] {script} exited with status {exc.code}; no manifest written")
+        err_console.print(
+            Text.assemble(("error:", "red"), f" {script} exited with status {exc.code}; no manifest written")
+        )
         raise
     console.print(
         f"wrote {output}: {len(recorder.specs)} spec(s) from {recorder.calls()} SDPA call(s)", highlight=False
     )
     for (code, message), count in sorted(recorder.ineligible.items()):
         console.print(f"  not a cuDNN graph ({code}, {count} call(s)): {message}", highlight=False)
+
+
+def one_line(text: str) -> str:
+    """A message on one line: YAML and HTTP errors come with newlines and indents."""
+    return " ".join(text.split())
+
+
+def fail(message: str, code: int = 1) -> None:
+    """Print ``error: MESSAGE`` on one line of stderr, as text, and exit ``code``."""
+    err_console.print(Text.assemble(("error:", "red"), " ", one_line(message)))
+    sys.exit(code)
 
 
 def run() -> None:
@@ -745,12 +822,17 @@ def run() -> None:
         err_console.print("aborted")
         sys.exit(130)
     except click.ClickException as exc:
-        exc.show()
-        sys.exit(exc.exit_code)
+        message = exc.format_message()
+        ctx = getattr(exc, "ctx", None)
+        if isinstance(exc, click.UsageError) and ctx is not None:
+            message += f" (see '{ctx.command_path} --help')"
+        fail(message, exc.exit_code)
     except (GraphCacheError, OSError) as exc:
-        msg = str(exc)
-        err_console.print(f"[red]error:[/red] {msg}", highlight=False, markup=True)
-        sys.exit(1)
+        fail(str(exc))
+    except Exception as exc:  # noqa: BLE001 - a bug still gets one line, not a traceback
+        if os.environ.get("GRAPHCACHE_DEBUG"):
+            raise
+        fail(f"internal error ({type(exc).__name__}: {exc}); set GRAPHCACHE_DEBUG=1 to see the traceback")
 
 
 if __name__ == "__main__":

@@ -99,6 +99,11 @@ class StoreError(GraphCacheError):
     """A store could not be reached or answered with an error."""
 
 
+class StoreLocationError(GraphCacheError, ValueError):
+    """A store location (--store, GRAPHCACHE_STORE, --cache-dir) names no usable store:
+    an unknown URL scheme, or a cache folder that does not exist for a verb that only reads."""
+
+
 class StoreUnavailable(StoreError):
     """A remote store (the service, Redis) is down or too slow."""
 

@@ -40,8 +40,24 @@ def load(path: str | Path) -> list[GraphSpec]:
     except OSError as exc:
         raise ManifestError(f"{path}: cannot read: {exc.strerror or exc}") from exc
     except yaml.YAMLError as exc:
-        raise ManifestError(f"{path}: not valid YAML: {exc}") from exc
+        raise ManifestError(parse_error_text(path, exc)) from exc
     return expand(data, source=str(path))
+
+
+def parse_error_text(path: str | Path, exc: Exception) -> str:
+    """One line naming the file, line and column of a YAML or JSON syntax error
+    (PyYAML's own text spans several lines and names '<unicode string>')."""
+    import json
+
+    import yaml
+
+    if isinstance(exc, json.JSONDecodeError):
+        return f"{path}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}"
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    if isinstance(exc, yaml.MarkedYAMLError) and mark is not None:
+        problem = " ".join(str(p) for p in (exc.context, exc.problem) if p)
+        return f"{path}:{mark.line + 1}:{mark.column + 1}: not valid YAML: {problem}"
+    return f"{path}: not valid YAML: {' '.join(str(exc).split())}"
 
 
 def expand(data: Any, source: str = "<manifest>") -> list[GraphSpec]:

@@ -5,7 +5,27 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Everything is installed into a virtual environment, never the system Python:
+# current Debian and Ubuntu refuse pip installs there (PEP 668). PYTHON (or
+# python3) is used as it is when it runs in a venv (an active one included);
+# otherwise .venv (GRAPHCACHE_VENV) is created from it, once, and used; it sees
+# the system's packages (a torch already there is not downloaded again), and
+# whatever is missing is installed into it.
 PY=${PYTHON:-python3}
+if [ -n "${VIRTUAL_ENV:-}" ] && [ -z "${PYTHON:-}" ]; then PY="$VIRTUAL_ENV/bin/python"; fi
+if ! "$PY" -c 'import sys; sys.exit(sys.prefix == sys.base_prefix)'; then
+  VENV=${GRAPHCACHE_VENV:-.venv}
+  if [ ! -x "$VENV/bin/python" ]; then
+    if ! "$PY" -m venv --system-site-packages "$VENV"; then
+      # Debian and Ubuntu ship venv's ensurepip separately.
+      if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
+      $SUDO apt-get update -qq && $SUDO apt-get install -y -qq python3-venv >/dev/null
+      rm -rf "$VENV"
+      "$PY" -m venv --system-site-packages "$VENV"
+    fi
+  fi
+  PY="$VENV/bin/python"
+fi
 # torch 2.13.0 resolves to the CPU build on this workplace's machines; an
 # unpinned torch would pull a multi-gigabyte CUDA build.
 # cudnn-frontend 1.32 is the only frontend whose validate() runs without a GPU.

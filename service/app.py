@@ -8,6 +8,7 @@
 - ``service.asgi``: the ASGI layers in front of FastAPI (artifact fast path,
   header limits, request metrics);
 - ``service.routes``: the FastAPI routes by resource;
+- ``service.docs``: Swagger UI at /docs from packaged assets (no CDN);
 - ``service.auth``, ``service.models``, ``service.errors``, ``service.metrics``.
 """
 
@@ -20,6 +21,7 @@ from fastapi import FastAPI
 
 from graphcache.settings import Settings
 from graphcache.stores import Store, open_store
+from service import docs
 from service.asgi import ArtifactFastPath, GraphcacheApp, RequestMetrics
 from service.errors import install_handlers
 from service.routes import artifacts, builds, catalog, health
@@ -47,12 +49,17 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None, 
         title="graphcache",
         version="0.1.0",
         description="Prebuilt cuDNN attention graphs, keyed by spec and target, verified end to end.",
+        # Swagger UI from the service's own assets (service.docs), not a CDN;
+        # ReDoc has no packaged assets, so it is not offered.
+        docs_url=None,
+        redoc_url=None,
         **options,
     )
     app.state.gc = state
     install_handlers(app)
     for module in (artifacts, catalog, builds, health):
         module.add_routes(app, state)
+    docs.add_routes(app)
     app.add_middleware(RequestMetrics, metrics=state.metrics)
     app.fast_path = ArtifactFastPath(state)
     return app

@@ -137,7 +137,6 @@ KNOWN_ROUTES = (
     "/docs",
     "/openapi.json",
     "/docs/oauth2-redirect",
-    "/redoc",
 )
 
 
@@ -154,7 +153,12 @@ class RequestMetrics:
             await self.app(scope, receive, send)
             return
         path = scope["path"]
-        route = "/v1/artifacts/{key}" if path.startswith(ARTIFACTS) else path if path in KNOWN_ROUTES else "other"
+        if path.startswith(ARTIFACTS):
+            route = "/v1/artifacts/{key}"
+        elif path in KNOWN_ROUTES:
+            route = path
+        else:
+            route = "/docs/assets" if path.startswith("/docs/assets/") else "other"
         status = 500
 
         async def counting_send(message: dict[str, Any]) -> None:

@@ -41,7 +41,7 @@ class Auth:
             raise ServiceError(
                 401,
                 "unauthorized",
-                f"this route needs a {need} token: send 'Authorization: Bearer TOKEN'",
+                f"this route needs {'an' if need == 'admin' else 'a'} {need} token: send 'Authorization: Bearer TOKEN'",
                 {"www-authenticate": "Bearer"},
             )
         scheme, _, token = authorization.partition(b" ")
@@ -50,7 +50,12 @@ class Auth:
         for candidate in allowed:  # no early exit: constant time in the match position
             ok |= hmac.compare_digest(candidate, token)
         if scheme.lower() != b"bearer" or not ok:
-            raise ServiceError(403, "forbidden", f"the token given is not a {need} token")
+            article = "an" if need == "admin" else "a"
+            raise ServiceError(
+                403,
+                "forbidden",
+                f"the token given is not {article} {need} token (one of this server's GRAPHCACHE_{need.upper()}_TOKENS)",
+            )
 
     def require(self, request: Request, need: str) -> None:
         """``check`` for a FastAPI route's request."""

@@ -25,6 +25,7 @@ from graphcache.errors import (
     UnsupportedGpu,
     UnsupportedSpec,
 )
+from graphcache.target import FORM as TARGET_FORM
 
 log = logging.getLogger("graphcache.service")
 
@@ -99,24 +100,56 @@ def install_handlers(app: FastAPI) -> None:
     async def _validation_error(request: Request, exc: RequestValidationError) -> Response:
         if any(tuple(e.get("loc", ()))[:2] == ("path", "key") for e in exc.errors()):
             return error_response(ServiceError(400, "invalid_key", "a key is 64 lowercase hex characters"))
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e.get('loc', ()) if p != 'body') or 'body'}: {e.get('msg')}"
-            for e in exc.errors()
-        )
-        return error_response(ServiceError(422, "invalid_request", problems))
+        errors = list(exc.errors())
+        bad_json = next((e for e in errors if e.get("type") == "json_invalid"), None)
+        if bad_json is not None:
+            why = (bad_json.get("ctx") or {}).get("error", "")
+            return error_response(
+                ServiceError(
+                    400,
+                    "bad_json",
+                    f"body is not JSON ({why}): send a JSON object with Content-Type: application/json; "
+                    "see /docs for this route's fields",
+                )
+            )
+        return error_response(ServiceError(422, "invalid_request", "; ".join(_problem(e) for e in errors)))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         headers = dict(exc.headers or {})
+        detail = str(exc.detail)
+        if exc.status_code == 404 and detail == "Not Found":
+            detail = f"no route {request.method} {request.url.path}: the API is listed at /docs"
         if exc.status_code == 405:
-            headers["Allow"] = ", ".join(_allowed_methods(request))
-        return error_response(ServiceError(exc.status_code, code, str(exc.detail), headers))
+            allowed = _allowed_methods(request)
+            headers["Allow"] = ", ".join(allowed)
+            detail = f"{request.method} is not allowed on {request.url.path}; allowed: {', '.join(allowed)}"
+        return error_response(ServiceError(exc.status_code, code, detail, headers))
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> Response:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         return error_response(from_library(exc))
+
+
+def _problem(error: Any) -> str:
+    """One validation problem as 'field: what to do' (pydantic's own words
+    name a regex or an internal type where a person needs the form)."""
+    loc = [str(p) for p in error.get("loc", ()) if p != "body"]
+    field = ".".join(loc) or "body"
+    kind = error.get("type", "")
+    if kind in ("model_attributes_type", "dict_type") and not loc:
+        return "body must be a JSON object (Content-Type: application/json); see /docs for this route's fields"
+    if kind == "string_pattern_mismatch" and loc and loc[-1] == "target":
+        return f"{field}: expected {TARGET_FORM}"
+    if kind == "string_pattern_mismatch" and loc and loc[-1] in ("key", "cursor"):
+        return f"{field}: a key is 64 lowercase hex characters"
+    if kind == "extra_forbidden":
+        return f"{field}: not a field of this request; see /docs for the fields it takes"
+    if kind == "missing":
+        return f"{field}: required"
+    return f"{field}: {error.get('msg')}"
 
 
 def _allowed_methods(request: Request) -> list[str]:

@@ -20,14 +20,26 @@ def _gpu_reason() -> str | None:
     return None
 
 
+def _missing(module: str, what: str) -> str | None:
+    try:
+        __import__(module)
+    except ImportError:
+        return f"needs {what}, which is not installed here (pip install 'graphcache[gpu]')"
+    return None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    reason = _gpu_reason()
-    if reason is None:
-        return
-    skip = pytest.mark.skip(reason=reason)
+    """gpu, torch and cudnn markers skip, with the reason, where this host lacks them."""
+    reasons = {
+        "gpu": _gpu_reason(),
+        "torch": _missing("torch", "torch"),
+        "cudnn": _missing("cudnn", "nvidia-cudnn-frontend"),
+    }
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        for marker, reason in reasons.items():
+            if reason is not None and marker in item.keywords:
+                item.add_marker(pytest.mark.skip(reason=reason))
+                break
 
 
 def _need_redis() -> None:

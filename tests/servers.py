@@ -1,4 +1,5 @@
-"""Real servers on 127.0.0.1 for tests: the app under uvicorn in a thread."""
+"""Real servers on 127.0.0.1 for tests: the app under uvicorn in a thread,
+configured by the same factory as `graphcache serve` (service.server)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import time
 from typing import Any
 
 import uvicorn
+
+from service.server import config as server_config
 
 
 class ServerThread:
@@ -20,9 +23,10 @@ class ServerThread:
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(
-            app, log_level="warning", loop="asyncio", http="h11", lifespan="off", timeout_graceful_shutdown=1
-        )
+        # The shipped configuration (service.server, as `graphcache serve` runs
+        # it: uvloop, httptools, its limits); only the log level and the
+        # shutdown grace differ, so that a test's server stops at once.
+        config = server_config(app, host="127.0.0.1", port=self.port, log_level="warning", shutdown_grace=1)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 

@@ -100,8 +100,10 @@ def test_signed_cache_refuses_unsigned_entries(store):
     assert strict.get(spec()).signature == art.signature
 
 
+@pytest.mark.torch
 def test_torch_fallback_when_no_gpu(store):
-    torch = pytest.importorskip("torch")
+    import torch
+
     from graphcache.compilers.cudnn import CudnnCompiler
 
     if torch.cuda.is_available():

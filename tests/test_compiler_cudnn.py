@@ -30,6 +30,7 @@ MATRIX = [
 ]
 
 
+@pytest.mark.cudnn
 @pytest.mark.parametrize("changes", MATRIX, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
 def test_real_frontend_constructs_and_validates(changes):
     cudnn = pytest.importorskip("cudnn")
@@ -93,6 +94,8 @@ ORACLE_MASKS = [
 ]
 
 
+@pytest.mark.torch
+@pytest.mark.cudnn
 @pytest.mark.parametrize("dialect_name", ["diagonal_band", "diagonal_band_is_inference", "causal_flags"])
 @pytest.mark.parametrize("mask", ORACLE_MASKS, ids=lambda m: "-".join(map(str, m.values())))
 def test_real_frontend_analyzer_reads_back_the_spec_mask(mask, dialect_name):
@@ -137,6 +140,7 @@ def _has_driver() -> bool:
     return True
 
 
+@pytest.mark.cudnn
 @pytest.mark.skipif(_has_driver(), reason="records what 1.32 does on a machine without an NVIDIA driver")
 @pytest.mark.parametrize("changes", MATRIX, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
 def test_real_frontend_lowers_to_the_operation_graph_on_cpu(changes):
@@ -155,6 +159,7 @@ def test_real_frontend_lowers_to_the_operation_graph_on_cpu(changes):
     assert isinstance(declined, RuntimeError) and not isinstance(declined, cudnn.cudnnGraphNotSupportedError)
 
 
+@pytest.mark.cudnn
 def test_standin_1_32_table_matches_the_installed_frontend():
     import re
 
@@ -345,6 +350,7 @@ def test_payload_forms_normalise_to_bytes():
     assert payload_for_frontend(b"ab", "1.23.0") == [97, 98]
 
 
+@pytest.mark.cudnn
 def test_real_frontend_dropout_gets_seed_and_offset_tensors_with_their_uids():
     cudnn = pytest.importorskip("cudnn")
     built = build_graph(cudnn, make(mask="causal", dropout=0.1), lower=False)

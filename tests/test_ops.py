@@ -100,6 +100,7 @@ def test_cli_warm_then_check_against_a_real_server(tmp_path, manifest_file):
         assert out.returncode == 1 and "0/4 present" in out.stdout
 
 
+@pytest.mark.torch  # without torch the message is that torch is missing (tests/test_no_torch.py)
 def test_cli_warm_without_gpu_says_so(manifest_file, tmp_path):
     out = cli("--cache-dir", str(tmp_path), "warm", str(manifest_file))
     assert out.returncode == 1 and "no CUDA GPU" in out.stderr and "Traceback" not in out.stderr

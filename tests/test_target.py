@@ -57,8 +57,10 @@ def test_cudnn_integer_versions():
     assert cudnn_version_text(8902) == "8.9.2"
 
 
+@pytest.mark.torch
 def test_detect_without_gpu_raises_no_gpu_with_a_clear_message():
-    torch = pytest.importorskip("torch")
+    import torch
+
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     with pytest.raises(NoGpu, match="no CUDA GPU found"):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from graphcache.errors import ExecutionError
+from graphcache.errors import ExecutionError, NoGpu
 from graphcache.spec import GraphSpec
 
 log = logging.getLogger(__name__)
@@ -235,6 +235,14 @@ class TorchSdpaGraph:
     backend = "torch"
 
     def __init__(self, spec: GraphSpec, reason: str = "") -> None:
+        try:
+            import torch  # noqa: F401 - here, so that a host without torch fails at load, not at execute
+        except ImportError:
+            why = f" ({reason})" if reason else ""
+            raise NoGpu(
+                f"cuDNN cannot serve {spec.summary()} here{why}, and the torch fallback needs torch, "
+                "which is not installed: pip install 'graphcache[gpu]'"
+            ) from None
         self.spec = spec
         self.reason = reason
         self.workspace_size = 0

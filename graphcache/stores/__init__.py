@@ -2,17 +2,29 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from graphcache.artifact import read_header
-from graphcache.errors import CorruptArtifact
+from graphcache.errors import CorruptArtifact, StoreLocationError
 from graphcache.settings import Settings
 from graphcache.stores.base import Store
 from graphcache.stores.disk import DiskStore
 from graphcache.stores.http import HttpStore
 from graphcache.stores.tiered import TieredStore
 
-__all__ = ["DiskStore", "HttpStore", "Store", "TieredStore", "open_store", "stored_header", "worker_store"]
+__all__ = [
+    "SCHEMES",
+    "DiskStore",
+    "HttpStore",
+    "Store",
+    "TieredStore",
+    "check_location",
+    "disk_folder",
+    "open_store",
+    "stored_header",
+    "worker_store",
+]
 
 HEADER_PREFIX = 64 * 1024
 
@@ -21,6 +33,7 @@ def open_store(settings: Settings, location: str | None = None) -> Store:
     """The store a location names: '' or a path -> DiskStore; redis://... ->
     RedisStore; http(s)://... -> HttpStore."""
     where = settings.store if location is None else location
+    check_location(where)
     if where.startswith(("redis://", "rediss://", "unix://")):
         from graphcache.stores.redis import RedisStore
 
@@ -28,6 +41,29 @@ def open_store(settings: Settings, location: str | None = None) -> Store:
     if where.startswith(("http://", "https://")):
         return HttpStore(where, token=settings.token, timeout=settings.timeout)
     return DiskStore(where or settings.cache_dir, size_limit=settings.size_limit)
+
+
+SCHEMES = ("redis://", "rediss://", "unix://", "http://", "https://")
+
+
+def check_location(where: str) -> None:
+    """Refuse a URL of a scheme no store speaks (ftp://x would otherwise be
+    taken as the folder ``ftp:/x``)."""
+    scheme, sep, _ = where.partition("://")
+    if sep and not where.startswith(SCHEMES):
+        raise StoreLocationError(
+            f"store location {where!r}: unknown scheme {scheme + '://'!r}; "
+            f"give a folder path or a URL starting with {', '.join(SCHEMES)}"
+        )
+
+
+def disk_folder(settings: Settings, location: str | None = None) -> Path | None:
+    """The folder a location names when it names a DiskStore, else None."""
+    where = settings.store if location is None else location
+    check_location(where)
+    if where.startswith(SCHEMES):
+        return None
+    return Path(where) if where else settings.cache_dir
 
 
 def worker_store(settings: Settings) -> Store:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,11 +12,55 @@ from typing import Any
 
 import diskcache
 
+from graphcache.errors import StoreError
 from graphcache.key import is_key
+
+log = logging.getLogger(__name__)
 
 DEFAULT_SIZE_LIMIT = 10 * 1024**3
 PINNED = "pinned"
 _PATH_MEMO = 100_000
+
+
+class NoPickleDisk(diskcache.Disk):
+    """diskcache's row codec, without pickle.
+
+    diskcache unpickles a value (or key) whose row says it was pickled
+    (CVE-2025-69872): whoever can write the cache folder could run code in
+    every process that reads it. Here such a row reads as its raw stored bytes
+    (the pickle stream, never loaded), which are not an artifact and fail
+    verification like any corrupt entry: quarantined by the service, counted
+    and removed by GraphCache, shown as corrupt by ``graphcache ls``. Writes
+    of anything but bytes or text are refused, so graphcache never pickles.
+    """
+
+    def fetch(self, mode: int, filename: str | None, value: Any, read: bool) -> Any:
+        if mode == diskcache.core.MODE_RAW:
+            return bytes(value) if type(value) is sqlite3.Binary else value
+        if mode in (diskcache.core.MODE_PICKLE, diskcache.core.MODE_TEXT):
+            log.warning("diskcache row stored in mode %d (not raw bytes): read as bytes, never unpickled", mode)
+            if filename is None:
+                return bytes(value) if value is not None else b""
+            mode = diskcache.core.MODE_BINARY
+        if mode == diskcache.core.MODE_BINARY and filename is not None:
+            path = os.path.join(self._directory, filename)
+            if read:
+                return open(path, "rb")  # noqa: SIM115 - handed to the caller
+            with open(path, "rb") as reader:
+                return reader.read()
+        return b""
+
+    def get(self, key: Any, raw: bool) -> Any:
+        if raw:
+            return bytes(key) if type(key) is sqlite3.Binary else key
+        # A pickled key: never a graphcache key (those are text); its bytes
+        # are not loaded, and DiskStore.keys() skips anything not text.
+        return bytes(key)
+
+    def store(self, value: Any, read: bool, key: Any = diskcache.core.UNKNOWN) -> Any:
+        if not read and not isinstance(value, (bytes, str)):
+            raise TypeError(f"DiskStore stores bytes or text, not {type(value).__name__} (it never pickles)")
+        return super().store(value, read, key=key)
 
 
 class DiskStore:
@@ -38,7 +84,16 @@ class DiskStore:
         self.touch_interval = touch_interval
         self._touched: dict[str, float] = {}
         self._paths: dict[str, str] = {}
-        self._cache = diskcache.Cache(
+        try:
+            self._cache = self._open_index(size_limit)
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(
+                f"{self.path / 'cache.db'} is not a diskcache index ({exc}): "
+                "move the folder aside, or point --cache-dir / GRAPHCACHE_DIR at another one"
+            ) from exc
+
+    def _open_index(self, size_limit: int) -> diskcache.Cache:
+        return diskcache.Cache(
             str(self.path),
             size_limit=size_limit,
             # diskcache's own LRU writes access_time in a transaction on every
@@ -53,6 +108,7 @@ class DiskStore:
             # diskcache culls ten entries at a time on set, hot ones included;
             # we evict one least-recently-used entry at a time instead (_evict).
             cull_limit=0,
+            disk=NoPickleDisk,
         )
 
     def get(self, key: str) -> bytes | None:
@@ -100,6 +156,10 @@ class DiskStore:
         self._touch(key)
         if isinstance(value, bytes):
             return value, None
+        if not hasattr(value, "fileno"):
+            # Raw text or a number in the index: not an artifact; its text
+            # fails verification like any corrupt entry.
+            return str(value).encode("utf-8", "surrogateescape"), None
         if len(self._paths) >= _PATH_MEMO:
             self._paths.clear()
         self._paths[key] = value.name

@@ -63,7 +63,9 @@ class HttpStore:
             with self._lock:
                 self.errors += 1
                 self._down_until = time.monotonic() + self.retry_after
-            log.warning("graphcache service %s unavailable: %s", self.url, exc)
+            # No log line here: the exception says it, and callers that carry
+            # on without the service (TieredStore, GraphCache) log their own
+            # warning; a CLI user gets one error line, not a warning and then it.
             raise StoreUnavailable(f"{self.url} did not answer: {type(exc).__name__}: {exc}") from exc
         if response.status_code >= 500:
             with self._lock:
@@ -121,9 +123,15 @@ class HttpStore:
 
     def headers(self, target: str | None = None) -> Iterator[dict[str, Any]]:
         """Every stored header (optionally of one target), page by page."""
-        for item in self._pages({"limit": 200, **({"target": target} if target else {})}):
+        for item in self.items(target):
             if "header" in item:
                 yield item["header"]
+
+    def items(self, target: str | None = None) -> Iterator[dict[str, Any]]:
+        """The listing route's items in key order: ``{key, size, header}``, or
+        ``{key, corrupt}`` for an entry whose header the server cannot read.
+        Headers only: no artifact is downloaded."""
+        yield from self._pages({"limit": 200, **({"target": target} if target else {})})
 
     def _pages(self, params: dict[str, Any]) -> Iterator[dict[str, Any]]:
         cursor: str | None = None
@@ -141,6 +149,14 @@ class HttpStore:
     def pin(self, key: str) -> bool:
         """Exempt an entry from eviction on the server (write token)."""
         response = self._request("POST", f"/v1/artifacts/{key}/pin")
+        if response.status_code == 404:
+            return False
+        _expect(response, 200)
+        return True
+
+    def unpin(self, key: str) -> bool:
+        """Make an entry evictable again on the server (write token)."""
+        response = self._request("DELETE", f"/v1/artifacts/{key}/pin")
         if response.status_code == 404:
             return False
         _expect(response, 200)

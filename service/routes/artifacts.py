@@ -1,4 +1,4 @@
-"""Routes for one artifact: GET/HEAD (see service.asgi for the fast path), PUT, DELETE, pin."""
+"""Routes for one artifact: GET/HEAD (see service.asgi for the fast path), PUT, DELETE, pin and unpin."""
 
 from __future__ import annotations
 
@@ -135,6 +135,21 @@ def add_routes(app: FastAPI, state: State) -> None:
         if not await anyio.to_thread.run_sync(pin, key):
             raise ServiceError(404, "not_found", f"no artifact stored for key {key}")
         return json_response(200, {"key": key, "pinned": True})
+
+    @app.delete(
+        "/v1/artifacts/{key}/pin",
+        summary="Make a pinned artifact evictable again (write token)",
+        response_model=PinResult,
+        responses=error_responses(400, 401, 403, 404, 501, 503),
+    )
+    async def unpin_artifact(key: KeyPath, request: Request) -> Response:
+        state.auth.require(request, "write")
+        unpin = getattr(state.store, "unpin", None)
+        if unpin is None:
+            raise ServiceError(501, "not_supported", f"{state.store!r} cannot pin or unpin entries")
+        if not await anyio.to_thread.run_sync(unpin, key):
+            raise ServiceError(404, "not_found", f"no artifact stored for key {key}")
+        return json_response(200, {"key": key, "pinned": False})
 
 
 def _raw_headers(request: Request) -> dict[bytes, bytes]:

@@ -1,0 +1,140 @@
+"""The README's two commands where the system Python refuses `pip install`
+outside a virtual environment (PEP 668, current Debian and Ubuntu).
+
+A stand-in `python3` on PATH plays that system Python: it refuses
+`-m pip` with the externally-managed-environment error and otherwise runs
+this host's base (non-venv) Python; `-m venv DIR` makes DIR/bin/python, a
+stand-in venv Python that records pip, ruff, mypy and pytest calls instead of
+running them (no network, and no second test suite inside this one) and runs
+everything else, graphcache included, on this checkout.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).parent.parent
+
+SYSTEM_PYTHON = r"""#!/bin/bash
+echo "system $*" >> "$SHIM_LOG"
+if [ "$1" = "-m" ] && [ "$2" = "pip" ]; then
+  echo "error: externally-managed-environment" >&2
+  echo "This environment is externally managed (PEP 668): use a virtual environment." >&2
+  exit 1
+fi
+if [ "$1" = "-m" ] && [ "$2" = "venv" ]; then
+  dir="${@: -1}"  # the folder is the last argument, after any options
+  mkdir -p "$dir/bin"
+  sed "s#@REAL@#$VENV_REAL#" "$SHIM_DIR/venv-python.in" > "$dir/bin/python"
+  chmod +x "$dir/bin/python"
+  exit 0
+fi
+exec "$BASE_PYTHON" "$@"
+"""
+
+VENV_PYTHON = r"""#!/bin/bash
+echo "venv $*" >> "$SHIM_LOG"
+case "$1 $2" in
+  "-m pip"|"-m ruff"|"-m mypy"|"-m pytest") exit 0 ;;
+esac
+exec @REAL@ "$@"
+"""
+
+
+def shims(tmp_path: Path) -> dict[str, str]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").write_text(SYSTEM_PYTHON)
+    (bin_dir / "python3").chmod(0o755)
+    (bin_dir / "venv-python.in").write_text(VENV_PYTHON)
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHON")}
+    base = Path(sys.base_prefix) / "bin" / "python3"
+    assert base.exists(), base
+    env.update(
+        PATH=f"{bin_dir}{os.pathsep}{env['PATH']}",
+        SHIM_LOG=str(tmp_path / "calls.log"),
+        SHIM_DIR=str(bin_dir),
+        BASE_PYTHON=str(base),
+        VENV_REAL=sys.executable,  # this test's Python, which has graphcache's dependencies
+        PYTHONPATH=str(ROOT),
+    )
+    return env
+
+
+def calls(tmp_path: Path) -> list[str]:
+    log = tmp_path / "calls.log"
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def test_scripts_test_sh_never_installs_into_the_system_python(tmp_path):
+    env = shims(tmp_path)
+    env["GRAPHCACHE_VENV"] = str(tmp_path / "venv")
+    # scripts/old_frontends.sh's cache, as a previous run leaves it (its
+    # .complete stamps), so that it installs nothing here and writes nothing
+    # into the checkout.
+    cache = tmp_path / "old-frontends"
+    env.update(GRAPHCACHE_OLD_FRONTENDS=str(cache), OLD_FRONTENDS_RUNTIME="stand-in-runtime")
+    (cache / "runtime").mkdir(parents=True)
+    (cache / "runtime" / ".complete").write_text("stand-in-runtime\n")
+    listed = re.search(r"^FRONTENDS=\(([^)]*)\)", (ROOT / "scripts" / "old_frontends.sh").read_text(), re.M)
+    for version in listed.group(1).split() if listed else ():
+        (cache / f"fe-{version}").mkdir()
+        (cache / f"fe-{version}" / ".complete").touch()
+    out = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "test.sh"), "-q"], env=env, capture_output=True, text=True, timeout=300
+    )
+    log = calls(tmp_path)
+    assert out.returncode == 0, out.stderr + "\n".join(log)
+    assert not [c for c in log if c.startswith("system -m pip")], log
+    assert any(c.startswith("system -m venv") for c in log), log
+    installs = [c for c in log if c.startswith("venv -m pip install")]
+    assert any("-e .[dev,gpu]" in c for c in installs), log
+    assert any(c.startswith("venv -m pytest") for c in log), log
+
+
+def test_readme_serve_command_works_where_pip_refuses_the_system_python(tmp_path):
+    readme = (ROOT / "README.md").read_text()
+    lines = [ln.strip() for ln in readme.splitlines() if "graphcache serve" in ln and "pip install" in ln]
+    assert len(lines) == 1, lines
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    command = re.sub(r"--port \d+", f"--port {port}", lines[0])
+    env = shims(tmp_path)
+    proc = subprocess.Popen(
+        ["bash", "-c", command],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, f"the README command exited: {proc.stderr.read()}"
+            try:
+                health = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, "graphcache serve did not start"
+                time.sleep(0.2)
+        assert health.status_code == 200 and "cache" in health.json()["store"]
+        assert (tmp_path / "cache").is_dir()
+        assert not [c for c in calls(tmp_path) if c.startswith("system -m pip")]
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)  # the group this test started: bash and the server
+        except ProcessLookupError:
+            pass
+        proc.wait(15)
