@@ -107,11 +107,20 @@ async def run(url: str, readers: int, writers: int, duration: float, token: str 
             except CorruptArtifact:
                 garbled += 1
     return {
-        "readers": readers, "writers": writers, "duration_s": duration,
-        "gets": len(lat["get"]), "puts": len(lat["put"]), "entries": len(known),
-        "errors": len(errors), "first_errors": errors[:10], "lost": lost, "garbled": garbled,
-        "get_p50_ms": pct(lat["get"], 0.5), "get_p99_ms": pct(lat["get"], 0.99),
-        "put_p50_ms": pct(lat["put"], 0.5), "put_p99_ms": pct(lat["put"], 0.99),
+        "readers": readers,
+        "writers": writers,
+        "duration_s": duration,
+        "gets": len(lat["get"]),
+        "puts": len(lat["put"]),
+        "entries": len(known),
+        "errors": len(errors),
+        "first_errors": errors[:10],
+        "lost": lost,
+        "garbled": garbled,
+        "get_p50_ms": pct(lat["get"], 0.5),
+        "get_p99_ms": pct(lat["get"], 0.99),
+        "put_p50_ms": pct(lat["put"], 0.5),
+        "put_p99_ms": pct(lat["put"], 0.99),
         "get_mean_ms": statistics.mean(lat["get"]) * 1e3 if lat["get"] else 0.0,
     }
 
@@ -121,8 +130,12 @@ def start_server(folder: str) -> tuple[subprocess.Popen, str]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "GRAPHCACHE_DIR": folder, "GRAPHCACHE_SIZE_LIMIT": str(20 * 1024**3)}
-    proc = subprocess.Popen([sys.executable, "-m", "graphcache", "serve", "--port", str(port), "--log-level", "warning"],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "graphcache", "serve", "--port", str(port), "--log-level", "warning"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
