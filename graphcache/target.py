@@ -148,8 +148,9 @@ class Target:
         )
 
 
-def runtime_info() -> dict[str, Any]:
-    """CUDA runtime and driver versions: recorded in headers, not in keys."""
+def runtime_info(device: int = 0) -> dict[str, Any]:
+    """CUDA runtime and driver versions and the name of GPU ``device`` (the
+    one that built): recorded in headers, not in keys."""
     info: dict[str, Any] = {}
     try:
         import torch
@@ -157,7 +158,7 @@ def runtime_info() -> dict[str, Any]:
         info["torch"] = torch.__version__
         info["cuda_runtime"] = torch.version.cuda
         if torch.cuda.is_available():
-            info["gpu_name"] = torch.cuda.get_device_name(0)
+            info["gpu_name"] = torch.cuda.get_device_name(device)
             try:
                 info["driver"] = torch.cuda.driver_version()  # type: ignore[attr-defined]
             except Exception:  # noqa: BLE001 - older torch has no such call

@@ -60,12 +60,60 @@ def _refuse_at(monkeypatch, cudnn, step: str, exc: BaseException) -> None:
 def test_cudnn_saying_not_supported_is_an_unsupported_spec_naming_the_step(cudnn, monkeypatch):
     from graphcache.compilers.cudnn import build_graph
 
+    monkeypatch.setattr(cudnn.pygraph, "create_execution_plans", lambda self, modes=None: None)
     refusal = cudnn.cudnnGraphNotSupportedError("No valid engine configs for SDPA_FWD with head dim 64")
-    _refuse_at(monkeypatch, cudnn, "create_execution_plans", refusal)
+    _refuse_at(monkeypatch, cudnn, "check_support", refusal)
+    with pytest.raises(UnsupportedSpec) as info:
+        build_graph(cudnn, make())
+    assert info.value.step == "check_support"
+    assert "does not support" in str(info.value) and "cudnn-frontend 1.32" in str(info.value)
+
+
+def _decline_at_planning(monkeypatch, cudnn, backend_error: BaseException) -> None:
+    """What 1.31+'s create_execution_plans does when no engine proposes a
+    plan: the backend's own error is kept on the graph (_backend_declined)
+    and the whole is raised as cudnnGraphNotSupportedError."""
+
+    def plan(self, modes=None):  # noqa: ANN001
+        self._backend_declined = backend_error
+        raise cudnn.cudnnGraphNotSupportedError(
+            f"no engine proposed a plan for this graph (the backend declined: {backend_error})"
+        )
+
+    monkeypatch.setattr(cudnn.pygraph, "create_execution_plans", plan)
+
+
+def test_planning_declined_by_the_backend_itself_is_unsupported(cudnn, monkeypatch):
+    from graphcache.compilers.cudnn import build_graph
+
+    _decline_at_planning(monkeypatch, cudnn, cudnn.cudnnGraphNotSupportedError("No valid engine configs for SDPA"))
     with pytest.raises(UnsupportedSpec) as info:
         build_graph(cudnn, make())
     assert info.value.step == "create_execution_plans"
-    assert "does not support" in str(info.value) and "cudnn-frontend 1.32" in str(info.value)
+
+
+def test_planning_declined_because_the_backend_failed_is_a_build_error(cudnn, monkeypatch):
+    """A RuntimeError the backend raised (a failing device, a bad descriptor)
+    is folded into "not supported" by 1.31+; its words need not name the host."""
+    from graphcache.compilers.cudnn import build_graph
+
+    _decline_at_planning(monkeypatch, cudnn, RuntimeError("CUDNN_STATUS_BAD_PARAM"))
+    with pytest.raises(BuildError):
+        build_graph(cudnn, make())
+
+
+def test_no_plan_built_is_never_recorded_as_unsupported(cudnn, monkeypatch):
+    """build_plans' "No valid execution plans built." (include/cudnn_frontend/
+    plans.h, v1.23.0) is what every plan failing to compile looks like,
+    NVRTC or libcuda missing included."""
+    from graphcache.compilers.cudnn import build_graph
+
+    monkeypatch.setattr(cudnn.pygraph, "create_execution_plans", lambda self, modes=None: None)
+    monkeypatch.setattr(cudnn.pygraph, "check_support", lambda self: None)
+    refusal = cudnn.cudnnGraphNotSupportedError("[cudnn_frontend] Error: No valid execution plans built.")
+    _refuse_at(monkeypatch, cudnn, "build_plans", refusal)
+    with pytest.raises(BuildError, match="build_plans"):
+        build_graph(cudnn, make())
 
 
 @pytest.mark.parametrize(
@@ -115,15 +163,45 @@ def test_plans_are_restricted_to_runtime_compiled_engines_before_check_support(c
     monkeypatch.setattr(cudnn.pygraph, "create_execution_plans", lambda self, modes=None: None)
 
     def check_support(self):  # noqa: ANN001
-        # 1.32 records note filters on the graph (pygraph._note_filters) and
-        # replays them on the backend once it has plans.
+        # 1.32 records note filters and barred engine names on the graph
+        # (pygraph._note_filters, _barred_names) and replays them on the
+        # backend once it has plans.
         seen["filters"] = list(self._note_filters)
+        seen["barred"] = set(self._barred_names)
         raise cudnn.cudnnGraphNotSupportedError("No valid engine configs (stop here)")
 
     monkeypatch.setattr(cudnn.pygraph, "check_support", check_support)
     with pytest.raises(UnsupportedSpec):
         build_graph(cudnn, make())
     assert ("behavior", cudnn.behavior_note.RUNTIME_COMPILATION, True) in seen["filters"]
+    # Python (CuTe DSL) engines are kept out: their blobs load only under the
+    # builder's exact CUDA driver, which the key does not cover.
+    assert "sdpa_fwd_prefill_sm90" in seen["barred"] and "sdpa_fwd_prefill_sm100" in seen["barred"]
+
+
+@pytest.mark.parametrize(
+    "exc, kind, reason",
+    [
+        # 1.27+'s own words when a blob holds no precompiled plan (read from the wheels).
+        (
+            RuntimeError("enforce_precompiled requested, but serialized graph has no precompiled execution plan"),
+            "PlanRejected",
+            "needs_recompile",
+        ),
+        (RuntimeError("Unsupported graph JSON version. Expected 2.0"), "PlanRejected", "deserialize_failed"),
+        (TypeError("deserialize(): incompatible function arguments"), "BuildError", None),
+        (RuntimeError("CUDA driver version is insufficient for CUDA runtime version"), "BuildError", None),
+        (RuntimeError("CUDNN_STATUS_ALLOC_FAILED"), "BuildError", None),
+    ],
+    ids=["needs-recompile", "bad-blob", "call-form", "driver", "oom"],
+)
+def test_a_load_failure_drops_the_entry_only_when_the_blob_is_at_fault(exc, kind, reason):
+    from graphcache.compilers.cudnn import load_failure
+    from tests.fakes import make_artifact
+
+    failure = load_failure(make_artifact(make(), TARGET), exc)
+    assert type(failure).__name__ == kind
+    assert getattr(failure, "reason", None) == reason
 
 
 def test_a_python_engine_plan_is_refused_where_the_frontend_cannot_serialize_it():
@@ -330,3 +408,30 @@ def test_dropout_is_not_claimed_as_checked():
 
 def test_negative_entries_are_kinds_of_unsupported_spec():
     assert issubclass(NotSerializable, UnsupportedSpec) and not issubclass(BuildError, UnsupportedSpec)
+
+
+def test_rows_the_mask_leaves_without_a_key_are_not_compared():
+    """Bottom-right alignment with more queries than keys leaves the first
+    rows no key: the reference writes zeros there, cuDNN promises nothing."""
+    from graphcache.compilers.torch_sdpa import TorchSdpaGraph, random_inputs, reference_error, within_tolerance
+
+    spec = make(mask="causal_bottom_right", seq_q=64, seq_kv=32, dtype="float16")
+    feed = random_inputs(spec, "cpu", seed=5)
+    out = TorchSdpaGraph(spec).execute(**feed).float()
+    undefined = out.clone()
+    undefined[:, :32] = float("nan")  # bshd: rows 0..31 see no key
+    assert within_tolerance(spec, reference_error(spec, undefined, feed))
+    undefined[:, 32] = float("nan")  # row 32 sees key 0
+    assert not within_tolerance(spec, reference_error(spec, undefined, feed))
+
+
+def test_a_canary_drawn_from_another_input_is_skipped_not_failed():
+    from graphcache.compilers import canary
+
+    spec = make()
+    feed = canary.inputs(spec, "cpu")
+    record = canary.describe(spec, feed["q"], feed, deterministic=True)
+    assert canary.comparable(record, feed)
+    other = dict(feed, q=feed["q"] + 1)  # what another torch's generator might draw
+    assert not canary.comparable(record, other)
+    assert not canary.comparable({**record, "seed": 1}, feed)

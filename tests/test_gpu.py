@@ -148,6 +148,16 @@ def test_execute_follows_the_callers_stream_and_threads_take_turns(compiler):
     assert len(errors) == 4 and all(e < 5e-3 for e in errors), errors
 
 
+def test_each_stream_has_its_own_workspace(compiler):
+    import torch
+
+    graph = compiler.load(compiler.build(make(mask="causal")))
+    first = graph.workspace.data_ptr()
+    with torch.cuda.stream(torch.cuda.Stream()):
+        assert graph.workspace.data_ptr() != first
+    assert graph.workspace.data_ptr() == first
+
+
 def test_tensors_on_another_device_are_refused(compiler):
     from graphcache import ExecutionError
     from graphcache.compilers.torch_sdpa import random_inputs

@@ -44,17 +44,27 @@ MIN_CUDNN_SERIALIZE = 90000  # serialized SDPA plans need cuDNN 9.x
 _IO_TYPES = {"float16": "HALF", "bfloat16": "BFLOAT16"}
 TRANSIENT = ("OUT OF MEMORY", "ALLOC_FAILED")
 # Words of failures that belong to this host, not to the spec: a missing
-# driver, NVRTC or sub-library, a driver too old, a stream or launch error,
-# an internal error. Frontend 1.32 on a host with no driver reports its
-# backend's failure as cudnnGraphNotSupportedError ("no engine proposed a
-# plan ... the backend declined: "cuda" is an NVIDIA driver library ..."),
-# so the words win over the exception's type.
+# driver, NVRTC or sub-library, a driver too old, a CUDA or launch error, an
+# internal error. They win over the exception's type: frontend 1.32 on a host
+# with no driver reports its backend's failure as cudnnGraphNotSupportedError
+# ("no engine proposed a plan ... the backend declined: "cuda" is an NVIDIA
+# driver library ...").
 ENVIRONMENT = re.compile(
     r"driver|nvrtc|sublibrary_loading_failed|runtime_prerequisite_missing|unable to find symbol"
     r"|can only be found via system search|cuda_get_device|internal_error|execution_failed|mapping_error"
-    r"|cuda ?error|\bstream\b|no cuda|no gpu|device is none|out of memory|alloc_failed",
+    r"|cuda ?error|cudaerror|cuda_error_|invalid resource handle|illegal (memory )?address|launch failure"
+    r"|no cuda|no gpu|device is none|out of memory|alloc_failed",
     re.IGNORECASE,
 )
+# Steps whose "not supported" is a verdict on the graph. Up to 1.23 (and in
+# the pybind releases after it) the bindings raise cudnnGraphNotSupportedError
+# also for HEURISTIC_QUERY_FAILED and GRAPH_EXECUTION_PLAN_CREATION_FAILED
+# (python/pycudnn.cpp, v1.14.0), and build_plans fails with "No valid execution
+# plans built" when every plan failed to compile (NVRTC, libcuda, memory):
+# those cannot be told apart from a failing host, so they are never recorded.
+# Frontends 1.31+ say at create_execution_plans why the backend declined
+# (pygraph._backend_declined), which is trusted instead.
+VERDICT_STEPS = ("validate", "build_operation_graph", "check_support")
 
 
 # -- dialects -------------------------------------------------------------
@@ -285,6 +295,7 @@ def _construct(
         start = time.perf_counter()
         try:
             if step == "create_execution_plans":
+                _exclude_python_engines(graph)
                 graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
                 _keep_runtime_compiled(cudnn, graph)
             else:
@@ -292,11 +303,36 @@ def _construct(
         except TypeError as exc:
             if refuses_keywords(exc):
                 raise  # an unknown keyword at lowering: the dialect chain tries the next one
-            raise classify_failure(cudnn, spec, step, exc) from exc
+            raise classify_failure(cudnn, spec, step, exc, graph) from exc
         except Exception as exc:  # noqa: BLE001 - cuDNN's errors have many types; classify_failure sorts them
-            raise classify_failure(cudnn, spec, step, exc) from exc
+            raise classify_failure(cudnn, spec, step, exc, graph) from exc
         timings[step] = time.perf_counter() - start
     return graph, tensors, timings
+
+
+def python_engines(graph: Any) -> list[str]:
+    """Names of the Python (CuTe DSL) engines frontends 1.31+ may pick for
+    this graph; [] where there are none or they cannot be listed."""
+    if not hasattr(graph, "deselect_engines") or not hasattr(type(graph), "selected_engine"):
+        return []  # before 1.31: no Python engines
+    try:
+        from cudnn.engines import manifest  # type: ignore[import-not-found]
+
+        return sorted({str(engine.name) for engine in manifest.engines_for(graph)})
+    except Exception:  # noqa: BLE001 - a release without the manifest: serialization_refusal still guards
+        return []
+
+
+def _exclude_python_engines(graph: Any) -> None:
+    """Keep Python-engine plans out of the cache. Their 1.32 blobs carry
+    kernels that load only where the CUDA driver is exactly the builder's
+    (frost/compiled_cache.py compares an environment manifest that includes
+    cuda_driver), which the key does not cover, and 1.31 cannot serialize
+    them at all; whether one is picked also depends on CuTe DSL importing on
+    the builder. Backend (runtime-compiled) plans have none of these ties."""
+    names = python_engines(graph)
+    if names:
+        graph.deselect_engines(names)
 
 
 def _keep_runtime_compiled(cudnn: Any, graph: Any) -> None:
@@ -322,13 +358,17 @@ def _is_not_supported(cudnn: Any, exc: BaseException) -> bool:
     return "NOT_SUPPORTED" in str(exc).upper()
 
 
-def classify_failure(cudnn: Any, spec: GraphSpec, step: str, exc: BaseException) -> BuildError | UnsupportedSpec:
+def classify_failure(
+    cudnn: Any, spec: GraphSpec, step: str, exc: BaseException, graph: Any = None
+) -> BuildError | UnsupportedSpec:
     """What a failure at a build step means for the cache.
 
     UnsupportedSpec (stored as a negative entry for the whole target) only
-    when cuDNN said the graph is not supported and nothing in its words
-    points at this host; everything else is a BuildError, reported and never
-    stored.
+    when cuDNN gave its verdict that the graph is not supported: the
+    not-supported error, at a step whose refusal is a verdict (validate,
+    build_operation_graph, check_support; create_execution_plans on 1.31+
+    when the backend itself declined with that error), and no word of a
+    failing host. Everything else is a BuildError, reported and never stored.
     """
     text = _first_line(exc)
     # The whole message, not its first line: the backend's reason comes last.
@@ -337,16 +377,24 @@ def classify_failure(cudnn: Any, spec: GraphSpec, step: str, exc: BaseException)
     if any(word in words.upper() for word in TRANSIENT):
         # Out of memory is about this moment, not this spec.
         return BuildError(f"cuDNN ran out of memory building {spec.summary()} at {step}: {text}")
+    host = BuildError(
+        f"building {spec.summary()} failed at {step} because of this host ({versions}): {text}. "
+        "Not recorded as unsupported: check the driver, NVRTC and cuDNN libraries here (graphcache doctor)."
+    )
     if ENVIRONMENT.search(words):
-        return BuildError(
-            f"building {spec.summary()} failed at {step} because of this host ({versions}): {text}. "
-            "Not recorded as unsupported: check the driver, NVRTC and cuDNN libraries here (graphcache doctor)."
-        )
-    if _is_not_supported(cudnn, exc):
+        return host
+    declined = getattr(graph, "_backend_declined", None) if graph is not None else None
+    if declined is not None and not _is_not_supported(cudnn, declined):
+        # 1.31+ fold any backend failure (a RuntimeError from a failing
+        # device included) into "no engine proposed a plan".
+        return host
+    verdict = step in VERDICT_STEPS or (step == "create_execution_plans" and declined is not None)
+    if _is_not_supported(cudnn, exc) and verdict:
         return UnsupportedSpec(f"{versions} does not support {spec.summary()}: refused at {step}: {text}", step=step)
     return BuildError(
         f"building {spec.summary()} failed at {step} ({versions}): {type(exc).__name__}: {text}. "
-        "Not recorded as unsupported; report it if it repeats."
+        "Not recorded as unsupported (cuDNN's answer at this step cannot be told apart from a failing "
+        "host); report it if it repeats."
     )
 
 
@@ -505,8 +553,9 @@ class CudnnCompiler:
 
         cudnn = self.cudnn()
         if self._handle is None:
-            torch.cuda.set_device(self.device)
-            self._handle = cudnn.create_handle()
+            # Created with this GPU current, without changing the caller's device.
+            with torch.cuda.device(self.device):
+                self._handle = cudnn.create_handle()
         stream = torch.cuda.current_stream(self.device)
         if stream.cuda_stream != self._stream:
             cudnn.set_stream(handle=self._handle, stream=stream.cuda_stream)
@@ -571,7 +620,7 @@ class CudnnCompiler:
             build_seconds=time.perf_counter() - start,
             timings=built.timings,
             runtime={
-                **runtime_info(),
+                **runtime_info(self.device),
                 "engine": engine,
                 "behavior_notes": notes,
                 "recipe": RECIPE_VERSION,
@@ -646,17 +695,8 @@ class CudnnCompiler:
         graph = cudnn.pygraph(handle=handle)
         try:
             deserialize_into(graph, handle, bytes(artifact.payload), artifact.target.frontend)
-        except Exception as exc:  # noqa: BLE001 - any refusal: the blob cannot be used as it is
-            text = _first_line(exc)
-            if any(word in str(exc).upper() for word in TRANSIENT):
-                raise BuildError(f"out of memory loading {artifact.key[:12]}: {text}") from exc
-            reason = "needs_recompile" if "PRECOMPILED" in str(exc).upper() else "deserialize_failed"
-            raise PlanRejected(
-                f"the stored plan {artifact.key[:12]} for {artifact.spec.summary()} "
-                f"{'would need a recompile' if reason == 'needs_recompile' else 'does not deserialize'} "
-                f"on this machine: {text}",
-                reason,
-            ) from exc
+        except Exception as exc:  # noqa: BLE001 - sorted by load_failure: the blob's fault, or this host's
+            raise load_failure(artifact, exc) from exc
         return CudnnGraph(self, artifact, graph)
 
     def _check_canary(self, loaded: CudnnGraph) -> None:
@@ -667,12 +707,43 @@ class CudnnCompiler:
             return  # dropout specs, and builds without a reference check, record none
         spec = artifact.spec
         feed = canary.inputs(spec, f"cuda:{self.device}")
+        if not canary.comparable(artifact.canary, feed):
+            # Another graphcache or torch draws another input: nothing to
+            # compare, and no reason to drop a plan that serves other hosts.
+            log.warning("canary of %s skipped: its input differs from the build's", artifact.key[:12])
+            return
         problem = canary.mismatch(spec, artifact.canary, _output(loaded.execute(**feed), spec), feed)
         if problem is not None:
             raise PlanRejected(
                 f"the stored plan {artifact.key[:12]} for {spec.summary()} failed its numerical canary: {problem}",
                 "canary_mismatch",
             )
+
+
+def load_failure(artifact: Artifact, exc: BaseException) -> BuildError | PlanRejected:
+    """What a failed ``deserialize`` means. A call form this frontend does
+    not take (TypeError), a failing device or a missing library is this
+    host's BuildError: the stored plan serves other hosts, so it is neither
+    dropped nor refused. Anything else is the blob's: PlanRejected,
+    ``needs_recompile`` where ``enforce_precompiled`` refused it (1.26+:
+    "enforce_precompiled requested, but serialized graph has no precompiled
+    execution plan"), else ``deserialize_failed``."""
+    text = _first_line(exc)
+    if isinstance(exc, TypeError) or ENVIRONMENT.search(str(exc)):
+        return BuildError(
+            f"could not load {artifact.key[:12]} for {artifact.spec.summary()} on this host: "
+            f"{type(exc).__name__}: {text}"
+        )
+    if "PRECOMPILED" in str(exc).upper():
+        return PlanRejected(
+            f"the stored plan {artifact.key[:12]} for {artifact.spec.summary()} would need a recompile "
+            f"on this machine: {text}",
+            "needs_recompile",
+        )
+    return PlanRejected(
+        f"the stored plan {artifact.key[:12]} for {artifact.spec.summary()} does not deserialize: {text}",
+        "deserialize_failed",
+    )
 
 
 def _output(result: Any, spec: GraphSpec) -> Any:
@@ -698,9 +769,10 @@ def _behavior_notes(graph: Any) -> list[str]:
 class CudnnGraph:
     """A deserialized cuDNN plan with its workspace.
 
-    The workspace is allocated once, at load; ``execute`` keys its variant
-    pack by the artifact's UID map, the same table the builder used, and
-    runs on the caller's current CUDA stream.
+    ``execute`` keys its variant pack by the artifact's UID map, the same
+    table the builder used, and runs on the caller's current CUDA stream.
+    The workspace is allocated once per stream, on that stream: two streams
+    running the plan at once never share scratch memory.
     """
 
     backend = "cudnn"
@@ -715,8 +787,21 @@ class CudnnGraph:
         self._graph = graph
         self.device = torch.device("cuda", compiler.device)
         self.workspace_size = int(graph.get_workspace_size())
-        self.workspace = torch.empty(max(self.workspace_size, 1), device=self.device, dtype=torch.uint8)
+        self._workspaces: dict[int, Any] = {}
         self._dropout_calls = 0
+
+    @property
+    def workspace(self) -> Any:
+        """The workspace of the current stream (allocated on first use)."""
+        import torch
+
+        stream = torch.cuda.current_stream(self.device)
+        workspace = self._workspaces.get(stream.cuda_stream)
+        if workspace is None:
+            with torch.cuda.device(self.device):
+                workspace = torch.empty(max(self.workspace_size, 1), device=self.device, dtype=torch.uint8)
+            self._workspaces[stream.cuda_stream] = workspace
+        return workspace
 
     def execute(
         self,
@@ -741,24 +826,24 @@ class CudnnGraph:
         check_inputs(spec, tensors, device_type="cuda")
         if q.device != self.device:
             raise ExecutionError(f"q is on {q.device}; this graph was loaded on {self.device}: move the tensors")
-        if out is None:
-            out = torch.empty(spec.storage_shape("o"), dtype=q.dtype, device=q.device)
-        pack = {self.uids[r]: t for r, t in (("q", q), ("k", k), ("v", v), ("o", out))}
-        if spec.padding:
-            pack[self.uids["seq_len_q"]] = seq_len_q
-            pack[self.uids["seq_len_kv"]] = seq_len_kv
-        stats = None
-        if spec.generate_stats:
-            stats = torch.empty(spec.dims("stats"), dtype=torch.float32, device=q.device)
-            pack[self.uids["stats"]] = stats
-        with self._compiler._lock:
+        with torch.cuda.device(self.device), self._compiler._lock:
+            if out is None:
+                out = torch.empty(spec.storage_shape("o"), dtype=q.dtype, device=q.device)
+            pack = {self.uids[r]: t for r, t in (("q", q), ("k", k), ("v", v), ("o", out))}
+            if spec.padding:
+                pack[self.uids["seq_len_q"]] = seq_len_q
+                pack[self.uids["seq_len_kv"]] = seq_len_kv
+            stats = None
+            if spec.generate_stats:
+                stats = torch.empty(spec.dims("stats"), dtype=torch.float32, device=q.device)
+                pack[self.uids["stats"]] = stats
             if spec.dropout:
                 self._dropout_calls += 1
                 seed = torch.randint(0, 2**62, (1, 1, 1, 1), dtype=torch.int64, device=q.device)
                 offset = torch.full((1, 1, 1, 1), self._dropout_calls, dtype=torch.int64, device=q.device)
                 pack[self.uids["dropout_seed"]] = seed
                 pack[self.uids["dropout_offset"]] = offset
-            # The handle is bound to the current stream, where ``out`` was just
-            # allocated and where the caller's kernels run.
+            # The handle is bound to the current stream, where ``out`` and this
+            # stream's workspace were allocated and the caller's kernels run.
             self._graph.execute(pack, self.workspace, handle=self._compiler.handle())
         return (out, stats) if spec.generate_stats else out

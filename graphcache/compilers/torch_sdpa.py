@@ -125,30 +125,53 @@ def within_tolerance(spec: GraphSpec, error: float) -> bool:
     return error <= TOLERANCE[spec.dtype]
 
 
-def valid_rows(spec: GraphSpec, tensor: Any, seq_len_q: Any = None) -> Any:
-    """``tensor`` (an output in the spec's layout) with the padded query rows
-    of a padded spec set to zero, whatever they held (NaN included).
+def compared_rows(spec: GraphSpec, seq_len_q: Any = None, seq_len_kv: Any = None, device: Any = None) -> Any:
+    """Boolean (batch, seq_q): the query rows whose output is defined.
 
-    cuDNN promises nothing about rows at or past a sequence's valid length,
-    so a comparison looks only at the valid rows, on both sides.
+    A row is left out when it is padding (at or past its sequence's valid
+    length) or when the mask leaves it no key at all (bottom-right alignment
+    with more queries than keys, a window past the valid keys): cuDNN
+    promises nothing there (NaN included), the reference writes zeros.
     """
     import torch
 
-    if not spec.padding or seq_len_q is None:
+    rows = []
+    shared = None
+    for b in range(spec.batch):
+        lq = None if seq_len_q is None else int(seq_len_q.reshape(-1)[b])
+        lkv = None if seq_len_kv is None else int(seq_len_kv.reshape(-1)[b])
+        if lq is None and lkv is None and shared is not None:
+            rows.append(shared)
+            continue
+        keep = allowed_mask(spec, lq, lkv, device=device).any(dim=1)
+        if lq is not None:
+            keep = keep & (torch.arange(spec.seq_q, device=device) < lq)
+        if lq is None and lkv is None:
+            shared = keep
+        rows.append(keep)
+    return torch.stack(rows)
+
+
+def valid_rows(spec: GraphSpec, tensor: Any, seq_len_q: Any = None, seq_len_kv: Any = None) -> Any:
+    """``tensor`` (an output in the spec's layout) with the rows
+    ``compared_rows`` leaves out set to zero, whatever they held (NaN
+    included), so that a comparison looks only at defined rows, on both sides.
+    """
+    import torch
+
+    keep = compared_rows(spec, seq_len_q, seq_len_kv, device=tensor.device)  # (b, s)
+    if bool(keep.all()):
         return tensor
-    rows = torch.arange(spec.seq_q, device=tensor.device).view(1, 1, -1, 1)
-    valid = rows < seq_len_q.reshape(-1, 1, 1, 1).to(tensor.device)  # (b, 1, s, 1) in bhsd
-    if spec.layout == "bshd":
-        valid = valid.transpose(1, 2)  # (b, s, 1, 1)
-    return torch.where(valid, tensor, torch.zeros((), dtype=tensor.dtype, device=tensor.device))
+    keep = keep.view(spec.batch, 1, spec.seq_q, 1) if spec.layout == "bhsd" else keep.view(spec.batch, spec.seq_q, 1, 1)
+    return torch.where(keep, tensor, torch.zeros((), dtype=tensor.dtype, device=tensor.device))
 
 
 def reference_error(spec: GraphSpec, out: Any, inputs: dict[str, Any]) -> float:
     """Relative error of ``out`` against the float32 reference on ``inputs``
-    (from ``random_inputs``), over the valid query rows only."""
+    (from ``random_inputs``), over the defined query rows only (``compared_rows``)."""
     ref, _ = reference(spec, **inputs)
-    seq_len_q = inputs.get("seq_len_q")
-    return relative_error(valid_rows(spec, out, seq_len_q), valid_rows(spec, ref, seq_len_q))
+    lengths = inputs.get("seq_len_q"), inputs.get("seq_len_kv")
+    return relative_error(valid_rows(spec, out, *lengths), valid_rows(spec, ref, *lengths))
 
 
 def random_inputs(spec: GraphSpec, device: str, seed: int = 0) -> dict[str, Any]:
