@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from graphcache import manifest
 from graphcache.artifact import Artifact
-from graphcache.cache import GraphCache
+from graphcache.cache import GraphCache, PrefetchReport
 from graphcache.errors import (
     CorruptArtifact,
     ExecutionError,
@@ -41,6 +41,7 @@ __all__ = [
     "NoGpu",
     "NotFound",
     "NotSerializable",
+    "PrefetchReport",
     "SignatureError",
     "SpecError",
     "StoreError",

@@ -158,15 +158,15 @@ def age(created_at: str) -> str:
 @store_options
 @pass_ctx
 def ls_cmd(ctx: Context, target: str | None, as_json: bool) -> None:
-    """List stored artifacts: key prefix, spec, target, size, age."""
+    """List stored artifacts: key prefix, spec, target, size, build seconds, age."""
     store = ctx.store()
-    table = Table("key", "spec", "target", "size", "age", "note")
+    table = Table("key", "spec", "target", "size", "build s", "age", "note")
     count = 0
     for key in sorted(store.keys()):
         try:
             header = stored_header(store, key)
         except CorruptArtifact as exc:
-            table.add_row(key[:12], "-", "-", "-", "-", f"corrupt: {exc}")
+            table.add_row(key[:12], "-", "-", "-", "-", "-", f"corrupt: {exc}")
             continue
         if header is None:
             continue
@@ -183,7 +183,8 @@ def ls_cmd(ctx: Context, target: str | None, as_json: bool) -> None:
         except SpecError:
             summary = "?"
         note = f"unsupported: {header['unsupported']}" if header.get("unsupported") else ""
-        table.add_row(key[:12], summary, text, human_size(size), age(header.get("created_at", "")), note)
+        build = f"{float(header.get('build_seconds') or 0):.2f}"
+        table.add_row(key[:12], summary, text, human_size(size), build, age(header.get("created_at", "")), note)
     if not as_json:
         console.print(table)
         console.print(f"{count} artifact(s) in {store!r}")
@@ -471,6 +472,68 @@ def warm_cmd(
             )
         )
     if counts["failed"]:
+        sys.exit(1)
+
+
+@main.command("prefetch")
+@click.argument("manifest")
+@click.option(
+    "--target",
+    default=None,
+    help="Target text, e.g. h200-sm90-cudnn9.28.0-fe1.32.0 (default: this machine's GPU, which imports torch).",
+)
+@click.option("--server", default=None, help="Service URL to fetch from (default: $GRAPHCACHE_SERVER).")
+@click.option("--strict", is_flag=True, help="Exit 1 when any spec has no stored artifact.")
+@store_options
+@pass_ctx
+def prefetch_cmd(ctx: Context, manifest: str, target: str | None, server: str | None, strict: bool) -> None:
+    """Fill the local store with every artifact MANIFEST needs, in one request to the server."""
+    from graphcache import manifest as manifest_mod
+    from graphcache.cache import GraphCache
+    from graphcache.stores import HttpStore, TieredStore
+    from graphcache.target import Target
+
+    specs = manifest_mod.load(manifest)
+    url = server or ctx.settings.server
+    if not url:
+        raise click.UsageError("prefetch fetches from a server: give --server URL or set GRAPHCACHE_SERVER")
+    local = ctx.store()
+    if isinstance(local, HttpStore):
+        raise click.UsageError("prefetch fills a local store: --store must be a folder or redis://, not http://")
+    remote = HttpStore(url, token=ctx.settings.token, timeout=ctx.settings.timeout)
+    if target:
+        tgt = Target.parse(target)
+    else:
+        from graphcache.compilers.cudnn import CudnnCompiler
+
+        tgt = CudnnCompiler().target()  # NoGpu with a clear message: then give --target
+    tiered = TieredStore(local, remote)
+    cache = GraphCache(tiered, signing_key=ctx.settings.signing_key, require_signed=ctx.settings.require_signed)
+    with _progress(f"prefetching {tgt}") as bar:
+        task = bar.add_task("prefetch", total=len(set(cache.key(s, tgt) for s in specs)))
+        report = cache.prefetch(specs, tgt, progress=lambda key: bar.advance(task))
+    if report.missing:
+        table = Table("missing spec", "key")
+        for spec in report.missing[:50]:
+            table.add_row(spec.summary(), cache.key(spec, tgt)[:12])
+        if len(report.missing) > 50:
+            table.add_row(f"... and {len(report.missing) - 50} more", "")
+        console.print(table)
+    summary = Table("target", "present", "missing", "corrupt", "bytes", "seconds", "local store")
+    summary.add_row(
+        str(tgt),
+        str(report.present),
+        str(len(report.missing)),
+        str(report.corrupt),
+        human_size(report.bytes),
+        f"{report.seconds:.2f}",
+        repr(local),
+    )
+    console.print(summary)
+    if tiered.remote_errors:
+        err_console.print(f"[yellow]warning:[/] {url} did not answer in full; the local store served what it holds")
+    if strict and report.missing:
+        err_console.print(f"[red]prefetch incomplete:[/] {len(report.missing)} spec(s) missing on {url}")
         sys.exit(1)
 
 

@@ -129,6 +129,7 @@ class GraphcacheApp(FastAPI):
 KNOWN_ROUTES = (
     "/v1/artifacts",
     "/v1/purge",
+    "/v1/batch",
     "/v1/resolve",
     "/v1/build",
     "/v1/stats",
