@@ -82,6 +82,7 @@ def test_batch_streams_each_envelope_once_and_names_the_absent(server, store):
     assert metric(server.url, "graphcache_misses_total") == 1
     assert metric(server.url, "graphcache_served_build_seconds_total") == 1.5
     assert metric(server.url, "graphcache_served_artifact_bytes_count") == 3
+    assert httpx.get(server.url + "/v1/stats").json()["served_build_seconds"] == 1.5
 
 
 def test_batch_bad_input_is_refused_naming_the_problem(store):
