@@ -700,7 +700,12 @@ def doctor_cmd(spec_file: str | None) -> None:
 @main.command("serve")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=8080, show_default=True, type=int)
-@click.option("--workers", default=1, show_default=True, type=click.IntRange(1, 64), help="uvicorn worker processes.")
+@click.option(
+    "--workers",
+    default=None,
+    type=click.IntRange(1, 64),
+    help="uvicorn worker processes (default: one per CPU this process may use, at most 8).",
+)
 @click.option("--log-level", default="info", show_default=True)
 @click.option(
     "--limit-concurrency",
@@ -719,12 +724,24 @@ def doctor_cmd(spec_file: str | None) -> None:
 @store_options
 @pass_ctx
 def serve_cmd(
-    ctx: Context, host: str, port: int, workers: int, log_level: str, limit_concurrency: int, timeout_keep_alive: int
+    ctx: Context,
+    host: str,
+    port: int,
+    workers: int | None,
+    log_level: str,
+    limit_concurrency: int,
+    timeout_keep_alive: int,
 ) -> None:
     """Run the HTTP service on the configured store (default: DiskStore in --cache-dir)."""
     import os
 
     import uvicorn
+
+    if workers is None:
+        # One event loop is one core: a single worker left the second core
+        # idle and served 256 KiB GETs at 0.64x nginx, two at 0.99x
+        # (docs/benchmarks.md). Capped: each worker holds its own hot cache.
+        workers = min(len(os.sched_getaffinity(0)), 8)
 
     # Workers are separate processes: hand them the settings through the
     # environment, which create_app_from_env reads once at start.

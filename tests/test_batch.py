@@ -130,6 +130,20 @@ def test_large_entries_stream_from_their_files(server, store):
         assert client.get_many([a.key for a in arts]) == {a.key: a.encode() for a in arts}
 
 
+def test_a_batch_past_the_held_budget_streams_the_rest(server, store):
+    arts = stored(store, 40, size=900 * 1024)  # 35 MiB of entries below the streaming size: past HELD_MAX
+    keys = [a.key for a in arts]
+    response = httpx.post(server.url + "/v1/batch", json={"keys": keys}, timeout=60)
+    assert response.headers.get("transfer-encoding") == "chunked" and "content-length" not in response.headers
+    got, summary = records(response.content)
+    assert [(r.kind, r.key, r.body) for r in got] == [(ENVELOPE, a.key, a.encode()) for a in arts]
+    assert summary == {"found": 40, "absent": 0}
+    assert metric(server.url, "graphcache_hits_total") == 40
+    small = httpx.post(server.url + "/v1/batch", json={"keys": keys[:3]})
+    assert small.headers["content-length"] == str(len(small.content))  # resolved first: the length is known
+    assert records(small.content)[1] == {"found": 3, "absent": 0}
+
+
 def _store_fds(path) -> int:
     """Open file descriptors of this process (the server runs in a thread of it) into ``path``."""
     count = 0

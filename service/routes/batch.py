@@ -2,15 +2,15 @@
 
 A worker that starts needs every graph of its model, often 50-200 plans of
 tens of KiB; one request instead of one each saves the per-request cost on
-both sides. Entries are verified exactly as on a single GET and the answer is
-streamed entry by entry, never held whole.
+both sides. Entries are verified exactly as on a single GET; the answer is
+sent entry by entry, with bounded memory (see BatchResponse).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import anyio
@@ -23,12 +23,13 @@ from graphcache.errors import StoreError
 from graphcache.key import is_key
 from service.errors import ServiceError
 from service.models import ErrorBody, error_responses
-from service.reader import Unverified
+from service.reader import Served, Unverified
 from service.state import State
 
 log = logging.getLogger("graphcache.service")
 
-FLUSH = 512 * 1024  # small entries are sent together, up to this many bytes a write
+FLUSH = 512 * 1024  # streamed small entries are sent together, up to this many bytes a write
+HELD_MAX = 32 * 1024 * 1024  # bytes resolved before sending (then the length is known)
 CHUNK = 256 * 1024  # large entries are read from their file this much at a time
 
 
@@ -70,52 +71,113 @@ def add_routes(app: FastAPI, state: State) -> None:
             raise ServiceError(400, "invalid_key", f"keys: {shown} is not a key; a key is 64 lowercase hex characters")
         state.metrics.batches.inc()
         unique = list(dict.fromkeys(keys))  # a duplicate is answered once
-        return BatchResponse(_records(state, unique), media_type=MEDIA_TYPE, headers={"cache-control": "no-store"})
+        return BatchResponse(state, unique)
 
 
-class BatchResponse(StreamingResponse):
-    """A StreamingResponse that closes its generator however the stream
-    ends: when the client goes away mid-stream Starlette cancels the sending
-    task, and the generator (holding an open file for a large entry) would
-    otherwise wait for the garbage collector to be closed."""
+class BatchResponse(Response):
+    """The batch answer, sent the cheapest way the entries allow.
+
+    First the entries are resolved (looked up, verified where needed) while
+    the bytes they hold stay under ``HELD_MAX`` and none needs its file
+    streamed: then the size of the whole answer is known, it goes out with a
+    Content-Length, and each envelope is handed to the server as it is, with
+    no copy (joining them, and chunked encoding, each copied every byte
+    again). Past that budget, or at an entry to stream from its open file,
+    the rest is streamed in chunks. Either way memory stays bounded; the
+    generator (and any file it holds open) is closed however the answer
+    ends, a client going away mid-stream included.
+    """
+
+    def __init__(self, state: State, keys: list[str]) -> None:
+        super().__init__(status_code=200, media_type=MEDIA_TYPE)
+        self.state = state
+        self.keys = keys
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            await self.body_iterator.aclose()  # type: ignore[attr-defined]
-
-
-async def _records(state: State, keys: list[str]) -> AsyncIterator[bytes]:
-    reader, metrics = state.reader, state.metrics
-    yield MAGIC
-    pending: list[bytes] = []
-    size = found = absent = 0
-    for key in keys:
-        try:
-            entry = reader.lookup(key)
-        except (StoreError, OSError) as exc:
-            # The status line is sent: this key is reported, the others still served.
-            metrics.store_errors.inc()
-            pending.append(record(ABSENT, key, f"unavailable: {exc}".encode()))
-            absent += 1
-            continue
-        served = entry
-        if isinstance(entry, Unverified):
-            served = await anyio.to_thread.run_sync(reader.verify, key, entry)
+        state = self.state
+        pieces: list[bytes] = [MAGIC]
+        held = found = absent = 0
+        served_list: list[Served] = []
+        rest = 0
+        for rest, key in enumerate(self.keys):  # noqa: B007 - rest: where streaming resumes
+            served, absence = await _resolve(state, key)
+            if served is not None and (served.handle is not None or held + served.size > HELD_MAX):
+                if served.handle is not None:
+                    served.handle.close()  # reopened (and checked again) when its turn comes
+                break
             if served is None:
-                metrics.misses.inc()
-                pending.append(record(ABSENT, key, b"quarantined: failed verification"))
+                pieces.append(record(ABSENT, key, absence))
                 absent += 1
                 continue
+            assert served.data is not None
+            pieces += (record_head(ENVELOPE, key, served.size), served.data)
+            held += served.size
+            found += 1
+            served_list.append(served)
+        else:
+            rest = len(self.keys)
+        _count(state, served_list, absent)
+        headers = [(b"content-type", MEDIA_TYPE.encode()), (b"cache-control", b"no-store")]
+        if rest == len(self.keys):
+            pieces.append(end_record(found, absent))
+            length = sum(len(p) for p in pieces)
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [*headers, (b"content-length", str(length).encode())],
+                }
+            )
+            for piece in pieces:
+                await send({"type": "http.response.body", "body": piece, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            return
+        stream = _stream(state, b"".join(pieces), self.keys[rest:], found, absent)
+        try:
+            await StreamingResponse(stream, headers={k.decode(): v.decode() for k, v in headers})(scope, receive, send)
+        finally:
+            await stream.aclose()
+
+
+async def _resolve(state: State, key: str) -> tuple[Served | None, bytes]:
+    """The verified entry of ``key``, or None and why it is absent."""
+    try:
+        entry = state.reader.lookup(key)
+    except (StoreError, OSError) as exc:
+        # The status line may be sent: this key is reported, the others still served.
+        state.metrics.store_errors.inc()
+        return None, f"unavailable: {exc}".encode()
+    if isinstance(entry, Unverified):
+        served = await anyio.to_thread.run_sync(state.reader.verify, key, entry)
+        return (served, b"") if served is not None else (None, b"quarantined: failed verification")
+    return (entry, b"") if entry is not None else (None, b"absent")
+
+
+def _count(state: State, served: list[Served], absent: int) -> None:
+    """The per-artifact metrics, once per batch rather than per entry."""
+    metrics = state.metrics
+    if served:
+        metrics.hits.inc(len(served))
+        metrics.bytes_served.inc(sum(s.size for s in served))
+        metrics.served_build_seconds.inc(sum(s.build_seconds for s in served))
+        for s in served:
+            metrics.served_sizes.observe(s.size)
+    if absent:
+        metrics.misses.inc(absent)
+
+
+async def _stream(state: State, first: bytes, keys: list[str], found: int, absent: int) -> AsyncGenerator[bytes, None]:
+    yield first
+    pending: list[bytes] = []
+    size = 0
+    for key in keys:
+        served, absence = await _resolve(state, key)
         if served is None:
-            metrics.misses.inc()
-            pending.append(record(ABSENT, key, b"absent"))
+            _count(state, [], 1)
+            pending.append(record(ABSENT, key, absence))
             absent += 1
             continue
-        assert not isinstance(served, Unverified)
-        metrics.hits.inc()
-        state.count_served(served)
+        _count(state, [served], 0)
         found += 1
         pending.append(record_head(ENVELOPE, key, served.size))
         size += len(pending[-1])
