@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from graphcache import manifest
 from graphcache.artifact import Artifact
-from graphcache.cache import GraphCache
+from graphcache.cache import GraphCache, PrefetchReport
 from graphcache.errors import (
     BuildError,
     CorruptArtifact,
@@ -45,6 +45,7 @@ __all__ = [
     "NotFound",
     "NotSerializable",
     "PlanRejected",
+    "PrefetchReport",
     "SignatureError",
     "SpecError",
     "StoreError",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,14 +46,29 @@ class Stats:
     lease_waits: int = 0
     rejected: int = 0
     canary_failures: int = 0
+    build_seconds_saved: float = 0.0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def bump(self, name: str) -> None:
+    def bump(self, name: str, amount: float = 1) -> None:
         with self._lock:
-            setattr(self, name, getattr(self, name) + 1)
+            setattr(self, name, getattr(self, name) + amount)
 
-    def as_dict(self) -> dict[str, int]:
+    def as_dict(self) -> dict[str, float]:
         return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
+
+
+@dataclass(frozen=True)
+class PrefetchReport:
+    """What ``GraphCache.prefetch`` found: verified artifacts now in the
+    store (``present``, negative entries among them), the specs with none
+    (``missing``), the bytes they hold, and the seconds the prefetch took."""
+
+    present: int
+    missing: tuple[GraphSpec, ...]
+    bytes: int
+    seconds: float
+    target: Target
+    corrupt: int = 0
 
 
 class GraphCache:
@@ -172,6 +188,7 @@ class GraphCache:
         artifact = self._fetch(key)
         if artifact is not None:
             self._stats.bump("hits")
+            self._stats.bump("build_seconds_saved", artifact.build_seconds)
             return self._positive(artifact), False
         self._stats.bump("misses")
         if self.compiler is None:
@@ -310,8 +327,59 @@ class GraphCache:
         except GraphCacheError as err:
             log.warning("could not remove rejected entry %s: %s", key[:12], err)
 
+    def prefetch(
+        self,
+        specs: Iterable[GraphSpec],
+        target: Target | None = None,
+        *,
+        progress: Callable[[str], None] | None = None,
+    ) -> PrefetchReport:
+        """Fetch every spec's artifact for ``target`` (default: this
+        machine's) in as few requests as the store allows, so the loads that
+        follow read the local tier only. Through a TieredStore (a worker with
+        GRAPHCACHE_SERVER) the local tier is filled. Each artifact is verified
+        as ``lookup`` verifies it; a corrupt one is removed and counted
+        missing. ``progress(key)`` is called as each key is answered."""
+        from graphcache.stores.base import get_many
+
+        start = time.perf_counter()
+        target = self.target(target)
+        wanted: dict[str, GraphSpec] = {}
+        for spec in specs:
+            wanted.setdefault(key_for(spec, target, self.uids), spec)
+        found = get_many(self.store, list(wanted), progress)
+        present = size = corrupt = 0
+        missing: list[GraphSpec] = []
+        for key, spec in wanted.items():
+            data = found.get(key)
+            if data is not None and self._verified(key, data):
+                present += 1
+                size += len(data)
+                continue
+            corrupt += data is not None
+            missing.append(spec)
+        return PrefetchReport(present, tuple(missing), size, time.perf_counter() - start, target, corrupt)
+
+    def _verified(self, key: str, data: bytes) -> bool:
+        try:
+            artifact = Artifact.decode(data, expected_key=key)
+            if self.require_signed:
+                assert self.signing_key is not None
+                artifact.verify_signature(self.signing_key)
+        except CorruptArtifact as exc:
+            self._stats.bump("corrupt")
+            log.warning("corrupt entry %s removed: %s", key[:12], exc)
+            try:
+                self.store.delete(key)
+            except GraphCacheError:
+                pass
+            return False
+        return True
+
     def stats(self) -> dict[str, Any]:
         """Counters: hits, misses, builds, corrupt, unsupported, fallbacks,
-        store_errors, lease_waits, rejected (stored plans dropped at load) and
-        canary_failures (of those, the ones whose numerical canary disagreed)."""
+        store_errors, lease_waits, rejected (stored plans dropped at load),
+        canary_failures (of those, the ones whose numerical canary disagreed)
+        and build_seconds_saved (the build seconds of every artifact a hit
+        returned: GPU time not spent building)."""
         return self._stats.as_dict()

@@ -40,6 +40,8 @@ class Settings:
     timeout          GRAPHCACHE_TIMEOUT        client timeout in seconds
     upload_timeout   GRAPHCACHE_UPLOAD_TIMEOUT seconds a client may take to send an upload (then 408)
     canary           GRAPHCACHE_CANARY         run each loaded cuDNN plan once on the canary input (1/0, default 1)
+    max_batch        GRAPHCACHE_MAX_BATCH      most keys one POST /v1/batch may ask for (then 413)
+    http_max_age     GRAPHCACHE_HTTP_MAX_AGE   seconds HTTP caches may keep an artifact when reads are open
     """
 
     cache_dir: Path = field(default_factory=default_cache_dir)
@@ -58,6 +60,8 @@ class Settings:
     upload_timeout: float = 60.0
     build: bool = True
     canary: bool = True
+    max_batch: int = 1024
+    http_max_age: int = 86400
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:
@@ -81,6 +85,10 @@ class Settings:
         for name, attr in (("SIZE_LIMIT", "size_limit"), ("MAX_UPLOAD", "max_upload")):
             if (v := get(name)) is not None:
                 values[attr] = _int("GRAPHCACHE_" + name, v)
+        if (v := get("MAX_BATCH")) is not None:
+            values["max_batch"] = _int("GRAPHCACHE_MAX_BATCH", v, unit="keys")
+        if (v := get("HTTP_MAX_AGE")) is not None:
+            values["http_max_age"] = _int("GRAPHCACHE_HTTP_MAX_AGE", v, allow_zero=True, unit="seconds")
         for name in ("WRITE_TOKENS", "READ_TOKENS", "ADMIN_TOKENS"):
             if (v := get(name)) is not None:
                 values[name.lower()] = tuple(t.strip() for t in v.split(",") if t.strip())
@@ -106,11 +114,11 @@ class Settings:
         return settings
 
 
-def _int(name: str, value: str, allow_zero: bool = False) -> int:
+def _int(name: str, value: str, allow_zero: bool = False, unit: str = "bytes") -> int:
     try:
         number = int(value)
     except ValueError:
-        raise SettingsError(f"{name}={value!r} must be a whole number of bytes") from None
+        raise SettingsError(f"{name}={value!r} must be a whole number of {unit}") from None
     if number < 0 or (number == 0 and not allow_zero):
         raise SettingsError(f"{name}={value!r} must be > 0")
     return number

@@ -1,12 +1,22 @@
 #!/usr/bin/env python3
-"""GET throughput and latency of the service against nginx serving the same bytes.
+"""Single-artifact GET throughput of the service against nginx serving the same bytes.
 
-One run, same load generator (wrk), same machine, 127.0.0.1 only:
-nginx (1 worker, static files) vs `graphcache serve` (uvloop + httptools) on a
-DiskStore holding the same artifacts, for 256 KiB and 4 MiB. Then the
-server's RSS growth while 64 connections download 4 MiB artifacts.
+Same load generator (wrk, one thread, a Lua script rotating through --keys
+distinct artifacts per size), same machine, 127.0.0.1 only, rounds
+alternating between the servers so drift hits all alike:
 
-    python scripts/bench_service.py [--duration 10] [--rounds 3] [--connections 8] [--workers 1]
+- nginx: 1 worker, sendfile, the envelopes as static files;
+- graphcache: `graphcache serve` as it starts by default (no options but the
+  port and log level; --serve-args adds some), on a DiskStore holding the
+  same envelopes;
+- cache in front (--topology, needs redis-server): docker/nginx.conf's
+  proxy_cache (1 worker) in front of two `graphcache serve` processes on one
+  Redis, every key fetched once before timing, so the rounds measure hits.
+
+Then the RSS growth of `graphcache serve` (all its processes) while 64
+connections download 4 MiB artifacts.
+
+    python scripts/bench_service.py [--duration 5] [--rounds 3] [--keys 100] [--topology]
 
 Needs wrk and nginx (Debian packages). Prints a table; --json writes it.
 """
@@ -17,6 +27,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -36,7 +47,17 @@ from graphcache import Artifact, GraphSpec, Target  # noqa: E402
 from graphcache.stores import DiskStore  # noqa: E402
 
 TARGET = Target.parse("h200-sm90-cudnn9.28.0-fe1.32.0")
-SIZES = {"256KiB": 256 * 1024, "4MiB": 4 * 1024 * 1024}
+SIZES = {"64KiB": 64 * 1024, "256KiB": 256 * 1024, "4MiB": 4 * 1024 * 1024}
+ROTATE_LUA = """
+-- Rotate through the request paths listed in the file named by GC_PATHS.
+local paths = {}
+for line in io.lines(os.getenv("GC_PATHS")) do paths[#paths + 1] = line end
+local i = 0
+request = function()
+  i = i % #paths + 1
+  return wrk.format("GET", paths[i])
+end
+"""
 
 
 def free_port() -> int:
@@ -45,7 +66,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_http(url: str, timeout: float = 20) -> None:
+def wait_http(url: str, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -56,12 +77,13 @@ def wait_http(url: str, timeout: float = 20) -> None:
     raise RuntimeError(f"{url} did not come up")
 
 
-def wrk(url: str, duration: int, connections: int) -> dict[str, float]:
+def wrk(base: str, paths_file: Path, lua: Path, duration: int, connections: int) -> dict[str, float]:
     out = subprocess.run(
-        ["wrk", "-t1", f"-c{connections}", f"-d{duration}s", "--latency", url],
+        ["wrk", "-t1", f"-c{connections}", f"-d{duration}s", "--latency", "-s", str(lua), base],
         capture_output=True,
         text=True,
         check=True,
+        env={**os.environ, "GC_PATHS": str(paths_file)},
     ).stdout
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
     lat = {}
@@ -73,16 +95,23 @@ def wrk(url: str, duration: int, connections: int) -> dict[str, float]:
     return {"rps": rps, "p50_ms": lat["50"], "p99_ms": lat["99"], "non2xx": int(errors.group(1)) if errors else 0}
 
 
+def process_tree(pid: int) -> list[int]:
+    pids, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        pids.append(p)
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                todo += [int(c) for c in Path(f"/proc/{p}/task/{task}/children").read_text().split()]
+        except OSError:
+            pass
+    return pids
+
+
 def rss_kib(pid: int) -> int:
-    """RSS of a process and its children (uvicorn workers)."""
+    """RSS of a process and its descendants (uvicorn workers)."""
     total = 0
-    pids = [pid]
-    try:
-        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-        pids += [int(c) for c in children]
-    except OSError:
-        pass
-    for p in pids:
+    for p in process_tree(pid):
         try:
             for line in Path(f"/proc/{p}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):
@@ -92,39 +121,69 @@ def rss_kib(pid: int) -> int:
     return total
 
 
+def serve(port: int, env: dict[str, str], extra: list[str]) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "graphcache.cli", "serve", "--port", str(port), "--log-level", "warning", *extra]
+    return subprocess.Popen(cmd, env=env, cwd=ROOT, stderr=subprocess.DEVNULL)
+
+
+def stop(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(15)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+def median_row(samples: list[dict[str, float]]) -> dict[str, float]:
+    return {k: statistics.median(s[k] for s in samples) for k in samples[0]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--duration", type=int, default=10)
+    parser.add_argument("--duration", type=int, default=5)
     parser.add_argument("--connections", type=int, default=8)
-    parser.add_argument("--workers", type=int, default=1)
-    parser.add_argument("--rounds", type=int, default=3, help="alternating nginx/graphcache rounds per size")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per size")
+    parser.add_argument("--keys", type=int, default=100, help="distinct artifacts per size")
+    parser.add_argument("--sizes", default=",".join(SIZES), help="comma-separated, from " + ",".join(SIZES))
+    parser.add_argument("--serve-args", default="", help="extra options for graphcache serve (default: none)")
+    parser.add_argument("--topology", action="store_true", help="also nginx proxy_cache over 2 serves on Redis")
+    parser.add_argument("--no-rss", action="store_true", help="skip the 64 x 4 MiB RSS check")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
-    for tool in ("wrk", "nginx"):
+    for tool in ("wrk", "nginx") + (("redis-server",) if args.topology else ()):
         if not shutil.which(tool) and not Path(f"/usr/sbin/{tool}").exists():
             sys.exit(f"{tool} is not installed: apt-get install {tool}")
     nginx_bin = shutil.which("nginx") or "/usr/sbin/nginx"
+    sizes = {label: SIZES[label] for label in args.sizes.split(",")}
 
     tmp = Path(tempfile.mkdtemp(prefix="gc-bench-"))
-    tmp.chmod(0o755)  # nginx workers run as an unprivileged user
+    tmp.chmod(0o755)  # nginx workers may run as an unprivileged user
+    lua = tmp / "rotate.lua"
+    lua.write_text(ROTATE_LUA)
     store = DiskStore(tmp / "store")
     static = tmp / "static" / "v1" / "artifacts"
     static.mkdir(parents=True)
-    keys = {}
-    for label, size in SIZES.items():
-        spec = GraphSpec(batch=1, heads_q=32, seq_q=size // 1024, head_dim=128)
-        art = Artifact(spec=spec, target=TARGET, payload=os.urandom(size))
-        data = art.encode()
-        store.put(art.key, data)
-        (static / art.key).write_bytes(data)
-        keys[label] = art.key
+    entries: dict[str, list[tuple[str, bytes]]] = {}
+    for label, size in sizes.items():
+        entries[label] = []
+        for i in range(args.keys):
+            spec = GraphSpec(batch=1 + i, heads_q=32, seq_q=size // 1024, head_dim=128)
+            art = Artifact(spec=spec, target=TARGET, payload=os.urandom(size), build_seconds=2.0)
+            data = art.encode()
+            store.put(art.key, data)
+            (static / art.key).write_bytes(data)
+            entries[label].append((art.key, data))
+        (tmp / f"paths-{label}").write_text("".join(f"/v1/artifacts/{k}\n" for k, _ in entries[label]))
     store.close()
 
     nginx_port, gc_port = free_port(), free_port()
     conf = tmp / "nginx.conf"
+    user = "user root;\n" if os.geteuid() == 0 else ""
     conf.write_text(f"""
 worker_processes 1;
-daemon off;
+{user}daemon off;
 pid {tmp}/nginx.pid;
 error_log {tmp}/nginx-error.log;
 events {{ worker_connections 1024; }}
@@ -136,106 +195,134 @@ http {{
   server {{ listen 127.0.0.1:{nginx_port}; root {tmp}/static; }}
 }}
 """)
-    procs = []
+    servers: dict[str, str] = {"nginx": f"http://127.0.0.1:{nginx_port}", "graphcache": f"http://127.0.0.1:{gc_port}"}
+    procs: list[subprocess.Popen] = []
+    extra = shlex.split(args.serve_args)
+    rows = []
+    before = after = 0
     try:
         procs.append(subprocess.Popen([nginx_bin, "-c", str(conf), "-p", str(tmp)]))
         env = {**os.environ, "GRAPHCACHE_DIR": str(tmp / "store")}
-        server = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "graphcache.cli",
-                "serve",
-                "--port",
-                str(gc_port),
-                "--workers",
-                str(args.workers),
-                "--log-level",
-                "warning",
-            ],
-            env=env,
-            cwd=ROOT,
-            stderr=subprocess.DEVNULL,
-        )
+        server = serve(gc_port, env, extra)
         procs.append(server)
-        wait_http(f"http://127.0.0.1:{nginx_port}/v1/artifacts/{keys['4MiB']}")
-        wait_http(f"http://127.0.0.1:{gc_port}/healthz")
-        rows = []
-        for label, key in keys.items():
-            path = f"/v1/artifacts/{key}"
-            for url in (f"http://127.0.0.1:{nginx_port}{path}", f"http://127.0.0.1:{gc_port}{path}"):
-                wrk(url, 2, args.connections)  # warm up both
-            rounds = []
-            for _ in range(args.rounds):  # alternate, so drift hits both sides alike
-                ng = wrk(f"http://127.0.0.1:{nginx_port}{path}", args.duration, args.connections)
-                gc = wrk(f"http://127.0.0.1:{gc_port}{path}", args.duration, args.connections)
-                rounds.append((ng, gc))
-            ratios = sorted(gc["rps"] / ng["rps"] for ng, gc in rounds)
-            ng = {k: statistics.median(r[0][k] for r in rounds) for k in rounds[0][0]}
-            gc = {k: statistics.median(r[1][k] for r in rounds) for k in rounds[0][1]}
-            rows.append(
-                {"size": label, "nginx": ng, "graphcache": gc, "ratio": statistics.median(ratios), "ratios": ratios}
-            )
-        before = rss_kib(server.pid)
-        peak = [before]
-        done = threading.Event()
+        wait_http(f"{servers['graphcache']}/healthz")
+        wait_http(f"{servers['nginx']}/v1/artifacts/{entries[next(iter(sizes))][0][0]}")
+        if args.topology:
+            servers["cache in front"] = start_topology(tmp, entries, procs, extra)
+        for label in sizes:
+            paths = tmp / f"paths-{label}"
+            for base in servers.values():
+                wrk(base, paths, lua, 2, args.connections)  # warm up all: every key read once
+            rounds: list[dict[str, dict[str, float]]] = []
+            for _ in range(args.rounds):
+                rounds.append(
+                    {name: wrk(base, paths, lua, args.duration, args.connections) for name, base in servers.items()}
+                )
+            row: dict = {"size": label}
+            for name in servers:
+                row[name] = median_row([r[name] for r in rounds])
+                if name != "nginx":
+                    ratios = sorted(r[name]["rps"] / r["nginx"]["rps"] for r in rounds)
+                    row[f"{name} ratio"] = statistics.median(ratios)
+                    row[f"{name} ratios"] = ratios
+            rows.append(row)
+            print_row(row, servers)
+        if not args.no_rss and "4MiB" in sizes:
+            before = rss_kib(server.pid)
+            peak = [before]
+            done = threading.Event()
 
-        def sample() -> None:
-            while not done.wait(0.05):
-                peak.append(rss_kib(server.pid))
+            def sample() -> None:
+                while not done.wait(0.05):
+                    peak.append(rss_kib(server.pid))
 
-        sampler = threading.Thread(target=sample)
-        sampler.start()
-        try:
-            wrk(f"http://127.0.0.1:{gc_port}/v1/artifacts/{keys['4MiB']}", max(5, args.duration // 2), 64)
-        finally:
-            done.set()
-            sampler.join()
-        after = max(peak)
-    finally:
-        for p in procs:
-            p.send_signal(signal.SIGTERM)
-        for p in procs:
+            sampler = threading.Thread(target=sample)
+            sampler.start()
             try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+                wrk(servers["graphcache"], tmp / "paths-4MiB", lua, max(5, args.duration), 64)
+            finally:
+                done.set()
+                sampler.join()
+            after = max(peak)
+    finally:
+        stop(procs)
         shutil.rmtree(tmp, ignore_errors=True)
 
     print(
-        f"wrk -t1 -c{args.connections} -d{args.duration}s x {args.rounds} alternating rounds (medians), "
-        f"graphcache workers={args.workers}, nginx worker_processes=1"
+        f"wrk -t1 -c{args.connections} -d{args.duration}s, {args.keys} keys per size rotating, "
+        f"{args.rounds} alternating rounds (medians); graphcache serve {args.serve_args or '(defaults)'}; "
+        "nginx worker_processes=1"
     )
-    print(
-        f"{'size':>7} | {'nginx req/s':>11} {'p50':>8} {'p99':>8} | {'graphcache req/s':>16} {'p50':>8} {'p99':>8} | ratio"
-    )
-    for r in rows:
-        ng, gc = r["nginx"], r["graphcache"]
+    for row in rows:
+        print_row(row, servers)
+    if after:
         print(
-            f"{r['size']:>7} | {ng['rps']:>11.0f} {ng['p50_ms']:>6.2f}ms {ng['p99_ms']:>6.2f}ms | "
-            f"{gc['rps']:>16.0f} {gc['p50_ms']:>6.2f}ms {gc['p99_ms']:>6.2f}ms | {r['ratio']:.2f}x "
-            f"(rounds {', '.join(f'{x:.2f}' for x in r['ratios'])})"
+            f"server RSS: {before / 1024:.0f} MiB before, peak {after / 1024:.0f} MiB during 64 connections of "
+            f"4 MiB downloads (growth {(after - before) / 1024:+.0f} MiB)"
         )
-        if gc["non2xx"]:
-            print(f"  graphcache answered {gc['non2xx']} non-2xx responses")
-    growth = (after - before) / 1024
-    print(
-        f"server RSS: {before / 1024:.0f} MiB before, peak {after / 1024:.0f} MiB during 64 connections of "
-        f"4 MiB downloads (growth {growth:+.0f} MiB)"
-    )
     if args.json:
         Path(args.json).write_text(
-            json.dumps(
-                {
-                    "rows": rows,
-                    "rss_before_kib": before,
-                    "rss_peak_kib": after,
-                    "workers": args.workers,
-                    "connections": args.connections,
-                },
-                indent=2,
-            )
+            json.dumps({"rows": rows, "rss_before_kib": before, "rss_peak_kib": after, "args": vars(args)}, indent=2)
         )
+
+
+def print_row(row: dict, servers: dict[str, str]) -> None:
+    parts = [f"{row['size']:>7}"]
+    for name in servers:
+        r = row[name]
+        text = f"{name} {r['rps']:.0f} req/s p50 {r['p50_ms']:.2f}ms p99 {r['p99_ms']:.2f}ms"
+        if name != "nginx":
+            text += f" = {row[f'{name} ratio']:.2f}x ({', '.join(f'{x:.2f}' for x in row[f'{name} ratios'])})"
+        if r["non2xx"]:
+            text += f" [{r['non2xx']:.0f} non-2xx]"
+        parts.append(text)
+    print(" | ".join(parts), flush=True)
+
+
+def start_topology(tmp: Path, entries: dict[str, list[tuple[str, bytes]]], procs: list, extra: list[str]) -> str:
+    """redis-server, two `graphcache serve` on it, docker/nginx.conf's
+    proxy_cache in front; every artifact uploaded, then fetched once through
+    the cache (so timed rounds are hits). Returns the front's URL."""
+    from graphcache.stores import HttpStore
+    from tests.servers import local_nginx_conf
+
+    redis_port = free_port()
+    procs.append(
+        subprocess.Popen(
+            [
+                shutil.which("redis-server") or "/usr/bin/redis-server",
+                "--port",
+                str(redis_port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ],
+            stdout=subprocess.DEVNULL,
+        )
+    )
+    env = {**os.environ, "GRAPHCACHE_STORE": f"redis://127.0.0.1:{redis_port}/0", "GRAPHCACHE_WRITE_TOKENS": "w"}
+    ports = [free_port(), free_port()]
+    time.sleep(0.5)
+    for port in ports:
+        procs.append(serve(port, env, extra))
+    for port in ports:
+        wait_http(f"http://127.0.0.1:{port}/healthz")
+    lb_port = free_port()
+    (tmp / "lb").mkdir()
+    conf = tmp / "lb" / "nginx.conf"
+    conf.write_text(local_nginx_conf([f"127.0.0.1:{p}" for p in ports], lb_port, tmp / "lb"))
+    procs.append(subprocess.Popen([shutil.which("nginx") or "/usr/sbin/nginx", "-c", str(conf), "-p", str(tmp / "lb")]))
+    url = f"http://127.0.0.1:{lb_port}"
+    wait_http(f"{url}/healthz")
+    upload = HttpStore(f"http://127.0.0.1:{ports[0]}", token="w", timeout=60)
+    for items in entries.values():
+        for key, data in items:
+            upload.put(key, data)
+            urllib.request.urlopen(f"{url}/v1/artifacts/{key}", timeout=30).read()
+    return url
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine: installs what the tests need
-# (CPU torch, cudnn-frontend 1.32, redis-server, the dev tools), then runs pytest.
+# (CPU torch, cudnn-frontend 1.32, redis-server, nginx, the dev tools), then runs pytest.
 # Usage: scripts/test.sh [pytest args...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,6 +34,8 @@ fi
 
 need_apt=()
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
+# nginx: tests/test_http_cache.py runs docker/nginx.conf's proxy_cache in front of the service
+command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need_apt+=(nginx)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
   $SUDO apt-get update -qq && $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null

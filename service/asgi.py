@@ -25,7 +25,7 @@ log = logging.getLogger("graphcache.service")
 
 ARTIFACTS = "/v1/artifacts/"
 JSON = b"application/json"
-STREAM_CHUNK = 256 * 1024
+STREAM_CHUNK = 512 * 1024  # 4 MiB GETs: 0.93x and 1.06x nginx vs 0.83x and 0.95x at 256 KiB (docs/benchmarks.md)
 MAX_HEADER_BYTES = 16 * 1024
 SUBRESOURCE = re.compile(r"[0-9a-f]{64}/[a-z]+$")  # used with match(path, pos): no ^
 
@@ -129,6 +129,7 @@ class GraphcacheApp(FastAPI):
 KNOWN_ROUTES = (
     "/v1/artifacts",
     "/v1/purge",
+    "/v1/batch",
     "/v1/resolve",
     "/v1/build",
     "/v1/stats",

@@ -18,6 +18,18 @@ class Metrics:
         self.hits = Counter("graphcache_hits_total", "artifact GETs answered from the store", registry=r)
         self.misses = Counter("graphcache_misses_total", "artifact GETs for absent keys", registry=r)
         self.bytes_served = Counter("graphcache_bytes_served_total", "artifact bytes sent", registry=r)
+        self.served_build_seconds = Counter(
+            "graphcache_served_build_seconds_total",
+            "build seconds of the artifacts served: GPU time the clients did not spend building",
+            registry=r,
+        )
+        self.served_sizes = Histogram(
+            "graphcache_served_artifact_bytes",
+            "sizes of the artifacts served (GET and batch)",
+            buckets=tuple(2**n for n in range(12, 28, 2)),  # 4 KiB .. 64 MiB
+            registry=r,
+        )
+        self.batches = Counter("graphcache_batches_total", "POST /v1/batch requests answered", registry=r)
         self.uploads = Counter("graphcache_uploads_total", "accepted uploads", ["result"], registry=r)
         self.rejected = Counter(
             "graphcache_uploads_rejected_total", "refused uploads by reason", ["reason"], registry=r

@@ -34,6 +34,7 @@ class Served:
     etag: str
     size: int
     handle: Any = None
+    build_seconds: float = 0.0  # what the artifact took to build: what serving it saves
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ class ArtifactReader:
         self.quarantine = quarantine
         self._open = getattr(store, "open", None)
         self._stat = getattr(store, "stat", None)
-        self._memo: OrderedDict[str, tuple[tuple[int, ...], str]] = OrderedDict()
+        self._memo: OrderedDict[str, tuple[tuple[int, ...], str, float]] = OrderedDict()
         self.hot_bytes = hot_bytes
         self._hot: OrderedDict[str, tuple[tuple[int, ...] | None, Served]] = OrderedDict()
         self._hot_size = 0
@@ -95,11 +96,11 @@ class ArtifactReader:
         memo = self._memo.get(key)
         size = identity[1]
         if memo is not None and memo[0] == identity and size >= STREAM_MIN:
-            return Served(None, memo[1], size, handle=value)
+            return Served(None, memo[1], size, handle=value, build_seconds=memo[2])
         with value:
             data = read_all(value, size)
         if memo is not None and memo[0] == identity:
-            served = Served(data, memo[1], size)
+            served = Served(data, memo[1], size, build_seconds=memo[2])
             self._keep_hot(key, identity, served)
             return served
         return Unverified(data, identity)
@@ -111,9 +112,9 @@ class ArtifactReader:
         except CorruptArtifact as exc:
             self._quarantine(key, entry.data, exc)
             return None
-        served = Served(entry.data, artifact.payload_sha256, len(entry.data))
+        served = Served(entry.data, artifact.payload_sha256, len(entry.data), build_seconds=artifact.build_seconds)
         if entry.identity is not None:
-            self._memo[key] = (entry.identity, served.etag)
+            self._memo[key] = (entry.identity, served.etag, served.build_seconds)
             self._memo.move_to_end(key)
             while len(self._memo) > VERIFIED_MEMO:
                 self._memo.popitem(last=False)

@@ -36,6 +36,12 @@ class State:
         self._compiler_error: str | None = None
         self._cache: GraphCache | None = None
         self.started = time.time()
+        # Artifact bytes are a pure function of their key, so any HTTP cache
+        # may keep them; with read tokens, only the client's own cache may.
+        if self.auth.read_open:
+            self.cache_control = f"public, max-age={settings.http_max_age}".encode()
+        else:
+            self.cache_control = b"private"
 
     def graph_cache(self) -> GraphCache:
         """The build path's controller; detects a GPU on first use (imports torch)."""
@@ -88,17 +94,23 @@ class State:
         if (not_modified or method == "HEAD") and served.handle is not None:
             served.handle.close()
         if not_modified:
-            return 304, [(b"etag", etag)], None
+            return 304, [(b"etag", etag), (b"cache-control", self.cache_control)], None
         out = [
             (b"content-type", OCTET),
             (b"content-length", str(served.size).encode()),
             (b"etag", etag),
-            (b"cache-control", b"no-cache"),
+            (b"cache-control", self.cache_control),
         ]
         if method == "HEAD":
             return 200, out, None
-        self.metrics.bytes_served.inc(served.size)
+        self.count_served(served)
         return 200, out, served
+
+    def count_served(self, served: Served) -> None:
+        """Metrics for an artifact whose bytes are about to leave (GET, batch)."""
+        self.metrics.bytes_served.inc(served.size)
+        self.metrics.served_build_seconds.inc(served.build_seconds)
+        self.metrics.served_sizes.observe(served.size)
 
 
 def _etag_matches(header: bytes | None, etag: bytes) -> bool:

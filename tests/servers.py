@@ -92,3 +92,81 @@ class RedisServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def nginx_binary() -> str | None:
+    import os
+    import shutil
+
+    found = shutil.which("nginx")
+    return found or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
+
+
+def local_nginx_conf(replicas: list[str], port: int, tmp: Any) -> str:
+    """docker/nginx.conf as shipped, pointed at local replicas ("127.0.0.1:PORT")
+    and run from ``tmp`` (pid, logs, cache, temp files), in the foreground."""
+    import os
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docker" / "nginx.conf").read_text()
+    for name, where in zip(("replica-a:8080", "replica-b:8080"), replicas, strict=True):
+        text = text.replace(f"server {name}", f"server {where}")
+    text = text.replace("listen 8080;", f"listen 127.0.0.1:{port};")
+    text = text.replace("/var/cache/nginx/graphcache", f"{tmp}/cache")
+    head = f"daemon off;\npid {tmp}/nginx.pid;\nerror_log {tmp}/nginx-error.log;\n"
+    if os.geteuid() == 0:
+        head += "user root;\n"  # workers write the cache folder under tmp
+    temps = "".join(
+        f"  {kind}_temp_path {tmp}/{kind};\n" for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
+    )
+    text = text.replace("worker_processes auto;", "worker_processes 1;\n" + head, 1)
+    return text.replace("http {\n", "http {\n" + temps, 1)
+
+
+class NginxServer:
+    """nginx in the foreground with a given config file, on 127.0.0.1."""
+
+    def __init__(self, conf_path: Any, port: int) -> None:
+        self.conf_path = conf_path
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc: Any = None
+
+    def start(self) -> NginxServer:
+        import subprocess
+        from pathlib import Path
+
+        binary = nginx_binary()
+        if binary is None:
+            raise RuntimeError("nginx is not installed")
+        prefix = str(Path(self.conf_path).parent)
+        self.proc = subprocess.Popen(
+            [binary, "-c", str(self.conf_path), "-p", prefix], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+                return self
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    err = self.proc.stderr.read().decode() if self.proc.poll() is not None else ""
+                    raise RuntimeError(f"nginx did not start: {err}") from None
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+    def __enter__(self) -> NginxServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol, runtime_checkable
 
 
@@ -37,3 +37,20 @@ class Store(Protocol):
     def close(self) -> None:
         """Release connections and handles."""
         ...
+
+
+def get_many(store: Store, keys: Iterable[str], progress: Callable[[str], None] | None = None) -> dict[str, bytes]:
+    """The stored bytes of each key present (absent keys left out): in one
+    request where the store can fetch many at once (HttpStore, TieredStore),
+    else one ``get`` per key."""
+    many = getattr(store, "get_many", None)
+    if many is not None:
+        return dict(many(keys, progress=progress))
+    found: dict[str, bytes] = {}
+    for key in dict.fromkeys(keys):
+        data = store.get(key)
+        if data is not None:
+            found[key] = data
+        if progress is not None:
+            progress(key)
+    return found

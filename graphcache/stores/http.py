@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import httpx
 
 from graphcache.artifact import Artifact
+from graphcache.batch import ENVELOPE, BatchParser
 from graphcache.errors import CorruptArtifact, StoreError, StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -55,18 +57,27 @@ class HttpStore:
     # -- transport ----------------------------------------------------------------
 
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        if time.monotonic() < self._down_until:
-            raise StoreUnavailable(f"{self.url} failed recently; retrying after {self.retry_after:.0f}s")
+        self._check_down()
         try:
             response = self._client.request(method, path, **kwargs)
         except httpx.TransportError as exc:  # connect errors, timeouts, resets
-            with self._lock:
-                self.errors += 1
-                self._down_until = time.monotonic() + self.retry_after
-            # No log line here: the exception says it, and callers that carry
-            # on without the service (TieredStore, GraphCache) log their own
-            # warning; a CLI user gets one error line, not a warning and then it.
-            raise StoreUnavailable(f"{self.url} did not answer: {type(exc).__name__}: {exc}") from exc
+            raise self._unavailable(exc) from exc
+        return self._checked(response)
+
+    def _check_down(self) -> None:
+        if time.monotonic() < self._down_until:
+            raise StoreUnavailable(f"{self.url} failed recently; retrying after {self.retry_after:.0f}s")
+
+    def _unavailable(self, exc: Exception) -> StoreUnavailable:
+        with self._lock:
+            self.errors += 1
+            self._down_until = time.monotonic() + self.retry_after
+        # No log line here: the exception says it, and callers that carry
+        # on without the service (TieredStore, GraphCache) log their own
+        # warning; a CLI user gets one error line, not a warning and then it.
+        return StoreUnavailable(f"{self.url} did not answer: {type(exc).__name__}: {exc}")
+
+    def _checked(self, response: httpx.Response) -> httpx.Response:
         if response.status_code >= 500:
             with self._lock:
                 self.errors += 1
@@ -83,7 +94,9 @@ class HttpStore:
         if response.status_code == 404:
             return None
         _expect(response, 200)
-        data = response.content
+        return self._verified(key, response.content)
+
+    def _verified(self, key: str, data: bytes) -> bytes | None:
         try:
             Artifact.decode(data, expected_key=key)
         except CorruptArtifact as exc:
@@ -92,6 +105,75 @@ class HttpStore:
             log.warning("corrupt artifact %s from %s refused: %s", key[:12], self.url, exc)
             return None
         return data
+
+    def get_many(
+        self, keys: Iterable[str], *, batch_size: int = 1024, progress: Callable[[str], None] | None = None
+    ) -> dict[str, bytes]:
+        """Verified bytes of every key the server holds (absent keys are left
+        out), in one streamed POST /v1/batch per ``batch_size`` keys. Each
+        envelope is verified as ``get`` verifies it; a corrupt one is dropped
+        and counted in ``corrupt``. ``progress(key)`` is called as each key's
+        answer arrives. Raises StoreUnavailable when the server fails or the
+        answer is cut short (what it had not sent yet is unknown, not absent).
+        """
+        wanted = list(dict.fromkeys(keys))
+        found: dict[str, bytes] = {}
+        for start in range(0, len(wanted), batch_size):
+            self._batch(wanted[start : start + batch_size], found, progress)
+        return found
+
+    def _batch(self, keys: list[str], found: dict[str, bytes], progress: Callable[[str], None] | None) -> None:
+        self._check_down()
+        asked = set(keys)
+        answered = 0
+        parser = BatchParser()
+        fallback = ""
+        try:
+            with self._client.stream("POST", "/v1/batch", json={"keys": keys}) as response:
+                if response.status_code in (404, 405) and _code(response.read()) in ("not_found", "method_not_allowed"):
+                    fallback = "single"
+                elif response.status_code == 413 and len(keys) > 1:
+                    fallback = "halve"
+                elif response.status_code != 200:
+                    response.read()
+                    _expect(self._checked(response), 200)
+                for chunk in () if fallback else response.iter_bytes():
+                    for rec in parser.feed(chunk):
+                        if rec.key not in asked:
+                            raise CorruptArtifact(
+                                f"the batch answer names a key not asked for: {rec.key[:80]!r}", "bad_batch"
+                            )
+                        asked.discard(rec.key)
+                        answered += 1
+                        if rec.kind == ENVELOPE:
+                            data = self._verified(rec.key, rec.body)
+                            if data is not None:
+                                found[rec.key] = data
+                        if progress is not None:
+                            progress(rec.key)
+        except httpx.TransportError as exc:
+            raise self._unavailable(exc) from exc
+        except CorruptArtifact as exc:
+            with self._lock:
+                self.corrupt += 1
+            raise StoreUnavailable(f"{self.url} sent a broken batch answer: {exc}") from exc
+        if fallback == "single":
+            # A server from before /v1/batch: one GET per key.
+            for key in keys:
+                data = self.get(key)
+                if data is not None:
+                    found[key] = data
+                if progress is not None:
+                    progress(key)
+            return
+        if fallback == "halve":
+            # The server allows fewer keys a batch (GRAPHCACHE_MAX_BATCH).
+            half = len(keys) // 2
+            self._batch(keys[:half], found, progress)
+            self._batch(keys[half:], found, progress)
+            return
+        if not parser.complete:
+            raise StoreUnavailable(f"{self.url} cut the batch answer short after {answered} of {len(keys)} keys")
 
     def put(self, key: str, data: bytes) -> bool:
         response = self._request(
@@ -196,10 +278,11 @@ def _detail(response: httpx.Response) -> str:
         return response.text[:200]
 
 
-def _code(response: httpx.Response) -> str:
+def _code(response: httpx.Response | bytes) -> str:
     try:
-        return str(response.json().get("error", "corrupt"))
-    except ValueError:
+        data = json.loads(response) if isinstance(response, bytes) else response.json()
+        return str(data.get("error", "corrupt"))
+    except (ValueError, AttributeError):
         return "corrupt"
 
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from graphcache.errors import StoreError
-from graphcache.stores.base import Store
+from graphcache.stores.base import Store, get_many
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +35,32 @@ class TieredStore:
         if data is not None:
             self.local.put(key, data)
         return data
+
+    def get_many(self, keys: Iterable[str], *, progress: Callable[[str], None] | None = None) -> dict[str, bytes]:
+        """Local hits first, then the rest from the remote in one request
+        (HttpStore.get_many verifies each), written back to the local tier.
+        When the remote fails, the local hits are still returned."""
+        found: dict[str, bytes] = {}
+        rest: list[str] = []
+        for key in dict.fromkeys(keys):
+            data = self.local.get(key)
+            if data is None:
+                rest.append(key)
+                continue
+            found[key] = data
+            if progress is not None:
+                progress(key)
+        if not rest:
+            return found
+        try:
+            fetched = get_many(self.remote, rest, progress)
+        except StoreError as exc:
+            self._remote_failed("get_many", f"{len(rest)} keys", exc)
+            return found
+        for key, data in fetched.items():
+            self.local.put(key, data)
+            found[key] = data
+        return found
 
     def put(self, key: str, data: bytes) -> bool:
         created = self.local.put(key, data)

@@ -55,6 +55,7 @@ def add_routes(app: FastAPI, state: State) -> None:
                 "hits": value("graphcache_hits_total"),
                 "misses": value("graphcache_misses_total"),
                 "bytes_served": value("graphcache_bytes_served_total"),
+                "served_build_seconds": round(reg.get_sample_value("graphcache_served_build_seconds_total") or 0.0, 3),
                 "uploads": value("graphcache_uploads_total", result="created"),
                 "uploads_identical": value("graphcache_uploads_total", result="identical"),
                 "uploads_rejected": rejected,

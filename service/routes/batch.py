@@ -1,0 +1,224 @@
+"""POST /v1/batch: many artifacts in one streamed answer (graphcache.batch frames it).
+
+A worker that starts needs every graph of its model, often 50-200 plans of
+tens of KiB; one request instead of one each saves the per-request cost on
+both sides. Entries are verified exactly as on a single GET; the answer is
+sent entry by entry, with bounded memory (see BatchResponse).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import AsyncGenerator
+from typing import Any
+
+import anyio
+from fastapi import FastAPI, Request, Response
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.responses import StreamingResponse
+
+from graphcache.batch import ABSENT, ENVELOPE, MAGIC, MEDIA_TYPE, end_record, record, record_head
+from graphcache.errors import StoreError
+from graphcache.key import is_key
+from service.errors import ServiceError
+from service.models import ErrorBody, error_responses
+from service.reader import Served, Unverified
+from service.state import State
+
+log = logging.getLogger("graphcache.service")
+
+# Envelopes are joined into writes of this size: one ASGI send per envelope
+# (no copy) took 4.5-5.5 ms for 100 x 64 KiB, writes of 1-2 MiB 6-9 ms (each
+# waits for the client to drain), of 4 MiB 3.2-4.9 ms (docs/benchmarks.md).
+WRITE = 4 * 1024 * 1024
+HELD_MAX = 32 * 1024 * 1024  # bytes resolved before sending (then the length is known)
+CHUNK = 256 * 1024  # large entries are read from their file this much at a time
+
+
+class BatchRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    keys: list[str] = Field(description="cache keys (64 lowercase hex), at most GRAPHCACHE_MAX_BATCH")
+
+
+def add_routes(app: FastAPI, state: State) -> None:
+    @app.post(
+        "/v1/batch",
+        summary="Fetch many artifacts in one streamed answer (read token)",
+        response_class=Response,
+        responses={
+            200: {
+                "content": {MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}}},
+                "description": "GCBATCH1 records: each stored envelope, each absent key, then an end record "
+                "(layout in graphcache/batch.py)",
+            },
+            413: {"model": ErrorBody, "description": "more keys than GRAPHCACHE_MAX_BATCH"},
+            **error_responses(400, 401, 403, 422),
+        },
+    )
+    async def batch(request: Request, payload: BatchRequest) -> Response:
+        state.auth.require(request, "read")
+        keys = payload.keys
+        if not keys:
+            raise ServiceError(400, "empty_batch", "keys: the list is empty; give at least one key")
+        limit = state.settings.max_batch
+        if len(keys) > limit:
+            raise ServiceError(
+                413,
+                "too_many_keys",
+                f"keys: {len(keys)} keys asked for, at most {limit} in one batch (GRAPHCACHE_MAX_BATCH); split it",
+            )
+        bad = [k for k in keys if not is_key(k)]
+        if bad:
+            shown = ", ".join(repr(k[:80]) for k in bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+            raise ServiceError(400, "invalid_key", f"keys: {shown} is not a key; a key is 64 lowercase hex characters")
+        state.metrics.batches.inc()
+        unique = list(dict.fromkeys(keys))  # a duplicate is answered once
+        return BatchResponse(state, unique)
+
+
+class BatchResponse(Response):
+    """The batch answer, sent the cheapest way the entries allow.
+
+    First the entries are resolved (looked up, verified where needed) while
+    the bytes they hold stay under ``HELD_MAX`` and none needs its file
+    streamed: then the size of the whole answer is known and it goes out
+    with a Content-Length (chunked encoding copied every byte again), in
+    writes of ``WRITE`` bytes. Past that budget, or at an entry to stream
+    from its open file, the rest is streamed in chunks. Either way memory
+    stays bounded (HELD_MAX plus one write); the
+    generator (and any file it holds open) is closed however the answer
+    ends, a client going away mid-stream included.
+    """
+
+    def __init__(self, state: State, keys: list[str]) -> None:
+        super().__init__(status_code=200, media_type=MEDIA_TYPE)
+        self.state = state
+        self.keys = keys
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        state = self.state
+        pieces: list[bytes] = [MAGIC]
+        held = found = absent = 0
+        served_list: list[Served] = []
+        rest = 0
+        for rest, key in enumerate(self.keys):  # noqa: B007 - rest: where streaming resumes
+            served, absence = await _resolve(state, key)
+            if served is not None and (served.handle is not None or held + served.size > HELD_MAX):
+                if served.handle is not None:
+                    served.handle.close()  # reopened (and checked again) when its turn comes
+                break
+            if served is None:
+                pieces.append(record(ABSENT, key, absence))
+                absent += 1
+                continue
+            assert served.data is not None
+            pieces += (record_head(ENVELOPE, key, served.size), served.data)
+            held += served.size
+            found += 1
+            served_list.append(served)
+        else:
+            rest = len(self.keys)
+        _count(state, served_list, absent)
+        headers = [(b"content-type", MEDIA_TYPE.encode()), (b"cache-control", b"no-store")]
+        if rest == len(self.keys):
+            pieces.append(end_record(found, absent))
+            length = sum(len(p) for p in pieces)
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [*headers, (b"content-length", str(length).encode())],
+                }
+            )
+            for piece in _in_writes(pieces):
+                await send({"type": "http.response.body", "body": piece, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            return
+        stream = _stream(state, b"".join(pieces), self.keys[rest:], found, absent)
+        try:
+            await StreamingResponse(stream, headers={k.decode(): v.decode() for k, v in headers})(scope, receive, send)
+        finally:
+            await stream.aclose()
+
+
+def _in_writes(pieces: list[bytes]) -> list[bytes]:
+    out: list[bytes] = []
+    group: list[bytes] = []
+    size = 0
+    for piece in pieces:
+        group.append(piece)
+        size += len(piece)
+        if size >= WRITE:
+            out.append(b"".join(group))
+            group, size = [], 0
+    if group:
+        out.append(b"".join(group))
+    return out
+
+
+async def _resolve(state: State, key: str) -> tuple[Served | None, bytes]:
+    """The verified entry of ``key``, or None and why it is absent."""
+    try:
+        entry = state.reader.lookup(key)
+    except (StoreError, OSError) as exc:
+        # The status line may be sent: this key is reported, the others still served.
+        state.metrics.store_errors.inc()
+        return None, f"unavailable: {exc}".encode()
+    if isinstance(entry, Unverified):
+        served = await anyio.to_thread.run_sync(state.reader.verify, key, entry)
+        return (served, b"") if served is not None else (None, b"quarantined: failed verification")
+    return (entry, b"") if entry is not None else (None, b"absent")
+
+
+def _count(state: State, served: list[Served], absent: int) -> None:
+    """The per-artifact metrics, once per batch rather than per entry."""
+    metrics = state.metrics
+    if served:
+        metrics.hits.inc(len(served))
+        metrics.bytes_served.inc(sum(s.size for s in served))
+        metrics.served_build_seconds.inc(sum(s.build_seconds for s in served))
+        for s in served:
+            metrics.served_sizes.observe(s.size)
+    if absent:
+        metrics.misses.inc(absent)
+
+
+async def _stream(state: State, first: bytes, keys: list[str], found: int, absent: int) -> AsyncGenerator[bytes, None]:
+    yield first
+    pending: list[bytes] = []
+    size = 0
+    for key in keys:
+        served, absence = await _resolve(state, key)
+        if served is None:
+            _count(state, [], 1)
+            pending.append(record(ABSENT, key, absence))
+            absent += 1
+            continue
+        _count(state, [served], 0)
+        found += 1
+        pending.append(record_head(ENVELOPE, key, served.size))
+        size += len(pending[-1])
+        if served.handle is None:
+            assert served.data is not None
+            pending.append(served.data)
+            size += served.size
+            if size >= WRITE:
+                yield b"".join(pending)
+                pending.clear()
+                size = 0
+            continue
+        # A large verified file: streamed from the open handle, a chunk at a time.
+        yield b"".join(pending)
+        pending.clear()
+        size = 0
+        with served.handle as fh:
+            left = served.size
+            while left:
+                chunk = os.read(fh.fileno(), min(CHUNK, left))
+                if not chunk:
+                    raise OSError(f"{key}: file ended {left} bytes early")
+                left -= len(chunk)
+                yield chunk
+    pending.append(end_record(found, absent))
+    yield b"".join(pending)

@@ -1,0 +1,316 @@
+"""POST /v1/batch, HttpStore/TieredStore.get_many and GraphCache.prefetch,
+against a real server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+
+import httpx
+import pytest
+
+from graphcache import GraphCache, StoreUnavailable
+from graphcache.batch import ABSENT, ENVELOPE, MAGIC, MEDIA_TYPE, BatchParser, end_record, record
+from graphcache.settings import Settings
+from graphcache.stores import DiskStore, HttpStore, TieredStore
+from service.app import create_app
+from tests.clirun import cli
+from tests.fakes import TARGET, make_artifact, spec
+from tests.servers import ServerThread
+
+READ = "r-token"
+
+
+@pytest.fixture
+def store(tmp_path):
+    return DiskStore(tmp_path / "server")
+
+
+def serve(store, **settings):
+    return ServerThread(create_app(Settings(cache_dir=store.path, **settings), store=store))
+
+
+@pytest.fixture
+def server(store):
+    with serve(store) as srv:
+        yield srv
+
+
+def stored(store, count, size=20_000, **changes):
+    arts = [make_artifact(spec(seq_q=128 * (i + 1), **changes), size=size) for i in range(count)]
+    for art in arts:
+        store.put(art.key, art.encode())
+    return arts
+
+
+def records(body: bytes) -> tuple[list, dict]:
+    parser = BatchParser()
+    got = list(parser.feed(body))
+    assert parser.complete
+    return got, parser.summary
+
+
+def metric(url: str, name: str) -> float:
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} not exported")
+
+
+def test_batch_streams_each_envelope_once_and_names_the_absent(server, store):
+    arts = stored(store, 3)
+    absent = make_artifact(spec(seq_q=9999)).key
+    keys = [arts[0].key, absent, arts[1].key, arts[0].key, arts[2].key]
+    response = httpx.post(server.url + "/v1/batch", json={"keys": keys})
+    assert response.status_code == 200
+    assert response.headers["content-type"] == MEDIA_TYPE
+    assert response.content.startswith(MAGIC)
+    got, summary = records(response.content)
+    assert [(r.kind, r.key) for r in got] == [
+        (ENVELOPE, arts[0].key),
+        (ABSENT, absent),
+        (ENVELOPE, arts[1].key),
+        (ENVELOPE, arts[2].key),
+    ]
+    assert got[0].body == arts[0].encode() and got[2].body == arts[1].encode()
+    assert got[1].body == b"absent"
+    assert summary == {"found": 3, "absent": 1}
+    # the same counters as single GETs, and the build seconds they saved (0.5 s each)
+    assert metric(server.url, "graphcache_hits_total") == 3
+    assert metric(server.url, "graphcache_misses_total") == 1
+    assert metric(server.url, "graphcache_served_build_seconds_total") == 1.5
+    assert metric(server.url, "graphcache_served_artifact_bytes_count") == 3
+    assert httpx.get(server.url + "/v1/stats").json()["served_build_seconds"] == 1.5
+
+
+def test_batch_bad_input_is_refused_naming_the_problem(store):
+    arts = stored(store, 1)
+    with serve(store, max_batch=3) as srv:
+        post = lambda body: httpx.post(srv.url + "/v1/batch", json=body)  # noqa: E731
+        empty = post({"keys": []})
+        assert empty.status_code == 400 and empty.json()["error"] == "empty_batch"
+        over = post({"keys": [arts[0].key] * 4})
+        assert over.status_code == 413 and "GRAPHCACHE_MAX_BATCH" in over.json()["detail"]
+        bad = post({"keys": [arts[0].key, "../etc/passwd", "ABC"]})
+        assert bad.status_code == 400 and bad.json()["error"] == "invalid_key"
+        assert "'../etc/passwd'" in bad.json()["detail"] and "'ABC'" in bad.json()["detail"]
+        assert arts[0].key not in bad.json()["detail"]
+        shape = post({"key": [arts[0].key]})
+        assert shape.status_code == 422 and "keys" in shape.json()["detail"]
+        assert post({"keys": [arts[0].key] * 3}).status_code == 200
+
+
+def test_batch_needs_a_read_token_when_reads_are_closed(store):
+    arts = stored(store, 1)
+    with serve(store, read_tokens=(READ,)) as srv:
+        assert httpx.post(srv.url + "/v1/batch", json={"keys": [arts[0].key]}).status_code == 401
+        assert HttpStore(srv.url, token=READ).get_many([arts[0].key]) == {arts[0].key: arts[0].encode()}
+
+
+def test_a_corrupt_entry_is_reported_quarantined_and_the_others_served(server, store):
+    good, bad = stored(store, 2, size=50_000)
+    data = bytearray(bad.encode())
+    data[-10] ^= 0xFF
+    store.put(bad.key, bytes(data))
+    got, summary = records(httpx.post(server.url + "/v1/batch", json={"keys": [bad.key, good.key]}).content)
+    assert [(r.kind, r.key) for r in got] == [(ABSENT, bad.key), (ENVELOPE, good.key)]
+    assert got[0].body.startswith(b"quarantined")
+    assert got[1].body == good.encode()
+    assert summary == {"found": 1, "absent": 1}
+    assert store.get(bad.key) is None
+    assert [p.name.split(".")[0] for p in (store.path / "quarantine").iterdir()] == [bad.key]
+
+
+def test_large_entries_stream_from_their_files(server, store):
+    arts = stored(store, 3, size=3 * 1024 * 1024)
+    client = HttpStore(server.url)
+    for _ in range(2):  # the second time, verified files are streamed from the open handle
+        assert client.get_many([a.key for a in arts]) == {a.key: a.encode() for a in arts}
+
+
+def test_a_batch_past_the_held_budget_streams_the_rest(server, store):
+    arts = stored(store, 40, size=900 * 1024)  # 35 MiB of entries below the streaming size: past HELD_MAX
+    keys = [a.key for a in arts]
+    response = httpx.post(server.url + "/v1/batch", json={"keys": keys}, timeout=60)
+    assert response.headers.get("transfer-encoding") == "chunked" and "content-length" not in response.headers
+    got, summary = records(response.content)
+    assert [(r.kind, r.key, r.body) for r in got] == [(ENVELOPE, a.key, a.encode()) for a in arts]
+    assert summary == {"found": 40, "absent": 0}
+    assert metric(server.url, "graphcache_hits_total") == 40
+    small = httpx.post(server.url + "/v1/batch", json={"keys": keys[:3]})
+    assert small.headers["content-length"] == str(len(small.content))  # resolved first: the length is known
+    assert records(small.content)[1] == {"found": 3, "absent": 0}
+
+
+def _store_fds(path) -> int:
+    """Open file descriptors of this process (the server runs in a thread of it) into ``path``."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}").startswith(str(path)):
+                count += 1
+        except OSError:
+            pass
+    return count
+
+
+def test_a_client_that_disconnects_mid_stream_leaks_no_file_handles(server, store):
+    arts = stored(store, 8, size=2 * 1024 * 1024)
+    keys = [a.key for a in arts]
+    HttpStore(server.url).get_many(keys)  # verified: the next batch streams from open files
+    before = _store_fds(store.path)
+    body = json.dumps({"keys": keys}).encode()
+    for _ in range(5):
+        with socket.create_connection(("127.0.0.1", server.port)) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.sendall(
+                b"POST /v1/batch HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+                + f"content-length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
+            assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+            deadline = time.monotonic() + 5
+            while _store_fds(store.path) == before and time.monotonic() < deadline:
+                time.sleep(0.01)
+            # the server is blocked mid-entry on a full socket, with that entry's file open
+            assert _store_fds(store.path) > before
+    deadline = time.monotonic() + 10
+    while _store_fds(store.path) > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _store_fds(store.path) == before
+    assert httpx.get(server.url + "/healthz").status_code == 200
+    assert HttpStore(server.url).get_many(keys) == {a.key: a.encode() for a in arts}
+
+
+def _fake_batch_server(body: bytes) -> ServerThread:
+    """A misbehaving server (or proxy) answering every batch with ``body``."""
+
+    async def app(scope, receive, send):
+        while (await receive()).get("more_body"):
+            pass
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", MEDIA_TYPE.encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+    return ServerThread(app)
+
+
+def test_get_many_drops_and_counts_corrupt_envelopes():
+    good, bad = make_artifact(spec(seq_q=128)), make_artifact(spec(seq_q=256))
+    flipped = bytearray(bad.encode())
+    flipped[-1] ^= 1
+    body = MAGIC + record(ENVELOPE, good.key, good.encode()) + record(ENVELOPE, bad.key, bytes(flipped))
+    with _fake_batch_server(body + end_record(2, 0)) as srv:
+        client = HttpStore(srv.url)
+        assert client.get_many([good.key, bad.key]) == {good.key: good.encode()}
+        assert client.corrupt == 1
+
+
+def test_get_many_a_stream_cut_short_is_unavailable_not_absent():
+    good, other = make_artifact(spec(seq_q=128)), make_artifact(spec(seq_q=256))
+    with _fake_batch_server(MAGIC + record(ENVELOPE, good.key, good.encode())) as srv:
+        with pytest.raises(StoreUnavailable, match="cut the batch answer short after 1 of 2"):
+            HttpStore(srv.url).get_many([good.key, other.key])
+
+
+def test_get_many_refuses_a_key_it_did_not_ask_for():
+    good, other = make_artifact(spec(seq_q=128)), make_artifact(spec(seq_q=256))
+    body = MAGIC + record(ENVELOPE, other.key, other.encode()) + end_record(1, 0)
+    with _fake_batch_server(body) as srv:
+        with pytest.raises(StoreUnavailable, match="not asked for"):
+            HttpStore(srv.url).get_many([good.key])
+
+
+def test_get_many_splits_to_the_servers_batch_limit(store):
+    arts = stored(store, 5)
+    with serve(store, max_batch=2) as srv:
+        assert HttpStore(srv.url).get_many([a.key for a in arts]) == {a.key: a.encode() for a in arts}
+
+
+def test_tiered_get_many_reads_local_first_then_one_request_and_writes_back(server, store, tmp_path):
+    arts = stored(store, 6)
+    local = DiskStore(tmp_path / "local")
+    local.put(arts[0].key, arts[0].encode())
+    tiered = TieredStore(local, HttpStore(server.url))
+    absent = make_artifact(spec(seq_q=9999)).key
+    got = tiered.get_many([a.key for a in arts] + [absent])
+    assert got == {a.key: a.encode() for a in arts}
+    assert metric(server.url, 'graphcache_requests_total{method="POST",route="/v1/batch",status="200"}') == 1
+    assert metric(server.url, "graphcache_hits_total") == 5  # arts[0] came from the local tier
+    assert sorted(local.keys()) == sorted(a.key for a in arts)
+
+
+def test_tiered_get_many_answers_from_local_when_the_server_is_down(tmp_path):
+    art = make_artifact(spec())
+    local = DiskStore(tmp_path / "local")
+    local.put(art.key, art.encode())
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    tiered = TieredStore(local, HttpStore(dead, timeout=1))
+    assert tiered.get_many([art.key, make_artifact(spec(seq_q=256)).key]) == {art.key: art.encode()}
+    assert tiered.remote_errors == 1
+
+
+def test_prefetch_fills_the_local_tier_and_reports(server, store, tmp_path):
+    arts = stored(store, 4)
+    specs = [a.spec for a in arts] + [spec(seq_q=9999)]
+    local = DiskStore(tmp_path / "local")
+    cache = GraphCache(TieredStore(local, HttpStore(server.url)))
+    seen: list[str] = []
+    report = cache.prefetch(specs, TARGET, progress=seen.append)
+    assert report.present == 4 and report.missing == (spec(seq_q=9999),)
+    assert report.bytes == sum(len(a.encode()) for a in arts) and report.seconds > 0
+    assert sorted(seen) == sorted([a.key for a in arts] + [cache.key(spec(seq_q=9999), TARGET)])
+    assert sorted(local.keys()) == sorted(a.key for a in arts)
+    # the loads that follow never ask the server, and count what they saved
+    offline = GraphCache(local)
+    for art in arts:
+        assert offline.lookup(art.spec, TARGET) is not None
+        offline.get(art.spec, TARGET)
+    assert offline.stats()["hits"] == 4 and offline.stats()["build_seconds_saved"] == 2.0
+
+
+def test_prefetch_counts_a_corrupt_local_entry_missing(tmp_path):
+    art = make_artifact(spec())
+    local = DiskStore(tmp_path / "local")
+    data = bytearray(art.encode())
+    data[-1] ^= 1
+    local.put(art.key, bytes(data))
+    cache = GraphCache(local)
+    report = cache.prefetch([art.spec], TARGET)
+    assert report.present == 0 and report.corrupt == 1 and report.missing == (art.spec,)
+    assert local.get(art.key) is None
+
+
+def test_cli_prefetch_fills_the_cache_dir_and_prints_a_table(server, store, tmp_path):
+    arts = stored(store, 3)
+    manifest = tmp_path / "model.yaml"
+    manifest.write_text(
+        "graphs:\n  - name: m\n    batch: 1\n    heads_q: 8\n    head_dim: 64\n    mask: causal\n"
+        "    seq_q: [128, 256, 384, 512]\n"
+    )
+    local = tmp_path / "worker"
+    result = cli("prefetch", str(manifest), "--target", str(TARGET), "--server", server.url, "--cache-dir", str(local))
+    assert result.returncode == 0, result.stderr
+    assert "present" in result.stdout and "missing" in result.stdout
+    row = next(line for line in result.stdout.splitlines() if str(TARGET) in line and "│" in line)
+    assert [c.strip() for c in row.split("│")][2:4] == ["3", "1"]
+    assert sorted(DiskStore(local).keys()) == sorted(a.key for a in arts)
+    strict = cli(
+        "prefetch",
+        str(manifest),
+        "--target",
+        str(TARGET),
+        "--server",
+        server.url,
+        "--cache-dir",
+        str(local),
+        "--strict",
+    )
+    assert strict.returncode == 1 and "1 spec(s) missing" in strict.stderr
+    nowhere = cli(
+        "prefetch", str(manifest), "--target", str(TARGET), "--cache-dir", str(local), env={"GRAPHCACHE_SERVER": ""}
+    )
+    assert nowhere.returncode != 0 and "--server" in nowhere.stderr
