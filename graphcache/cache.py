@@ -156,6 +156,11 @@ class GraphCache:
             return None
         if data is None:
             return None
+        return self._decoded(key, data)
+
+    def _decoded(self, key: str, data: bytes) -> Artifact | None:
+        """The verified artifact in ``data``, or None after counting and
+        removing a corrupt (or, where signatures are required, unsigned) entry."""
         try:
             artifact = Artifact.decode(data, expected_key=key)
             if self.require_signed:
@@ -352,29 +357,13 @@ class GraphCache:
         missing: list[GraphSpec] = []
         for key, spec in wanted.items():
             data = found.get(key)
-            if data is not None and self._verified(key, data):
+            if data is not None and self._decoded(key, data) is not None:
                 present += 1
                 size += len(data)
                 continue
             corrupt += data is not None
             missing.append(spec)
         return PrefetchReport(present, tuple(missing), size, time.perf_counter() - start, target, corrupt)
-
-    def _verified(self, key: str, data: bytes) -> bool:
-        try:
-            artifact = Artifact.decode(data, expected_key=key)
-            if self.require_signed:
-                assert self.signing_key is not None
-                artifact.verify_signature(self.signing_key)
-        except CorruptArtifact as exc:
-            self._stats.bump("corrupt")
-            log.warning("corrupt entry %s removed: %s", key[:12], exc)
-            try:
-                self.store.delete(key)
-            except GraphCacheError:
-                pass
-            return False
-        return True
 
     def stats(self) -> dict[str, Any]:
         """Counters: hits, misses, builds, corrupt, unsupported, fallbacks,

@@ -32,7 +32,10 @@ log = logging.getLogger("graphcache.service")
 # (no copy) took 4.5-5.5 ms for 100 x 64 KiB, writes of 1-2 MiB 6-9 ms (each
 # waits for the client to drain), of 4 MiB 3.2-4.9 ms (docs/benchmarks.md).
 WRITE = 4 * 1024 * 1024
-HELD_MAX = 32 * 1024 * 1024  # bytes resolved before sending (then the length is known)
+# Bytes resolved before sending (then the length is known and no chunked
+# encoding copies them): a start-up batch of 100 plans of 64 KiB fits; a
+# larger answer streams the rest, so concurrent batches stay cheap.
+HELD_MAX = 8 * 1024 * 1024
 CHUNK = 256 * 1024  # large entries are read from their file this much at a time
 
 
