@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import json
+import logging
 import os
 import sys
 from collections.abc import Iterator
@@ -21,7 +22,7 @@ from rich.table import Table
 from rich.text import Text
 
 from graphcache.artifact import Artifact, read_header
-from graphcache.errors import CorruptArtifact, GraphCacheError, NotFound, SpecError, StoreLocationError
+from graphcache.errors import CorruptArtifact, GraphCacheError, NotFound, SpecError, StoreError, StoreLocationError
 from graphcache.key import is_key
 from graphcache.settings import Settings
 from graphcache.spec import GraphSpec
@@ -108,6 +109,11 @@ def store_options(f: Any) -> Any:
 def main(ctx: click.Context, cache_dir: str | None, store: str | None) -> None:
     """graphcache: build cuDNN attention graphs once, serve them to every worker."""
     ctx.obj = Context(cache_dir, store)
+    if ctx.invoked_subcommand != "serve" and not os.environ.get("GRAPHCACHE_DEBUG"):
+        # A verb reports what happened itself (its table, its one error line);
+        # the library's warnings are for processes that carry on after them
+        # (workers, the server), not a second line before the error.
+        logging.getLogger("graphcache").setLevel(logging.ERROR)
 
 
 # -- helpers ---------------------------------------------------------------------
@@ -421,7 +427,9 @@ def _progress(label: str) -> Any:
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         console=err_console,
-        transient=False,
+        # On a terminal the bar stays as a record; piped (CI, logs, scripts)
+        # it leaves nothing behind, so a failure is still one line.
+        transient=not err_console.is_terminal,
     )
 
 
@@ -577,7 +585,7 @@ def prefetch_cmd(ctx: Context, manifest: str, target: str | None, server: str | 
     with _progress(f"prefetching {tgt}") as bar:
         task = bar.add_task("prefetch", total=len(set(cache.key(s, tgt) for s in specs)))
         report = cache.prefetch(specs, tgt, progress=lambda key: bar.advance(task))
-    if report.missing:
+    if report.missing and tiered.remote_error is None:
         table = Table("missing spec", "key")
         for spec in report.missing[:50]:
             table.add_row(spec.summary(), cache.key(spec, tgt)[:12])
@@ -594,12 +602,13 @@ def prefetch_cmd(ctx: Context, manifest: str, target: str | None, server: str | 
         f"{report.seconds:.2f}",
         repr(local),
     )
+    if tiered.remote_error is not None:
+        # Down, refused (401/403, with what the server said) or cut short:
+        # one line and a failure, not a table of specs "missing".
+        raise StoreError(f"prefetch from {url} failed: {tiered.remote_error}")
     console.print(summary)
-    if tiered.remote_errors:
-        err_console.print(f"[yellow]warning:[/] {url} did not answer in full; the local store served what it holds")
     if strict and report.missing:
-        err_console.print(f"[red]prefetch incomplete:[/] {len(report.missing)} spec(s) missing on {url}")
-        sys.exit(1)
+        fail(f"prefetch incomplete: {len(report.missing)} spec(s) missing on {url}")
 
 
 @main.command("explain")

@@ -314,3 +314,40 @@ def test_cli_prefetch_fills_the_cache_dir_and_prints_a_table(server, store, tmp_
         "prefetch", str(manifest), "--target", str(TARGET), "--cache-dir", str(local), env={"GRAPHCACHE_SERVER": ""}
     )
     assert nowhere.returncode != 0 and "--server" in nowhere.stderr
+
+
+def test_cli_prefetch_from_a_server_that_fails_is_one_error_line(server, store, tmp_path):
+    """Down, refused or of a scheme no server speaks: one plain line and exit 1,
+    not a warning and a table of every spec "missing"."""
+    stored(store, 1)
+    manifest = tmp_path / "model.yaml"
+    manifest.write_text("graphs:\n  - {name: m, batch: 1, heads_q: 8, head_dim: 64, mask: causal, seq_q: 128}\n")
+    base = ["prefetch", str(manifest), "--target", str(TARGET), "--cache-dir", str(tmp_path / "w")]
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        down = f"http://127.0.0.1:{sock.getsockname()[1]}"  # bound, never listening: refused
+        cases = {
+            "down": cli(*base, "--server", down),
+            "scheme": cli(*base, "--server", "ftp://x"),
+        }
+    for name, out in cases.items():
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: "), (name, out.stderr)
+        assert "[" not in lines[0].split(":")[0] and "Traceback" not in out.stderr
+    assert "did not answer" in cases["down"].stderr
+    assert "http:// or https://" in cases["scheme"].stderr
+    assert not (tmp_path / "ftp:").exists()
+
+
+def test_cli_prefetch_refused_says_what_the_server_said(tmp_path):
+    store = DiskStore(tmp_path / "srv")
+    stored(store, 1)
+    manifest = tmp_path / "model.yaml"
+    manifest.write_text("graphs:\n  - {name: m, batch: 1, heads_q: 8, head_dim: 64, mask: causal, seq_q: 128}\n")
+    with ServerThread(create_app(Settings(read_tokens=("r",)), store=store)) as srv:
+        out = cli(
+            "prefetch", str(manifest), "--target", str(TARGET), "--server", srv.url,
+            "--cache-dir", str(tmp_path / "w"), env={"GRAPHCACHE_TOKEN": "wrong"},
+        )  # fmt: skip
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 1 and len(lines) == 1 and "403" in lines[0] and "read token" in lines[0], out.stderr

@@ -13,7 +13,7 @@ import httpx
 
 from graphcache.artifact import Artifact
 from graphcache.batch import ENVELOPE, BatchParser
-from graphcache.errors import CorruptArtifact, StoreError, StoreUnavailable
+from graphcache.errors import CorruptArtifact, StoreError, StoreLocationError, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,8 @@ class HttpStore:
         retry_after: float = 10.0,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
+        if not url.startswith(("http://", "https://")):
+            raise StoreLocationError(f"server URL {url!r} must start with http:// or https://, e.g. http://cache:8080")
         self.url = url.rstrip("/")
         self.retry_after = retry_after
         headers = {"user-agent": "graphcache-httpstore"}

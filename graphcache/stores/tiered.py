@@ -22,6 +22,9 @@ class TieredStore:
         self.local = local
         self.remote = remote
         self.remote_errors = 0
+        # The last failure of the remote tier: a worker carries on with the
+        # local one, a command line that was asked to fetch reports it.
+        self.remote_error: Exception | None = None
 
     def get(self, key: str) -> bytes | None:
         data = self.local.get(key)
@@ -110,6 +113,7 @@ class TieredStore:
 
     def _remote_failed(self, op: str, key: str, exc: Exception) -> None:
         self.remote_errors += 1
+        self.remote_error = exc
         log.warning("remote %s %s failed, using the local tier: %s", op, key[:12], exc)
 
     def __repr__(self) -> str:
