@@ -353,7 +353,7 @@ def pin_cmd(ctx: Context, key: str, off: bool) -> None:
 
 @main.command("key")
 @click.argument("spec_file")
-@click.option("--target", required=True, help="Target text, e.g. h200-sm90-cudnn9.28.0-fe1.32.0.")
+@click.option("--target", required=True, help="Target text, e.g. h200-sm90-mp132-cudnn9.28.0-fe1.32.0.")
 def key_cmd(spec_file: str, target: str) -> None:
     """Print the cache key of the spec in SPEC_FILE for TARGET."""
     from graphcache.key import key_for
@@ -453,7 +453,7 @@ def _progress(label: str) -> Any:
     is_flag=True,
     help="Only report coverage for --target; needs no GPU. Exits 1 when anything is missing.",
 )
-@click.option("--target", default=None, help="Target text for --check, e.g. h200-sm90-cudnn9.28.0-fe1.32.0.")
+@click.option("--target", default=None, help="Target text for --check, e.g. h200-sm90-mp132-cudnn9.28.0-fe1.32.0.")
 @click.option("--no-pin", is_flag=True, help="Do not pin warmed entries against eviction.")
 @click.option(
     "--compiler",
@@ -553,7 +553,7 @@ def warm_cmd(
 @click.option(
     "--target",
     default=None,
-    help="Target text, e.g. h200-sm90-cudnn9.28.0-fe1.32.0 (default: this machine's GPU, which imports torch).",
+    help="Target text, e.g. h200-sm90-mp132-cudnn9.28.0-fe1.32.0 (default: this machine's GPU, which imports torch).",
 )
 @click.option("--server", default=None, help="Service URL to fetch from (default: $GRAPHCACHE_SERVER).")
 @click.option("--strict", is_flag=True, help="Exit 1 when any spec has no stored artifact.")
@@ -881,10 +881,15 @@ def record_cmd(output: str, dtype: str | None, script: str, args: tuple[str, ...
     try:
         recorder = run_script(script, args, output, dtype)
     except SystemExit as exc:
+        status = exc.code
+        if not isinstance(status, int):
+            # sys.exit("message"): python prints the message and exits 1.
+            err_console.print(str(status))
+            status = 1
         err_console.print(
-            Text.assemble(("error:", "red"), f" {script} exited with status {exc.code}; no manifest written")
+            Text.assemble(("error:", "red"), f" {script} exited with status {status}; no manifest written")
         )
-        raise
+        sys.exit(status)
     console.print(
         f"wrote {output}: {len(recorder.specs)} spec(s) from {recorder.calls()} SDPA call(s)", highlight=False
     )

@@ -104,7 +104,11 @@ def _sdpa_backends(torch: Any, spec: GraphSpec, gpu: bool) -> list[tuple[str, st
         from torch.nn.attention import SDPBackend
 
         names = {int(member.value): name.lower() for name, member in SDPBackend.__members__.items()}
-        verdicts.append(f"torch picks {names.get(int(choice), str(choice))} on {device}")
+        picked = names.get(int(choice), str(choice))
+        # On the CPU torch has kernels of its own under the same names (a CPU
+        # flash attention): not the CUDA backends the rows above are about.
+        where = "on cpu, with its CPU kernel" if device == "cpu" and picked != "math" else f"on {device}"
+        verdicts.append(f"torch picks {picked} {where}")
     except Exception as exc:  # noqa: BLE001 - a private helper: say it, keep going
         verdicts.append(f"torch's choice unknown ({type(exc).__name__})")
     return [("torch SDPA backends", ", ".join(verdicts)), *rows]

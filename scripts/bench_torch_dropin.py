@@ -35,7 +35,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import graphcache.torch as gt  # noqa: E402
-from graphcache import Artifact, GraphCache, GraphSpec, Target  # noqa: E402
+from graphcache import Artifact, GraphCache, GraphSpec, Target, UidMap  # noqa: E402
 from graphcache.stores import DiskStore  # noqa: E402
 
 TARGET = Target.parse("h200-sm90-cudnn9.28.0-fe1.32.0")
@@ -61,8 +61,8 @@ class NullCompiler:
     def target(self) -> Target:
         return TARGET
 
-    def build(self, spec: GraphSpec, target: Target) -> Artifact:
-        return Artifact(spec=spec, target=target, payload=b"null", dialect="null")
+    def build(self, spec: GraphSpec, target: Target, uids: UidMap | None = None) -> Artifact:
+        return Artifact(spec=spec, target=target, payload=b"null", uids=uids or UidMap.default(), dialect="null")
 
     def load(self, artifact: Artifact) -> NullGraph:
         return NullGraph(artifact.spec)

@@ -234,6 +234,7 @@ def test_on_miss_error_raises_and_stores_nothing(store, monkeypatch):
     with pytest.raises(NotFound, match="GRAPHCACHE_SDPA_ON_MISS=torch"):
         gt.scaled_dot_product_attention(q, q, q)
     assert list(store.keys()) == [] and compiler.builds == 0
+    assert (gt.stats()["calls"], gt.stats()["misses"]) == (1, 1)  # a call that raised is still a call
     cache.get(gt.spec_for(q, q, q))  # once warmed, the same process hits
     gt.scaled_dot_product_attention(q, q, q)
     assert gt.stats()["hits"] == 1
@@ -245,6 +246,10 @@ def test_a_bad_on_miss_value_names_the_variable_and_the_choices(store, monkeypat
     q = bhsd(1, 8, 4, 64)
     with pytest.raises(SettingsError, match="GRAPHCACHE_SDPA_ON_MISS='later'.*torch, build, error"):
         gt.scaled_dot_product_attention(q, q, q)
+    with pytest.raises(SettingsError, match="GRAPHCACHE_SDPA_ON_MISS='later'"):
+        with gt.patch():  # at patch time, not at the first miss (which may never come on a CPU host)
+            pass
+    assert not gt.enabled()
     with pytest.raises(ValueError, match="on_miss='later' is not one of torch, build, error"):
         gt.configure(on_miss="later")
     with pytest.raises(ValueError, match="needs device="):

@@ -186,3 +186,29 @@ def test_graphcache_record_passes_a_failing_scripts_status_and_writes_nothing(tm
 def test_graphcache_record_names_a_missing_script(tmp_path):
     out = cli("record", "-o", str(tmp_path / "m.yaml"), str(tmp_path / "nope.py"))
     assert out.returncode == 2 and "nope.py" in out.stderr
+
+
+def test_graphcache_record_shows_a_raising_scripts_traceback_as_python_would(tmp_path):
+    """The script's own exception is the script's: its traceback and exit 1,
+    never "internal error" of graphcache; sys.argv and __file__ as python sets them."""
+    script = tmp_path / "raises.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import os, sys
+            print("argv", sys.argv)
+            print("file_is_absolute", os.path.isabs(__file__))
+            if sys.argv[1] == "raise":
+                raise RuntimeError("boom from the script")
+            sys.exit("a message, as sys.exit(str) gives")
+            """
+        )
+    )
+    path = tmp_path / "m.yaml"
+    out = cli("record", "-o", str(path), str(script), "raise", "--flag")
+    assert out.returncode == 1 and not path.exists()
+    assert "Traceback" in out.stderr and "RuntimeError: boom from the script" in out.stderr
+    assert "internal error" not in out.stderr and "no manifest written" in out.stderr
+    assert f"argv ['{script}', 'raise', '--flag']" in out.stdout and "file_is_absolute True" in out.stdout
+    out = cli("record", "-o", str(path), str(script), "exit")
+    assert out.returncode == 1 and "a message, as sys.exit(str) gives" in out.stderr and not path.exists()

@@ -104,6 +104,7 @@ def enable() -> None:
     fused inference fast path (which never calls it). Counted: each enable()
     needs one disable()."""
     global _depth, _saved
+    RUNTIME.on_miss()  # a bad GRAPHCACHE_SDPA_ON_MISS fails here, not silently at the first miss
     with _patch_lock:
         if _depth == 0:
             _saved = (F.scaled_dot_product_attention, torch.backends.mha.get_fastpath_enabled())

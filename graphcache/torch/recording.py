@@ -10,6 +10,7 @@ import re
 import runpy
 import sys
 import threading
+import traceback
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -197,15 +198,21 @@ def run_script(script: str, args: Sequence[str], output: str, dtype: str | None 
     """
     path = Path(script)
     saved_argv, saved_path = sys.argv[:], sys.path[:]
-    sys.argv = [str(path), *args]
+    sys.argv = [script, *args]  # argv[0] as given, as python SCRIPT leaves it
     sys.path.insert(0, str(path.resolve().parent))  # as python SCRIPT puts the script's folder first
     try:
         with record(output, dtype) as recorder:
             try:
-                runpy.run_path(str(path), run_name="__main__")
+                # __file__ absolute, as python 3.9+ sets it for a script.
+                runpy.run_path(str(path.resolve()), run_name="__main__")
             except SystemExit as exc:
                 if exc.code not in (None, 0):
                     raise
+            except Exception:
+                # The script's own error, shown as python would show it (its
+                # traceback, exit 1), not as an internal error of graphcache.
+                traceback.print_exc()
+                raise SystemExit(1) from None
     finally:
         sys.argv = saved_argv
         sys.path[:] = saved_path

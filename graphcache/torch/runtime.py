@@ -91,6 +91,7 @@ class Runtime:
             self._missed: dict[GraphSpec, int] = {}
             self._hits = 0
             self._misses = 0
+            self._raised = 0  # calls that raised NotFound (on_miss=error)
             self._fallbacks: Counter[str] = Counter()
             self.recorders: list[Any] = []
 
@@ -258,6 +259,7 @@ class Runtime:
                 if on_miss == "error":
                     with self._count_lock:
                         self._misses += 1
+                        self._raised += 1
                     raise NotFound(
                         f"no cached cuDNN graph for {spec.summary()} (key {cache.key(spec)[:12]}): warm it "
                         f"(graphcache record, then graphcache warm), or set {ON_MISS_VAR}=torch to run torch's "
@@ -286,7 +288,7 @@ class Runtime:
         with self._count_lock:
             fallbacks = dict(self._fallbacks)
             return {
-                "calls": self._hits + sum(fallbacks.values()),
+                "calls": self._hits + sum(fallbacks.values()) + self._raised,
                 "hits": self._hits,
                 "misses": self._misses,
                 "fallbacks": fallbacks,

@@ -1,0 +1,27 @@
+"""The benchmark scripts docs/benchmarks.md quotes still run (briefly), so a
+change of a library interface cannot leave them broken unnoticed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.torch
+def test_bench_torch_dropin_runs_and_reports_every_case():
+    pytest.importorskip("torch", reason="the drop-in benchmark needs torch")
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_torch_dropin.py"), "--calls", "50", "--rounds", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    for case in ("hit bhsd", "hit bshd", "op (custom op) bhsd", "fallback bhsd fp32"):
+        assert case in out.stdout, out.stdout
