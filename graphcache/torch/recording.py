@@ -208,7 +208,7 @@ def run_script(script: str, args: Sequence[str], output: str, dtype: str | None 
             except SystemExit as exc:
                 if exc.code not in (None, 0):
                     raise
-            except Exception:
+            except Exception:  # noqa: BLE001 - any error of the script is the script's
                 # The script's own error, shown as python would show it (its
                 # traceback, exit 1), not as an internal error of graphcache.
                 traceback.print_exc()
