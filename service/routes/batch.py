@@ -212,10 +212,13 @@ async def _stream(state: State, first: bytes, keys: list[str], found: int, absen
                 size = 0
             continue
         # A large verified file: streamed from the open handle, a chunk at a time.
-        yield b"".join(pending)
-        pending.clear()
-        size = 0
+        # The handle is owned from here on: a client that goes away at the
+        # next yield closes the generator, and with it this file, at once
+        # (not whenever a reference cycle is collected).
         with served.handle as fh:
+            yield b"".join(pending)
+            pending.clear()
+            size = 0
             left = served.size
             while left:
                 chunk = os.read(fh.fileno(), min(CHUNK, left))
