@@ -204,6 +204,19 @@ def test_a_load_failure_drops_the_entry_only_when_the_blob_is_at_fault(exc, kind
     assert getattr(failure, "reason", None) == reason
 
 
+def test_a_plan_that_cannot_be_written_is_not_serializable_unless_the_host_failed(cudnn):
+    # 1.32's own exception for a plan it cannot represent (a TypeError subclass).
+    from cudnn import _plan_serdes  # type: ignore[import-not-found]
+
+    from graphcache.compilers.cudnn import serialize_failure
+
+    unserializable = _plan_serdes._Unserializable("graph holds a callable, which a serialized plan cannot represent")
+    failure = serialize_failure(make(), "cudnn-backend", [], "1.32.0", unserializable)
+    assert isinstance(failure, NotSerializable) and failure.step == "serialize"
+    oom = serialize_failure(make(), "cudnn-backend", [], "1.32.0", RuntimeError("CUDNN_STATUS_ALLOC_FAILED"))
+    assert isinstance(oom, BuildError) and not isinstance(oom, UnsupportedSpec)
+
+
 def test_a_python_engine_plan_is_refused_where_the_frontend_cannot_serialize_it():
     from graphcache.compilers.cudnn import serialization_refusal
 

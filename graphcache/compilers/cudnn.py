@@ -597,14 +597,7 @@ class CudnnCompiler:
         except NotSerializable:
             raise
         except Exception as exc:  # noqa: BLE001 - the backend raises many types here
-            failure = classify_failure(cudnn, spec, "serialize", exc)
-            if isinstance(failure, BuildError):
-                raise failure from exc
-            raise NotSerializable(
-                f"the plan cuDNN chose for {spec.summary()} (engine {engine}, behavior notes {notes}) "
-                f"cannot be serialized by cudnn-frontend {here.frontend}: {_first_line(exc)}",
-                step="serialize",
-            ) from exc
+            raise serialize_failure(spec, engine, notes, here.frontend, exc) from exc
         built.timings["serialize"] = time.perf_counter() - t0
         if not payload:
             raise NotSerializable(
@@ -718,6 +711,24 @@ class CudnnCompiler:
                 f"the stored plan {artifact.key[:12]} for {spec.summary()} failed its numerical canary: {problem}",
                 "canary_mismatch",
             )
+
+
+def serialize_failure(
+    spec: GraphSpec, engine: str, notes: list[str], frontend: str, exc: BaseException
+) -> BuildError | NotSerializable:
+    """What a failed ``serialize()`` of a built plan means: this host's
+    BuildError where its words say so (memory, driver, CUDA errors), else
+    NotSerializable (a negative entry): the plan cuDNN picks for the spec on
+    this target cannot be written (1.32 raises _plan_serdes._Unserializable,
+    a TypeError, for a plan it cannot represent)."""
+    text = _first_line(exc)
+    if ENVIRONMENT.search(str(exc)):
+        return BuildError(f"serializing {spec.summary()} failed because of this host: {type(exc).__name__}: {text}")
+    return NotSerializable(
+        f"the plan cuDNN chose for {spec.summary()} (engine {engine}, behavior notes {notes}) "
+        f"cannot be serialized by cudnn-frontend {frontend}: {text}",
+        step="serialize",
+    )
 
 
 def load_failure(artifact: Artifact, exc: BaseException) -> BuildError | PlanRejected:
