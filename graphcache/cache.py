@@ -13,6 +13,7 @@ from typing import Any
 from graphcache.artifact import Artifact
 from graphcache.compilers.base import Compiler, LoadedGraph
 from graphcache.errors import (
+    BuildError,
     CorruptArtifact,
     GraphCacheError,
     NoGpu,
@@ -298,8 +299,9 @@ class GraphCache:
 
         With ``torch_fallback``, a spec cuDNN cannot serve here (no GPU,
         old GPU or cuDNN, a mask the frontend cannot express, a plan that
-        cannot be cached) runs on torch's SDPA instead, with a warning and
-        the ``fallbacks`` counter.
+        cannot be cached, a plan rejected twice, a build or load this host
+        failed) runs on torch's SDPA instead, with a warning and the
+        ``fallbacks`` counter.
         """
         try:
             if self.compiler is None:
@@ -313,7 +315,7 @@ class GraphCache:
                 # again, and build it afresh once.
                 self._reject(spec, target, exc)
                 return self.compiler.load(self.get(spec, target))
-        except (NoGpu, UnsupportedGpu, UnsupportedSpec, NotSerializable, PlanRejected) as exc:
+        except (NoGpu, UnsupportedGpu, UnsupportedSpec, NotSerializable, PlanRejected, BuildError) as exc:
             if not self.torch_fallback:
                 raise
             from graphcache.compilers.torch_sdpa import TorchSdpaGraph

@@ -448,3 +448,12 @@ def test_a_canary_drawn_from_another_input_is_skipped_not_failed():
     other = dict(feed, q=feed["q"] + 1)  # what another torch's generator might draw
     assert not canary.comparable(record, other)
     assert not canary.comparable({**record, "seed": 1}, feed)
+
+
+def test_a_worker_with_the_torch_fallback_runs_torch_when_this_host_cannot_build(tmp_path):
+    cache = GraphCache(
+        DiskStore(tmp_path), _Failing(BuildError("building failed at build_plans: NVRTC missing")), torch_fallback=True
+    )
+    graph = cache.load(fake_spec(), TARGET)
+    assert graph.backend == "torch" and "NVRTC" in graph.reason
+    assert cache.stats()["fallbacks"] == 1 and list(DiskStore(tmp_path).keys()) == []
