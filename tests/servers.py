@@ -170,3 +170,24 @@ class NginxServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def wait_for_server(url: str, proc: Any = None, timeout: float = 30.0, *, healthy: bool = False) -> Any:
+    """Poll ``url``/healthz until the server answers (200 with ``healthy``);
+    returns that response. Fails the test when ``proc`` exits first or
+    ``timeout`` seconds pass."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc is not None and proc.poll() is not None:
+            err = proc.stderr.read() if getattr(proc, "stderr", None) else ""
+            raise AssertionError(f"the server exited with {proc.returncode}: {err}")
+        try:
+            response = httpx.get(f"{url}/healthz", timeout=1)
+            if not healthy or response.status_code == 200:
+                return response
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, f"no server answered at {url} within {timeout:.0f}s"
+        time.sleep(0.2)

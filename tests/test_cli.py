@@ -10,6 +10,7 @@ from graphcache import Artifact, GraphCache
 from graphcache.stores import DiskStore
 from tests.clirun import cli
 from tests.fakes import FakeCompiler, spec
+from tests.servers import wait_for_server
 
 
 @pytest.fixture
@@ -117,9 +118,6 @@ def test_cli_verbs_work_without_torch_or_cudnn(populated):
 
 def test_readme_serve_command_runs_the_service_on_the_given_folder(tmp_path):
     import socket
-    import time
-
-    import httpx
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -142,14 +140,7 @@ def test_readme_serve_command_runs_the_service_on_the_given_folder(tmp_path):
         stderr=subprocess.DEVNULL,
     )
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                health = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
-                break
-            except httpx.TransportError:
-                assert time.monotonic() < deadline, "graphcache serve did not start"
-                time.sleep(0.2)
+        health = wait_for_server(f"http://127.0.0.1:{port}")
         assert health.json()["store"] == f"DiskStore('{folder}')"
     finally:
         proc.terminate()

@@ -8,15 +8,14 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 import yaml
 
 from graphcache.stores import HttpStore
 from tests.fakes import make_artifact, spec
+from tests.servers import wait_for_server
 
 DOCKER = Path(__file__).resolve().parents[1] / "docker"
 
@@ -70,15 +69,7 @@ def test_two_serve_processes_on_one_redis(redis_store, redis_url, tmp_path):
     ]
     try:
         for port in ports:
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                assert time.monotonic() < deadline, "replica did not start"
-                time.sleep(0.2)
+            wait_for_server(f"http://127.0.0.1:{port}", healthy=True)
         art = make_artifact(spec(), size=1_500_000)
         assert HttpStore(f"http://127.0.0.1:{ports[0]}", token="w").put(art.key, art.encode())
         assert HttpStore(f"http://127.0.0.1:{ports[1]}").get(art.key) == art.encode()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
@@ -16,7 +15,7 @@ from graphcache.stores import DiskStore, HttpStore
 from service.app import create_app
 from tests.clirun import cli
 from tests.fakes import make_artifact, spec
-from tests.servers import NginxServer, ServerThread, free_port, local_nginx_conf, nginx_binary
+from tests.servers import NginxServer, ServerThread, free_port, local_nginx_conf, nginx_binary, wait_for_server
 
 
 @pytest.fixture
@@ -81,15 +80,7 @@ def _serve_processes(ports: list[int], env: dict[str, str]) -> list[subprocess.P
         for p in ports
     ]
     for port in ports:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "replica did not start"
-            time.sleep(0.2)
+        wait_for_server(f"http://127.0.0.1:{port}", healthy=True)
     return procs
 
 

@@ -17,10 +17,9 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
+from tests.servers import wait_for_server
 
 ROOT = Path(__file__).parent.parent
 
@@ -120,15 +119,7 @@ def test_readme_serve_command_works_where_pip_refuses_the_system_python(tmp_path
         start_new_session=True,
     )
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, f"the README command exited: {proc.stderr.read()}"
-            try:
-                health = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
-                break
-            except httpx.TransportError:
-                assert time.monotonic() < deadline, "graphcache serve did not start"
-                time.sleep(0.2)
+        health = wait_for_server(f"http://127.0.0.1:{port}", proc, timeout=60)
         assert health.status_code == 200 and "cache" in health.json()["store"]
         assert (tmp_path / "cache").is_dir()
         assert not [c for c in calls(tmp_path) if c.startswith("system -m pip")]

@@ -17,7 +17,7 @@ from graphcache.settings import Settings
 from graphcache.stores import DiskStore, HttpStore
 from service.app import create_app
 from tests.fakes import TARGET, FakeCompiler, make_artifact, spec
-from tests.servers import ServerThread
+from tests.servers import ServerThread, wait_for_server
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -264,14 +264,7 @@ def test_oversized_request_head_is_refused_and_the_server_survives(tmp_path):
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                httpx.get(f"{url}/healthz", timeout=1)
-                break
-            except httpx.TransportError:
-                assert time.monotonic() < deadline
-                time.sleep(0.2)
+        wait_for_server(url)
         r = httpx.get(f"{url}/healthz", headers={"x-big": "a" * 200_000}, timeout=5)
         assert r.status_code == 431 and r.json()["error"] == "headers_too_large"
         assert httpx.get(f"{url}/healthz", timeout=5).status_code == 200

@@ -10,7 +10,6 @@ import re
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -21,7 +20,7 @@ from graphcache.stores import DiskStore
 from service.app import create_app
 from service.server import uvicorn_options
 from tests.fakes import TARGET, make_artifact, spec
-from tests.servers import ServerThread
+from tests.servers import ServerThread, wait_for_server
 
 ROOT = Path(__file__).parent.parent
 WRITE, ADMIN = "w-token", "a-token"
@@ -48,15 +47,7 @@ def shipped(tmp_path_factory):
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert proc.poll() is None, "graphcache serve exited"
-            try:
-                httpx.get(f"{url}/healthz", timeout=1)
-                break
-            except httpx.TransportError:
-                assert time.monotonic() < deadline, "graphcache serve did not start"
-                time.sleep(0.2)
+        wait_for_server(url, proc)
         yield port, url, art
     finally:
         proc.terminate()
