@@ -457,3 +457,28 @@ def test_a_worker_with_the_torch_fallback_runs_torch_when_this_host_cannot_build
     graph = cache.load(fake_spec(), TARGET)
     assert graph.backend == "torch" and "NVRTC" in graph.reason
     assert cache.stats()["fallbacks"] == 1 and list(DiskStore(tmp_path).keys()) == []
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"mask": "causal"},
+        {"mask": "none", "heads_kv": 2},
+        {"mask": "causal_bottom_right", "seq_q": 48, "seq_kv": 80, "padding": True},
+        {"mask": "sliding_window", "window_left": 8, "window_right": 3, "layout": "bhsd", "generate_stats": True},
+    ],
+    ids=["causal", "gqa", "bottom-right-padded", "window"],
+)
+def test_the_reference_in_head_chunks_equals_the_reference_at_once_and_torch(changes):
+    """A prefill spec's whole score tensor would not fit in a GPU: the
+    reference works a batch element and a group of heads at a time."""
+    from graphcache.compilers.torch_sdpa import TorchSdpaGraph, random_inputs, reference
+
+    spec = make(**{"batch": 2, "heads_q": 8, "seq_q": 64, "dtype": "float16", **changes})
+    feed = random_inputs(spec, "cpu", seed=11)
+    at_once, stats_at_once = reference(spec, **feed, budget=1 << 40)
+    one_head, stats_one_head = reference(spec, **feed, budget=1)  # one head at a time
+    torch.testing.assert_close(one_head, at_once, rtol=0, atol=1e-6)
+    torch.testing.assert_close(stats_one_head, stats_at_once, rtol=0, atol=1e-5)
+    if not spec.padding and not spec.generate_stats:
+        torch.testing.assert_close(at_once, TorchSdpaGraph(spec).execute(**feed).float(), rtol=2e-3, atol=2e-3)

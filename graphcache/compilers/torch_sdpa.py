@@ -61,6 +61,13 @@ def from_bhsd(spec: GraphSpec, tensor: Any) -> Any:
     return tensor.transpose(1, 2).contiguous() if spec.layout == "bshd" else tensor.contiguous()
 
 
+# Bytes of float32 score matrices the reference holds at once. A prefill
+# spec's whole score tensor (batch x heads x seq_q x seq_kv) would not fit in
+# any GPU (8 x 32 x 8192 x 8192 x 4 B = 68 GB), so it is computed per batch
+# element and per group of heads.
+REFERENCE_BUDGET = 1 << 30
+
+
 def reference(
     spec: GraphSpec,
     q: Any,
@@ -68,8 +75,12 @@ def reference(
     v: Any,
     seq_len_q: Any = None,
     seq_len_kv: Any = None,
+    *,
+    budget: int = REFERENCE_BUDGET,
 ) -> tuple[Any, Any]:
-    """SDPA computed in float32 by plain matrix products (torch's math path).
+    """SDPA computed in float32 by plain matrix products (torch's math path),
+    a batch element and a group of heads at a time (at most ``budget``
+    bytes of scores, and at least one head, at once).
 
     Returns ``(out, stats)``: out in the spec's storage layout (float32), and
     the log-sum-exp per query row (b, h, s, 1). Rows with no allowed key and
@@ -77,28 +88,34 @@ def reference(
     """
     import torch
 
-    qf, kf, vf = (to_bhsd(spec, t).float() for t in (q, k, v))
+    assert spec.attn_scale is not None and spec.seq_kv is not None
+    qb, kb, vb = (to_bhsd(spec, t) for t in (q, k, v))
     group = spec.heads_q // (spec.heads_kv or spec.heads_q)
-    if group > 1:
-        kf = kf.repeat_interleave(group, dim=1)
-        vf = vf.repeat_interleave(group, dim=1)
-    assert spec.attn_scale is not None
-    scores = torch.matmul(qf, kf.transpose(-1, -2)) * spec.attn_scale
-    masks = []
+    # scores, probabilities and the softmax's temporaries: about three matrices per head
+    per_head = 3 * 4 * spec.seq_q * spec.seq_kv
+    chunk = max(1, budget // per_head)
+    out = torch.zeros((spec.batch, spec.heads_q, spec.seq_q, vb.shape[-1]), dtype=torch.float32, device=q.device)
+    stats = torch.zeros((spec.batch, spec.heads_q, spec.seq_q, 1), dtype=torch.float32, device=q.device)
     for b in range(spec.batch):
         lq = None if seq_len_q is None else int(seq_len_q.reshape(-1)[b])
         lkv = None if seq_len_kv is None else int(seq_len_kv.reshape(-1)[b])
-        masks.append(allowed_mask(spec, lq, lkv, device=q.device))
-    allowed = torch.stack(masks).unsqueeze(1)  # (b, 1, sq, skv)
-    scores = scores.masked_fill(~allowed, float("-inf"))
-    stats = torch.logsumexp(scores, dim=-1, keepdim=True)
-    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)
-    out = torch.matmul(probs, vf)
-    if seq_len_q is not None:
-        rows = torch.arange(spec.seq_q, device=q.device).view(1, 1, -1, 1)
-        valid = rows < seq_len_q.reshape(-1, 1, 1, 1).to(q.device)
-        out = out * valid
-        stats = stats.masked_fill(~valid, 0.0)
+        allowed = allowed_mask(spec, lq, lkv, device=q.device)  # (sq, skv)
+        for h0 in range(0, spec.heads_q, chunk):
+            heads = torch.arange(h0, min(spec.heads_q, h0 + chunk), device=q.device)
+            kv = heads // group  # the key/value head each query head reads (GQA)
+            qf = qb[b].index_select(0, heads).float()
+            kf = kb[b].index_select(0, kv).float()
+            vf = vb[b].index_select(0, kv).float()
+            scores = torch.matmul(qf, kf.transpose(-1, -2)) * spec.attn_scale
+            scores.masked_fill_(~allowed, float("-inf"))
+            stats[b, heads] = torch.logsumexp(scores, dim=-1, keepdim=True)
+            probs = torch.softmax(scores, dim=-1).nan_to_num_(0.0)
+            del scores
+            out[b, heads] = torch.matmul(probs, vf)
+            del probs
+        if lq is not None:
+            out[b, :, lq:] = 0.0
+            stats[b, :, lq:] = 0.0
     return from_bhsd(spec, out), stats
 
 
