@@ -8,8 +8,18 @@ every load runs the deserialized plan once on the same input and compares:
 bit for bit where the plan gave the same bits twice at build
 (``deterministic``), within the dtype's tolerance otherwise.
 
-Padded query rows are zeroed before anything is recorded: cuDNN promises
-nothing about them. Dropout specs have no canary (their output is random).
+It runs at every worker start, so it must cost little next to a load even
+for prefill shapes of hundreds of MB: the input is drawn on the GPU, and the
+output is summarised there. The digest covers the output's shape, a strided
+sample of at most ``DIGEST_VALUES`` of its values (all of them for a small
+output) and its exact float64 sum and norm, reductions that are
+deterministic on one device; only that much crosses to the host. The input
+is recorded by a digest of such samples: a worker whose torch draws another
+input skips the comparison instead of failing it.
+
+Padded query rows, and rows the mask leaves without a key, are zeroed before
+anything is recorded: cuDNN promises nothing there. Dropout specs have no
+canary (their output is random).
 """
 
 from __future__ import annotations
@@ -20,24 +30,41 @@ from typing import Any
 from graphcache.spec import GraphSpec
 
 SEED = 20261130
-SAMPLES = 64
+SAMPLES = 64  # values kept in the header for the within-tolerance comparison
+DIGEST_VALUES = 65536  # values of the output the digest reads
+INPUT_VALUES = 4096  # values of each input the input digest reads
 
 
 def inputs(spec: GraphSpec, device: str) -> dict[str, Any]:
-    """The canary's input for a spec, drawn on the CPU (a CUDA generator's
-    stream depends on the launch layout) and moved to ``device``."""
+    """The canary's input for a spec, drawn on ``device`` from a generator
+    seeded with ``SEED`` (its stream may differ across torch releases:
+    ``input_digest`` tells)."""
     from graphcache.compilers.torch_sdpa import random_inputs
 
-    return {role: t.to(device) for role, t in random_inputs(spec, "cpu", seed=SEED).items()}
+    return random_inputs(spec, device, seed=SEED)
+
+
+def _strided(tensor: Any, count: int) -> Any:
+    flat = tensor.detach().contiguous().reshape(-1)
+    step = max(1, -(-flat.numel() // count))
+    return flat[::step][:count]
+
+
+def _raw(tensor: Any) -> bytes:
+    import torch
+
+    return bytes(tensor.contiguous().view(torch.uint8).cpu().numpy().tobytes())
 
 
 def input_digest(feed: dict[str, Any]) -> str:
-    """sha256 over the input tensors' bytes, in role order: a worker whose
-    torch draws another input skips the canary instead of failing it."""
+    """sha256 over each input's role, shape, dtype and a strided sample of
+    its values: a worker whose torch draws another input skips the canary
+    instead of failing it."""
     h = hashlib.sha256()
     for role in sorted(feed):
-        h.update(role.encode())
-        h.update(digest(feed[role]).encode())
+        t = feed[role]
+        h.update(f"{role}:{tuple(t.shape)}:{t.dtype};".encode())
+        h.update(_raw(_strided(t, INPUT_VALUES)))
     return h.hexdigest()
 
 
@@ -48,11 +75,19 @@ def _prepared(spec: GraphSpec, out: Any, feed: dict[str, Any]) -> Any:
 
 
 def digest(tensor: Any) -> str:
-    """sha256 of a tensor's bytes (its dtype's own representation)."""
+    """sha256 over a tensor's shape and dtype, the bytes of a strided sample
+    of at most DIGEST_VALUES of its values (every value of a small tensor)
+    and its float64 sum and 2-norm, computed where the tensor lives."""
+    import struct
+
     import torch
 
-    raw = tensor.detach().contiguous().reshape(-1).view(torch.uint8).cpu().numpy().tobytes()
-    return hashlib.sha256(raw).hexdigest()
+    h = hashlib.sha256(f"{tuple(tensor.shape)}:{tensor.dtype};".encode())
+    h.update(_raw(_strided(tensor, DIGEST_VALUES)))
+    total = tensor.sum(dtype=torch.float64).item()
+    norm = torch.linalg.vector_norm(tensor, dtype=torch.float64).item()
+    h.update(struct.pack(">dd", total, norm))
+    return h.hexdigest()
 
 
 def same_bits(spec: GraphSpec, a: Any, b: Any, feed: dict[str, Any]) -> bool:
@@ -60,23 +95,35 @@ def same_bits(spec: GraphSpec, a: Any, b: Any, feed: dict[str, Any]) -> bool:
     return digest(_prepared(spec, a, feed)) == digest(_prepared(spec, b, feed))
 
 
-def describe(spec: GraphSpec, out: Any, feed: dict[str, Any], *, deterministic: bool) -> dict[str, Any]:
-    """The header record for ``out`` (the plan's output on ``inputs(spec)``)."""
+def _summary(kept: Any) -> tuple[float, float, float, int, list[float]]:
+    """l2, sum, abs max, sample stride and sample, computed where ``kept`` lives."""
     import torch
 
-    kept = _prepared(spec, out, feed)
-    flat = kept.float().reshape(-1)
+    flat = kept.reshape(-1)
     step = max(1, flat.numel() // SAMPLES)
+    return (
+        float(torch.linalg.vector_norm(flat, dtype=torch.float64).item()),
+        float(flat.sum(dtype=torch.float64).item()),
+        float(flat.abs().max().item()) if flat.numel() else 0.0,
+        step,
+        [float(x) for x in flat[::step][:SAMPLES].float().tolist()],
+    )
+
+
+def describe(spec: GraphSpec, out: Any, feed: dict[str, Any], *, deterministic: bool) -> dict[str, Any]:
+    """The header record for ``out`` (the plan's output on ``inputs(spec)``)."""
+    kept = _prepared(spec, out, feed)
+    l2, total, abs_max, step, sample = _summary(kept)
     return {
         "seed": SEED,
         "input_sha256": input_digest(feed),
         "sha256": digest(kept),
         "deterministic": bool(deterministic),
-        "l2": float(torch.linalg.vector_norm(flat).item()),
-        "sum": float(flat.sum().item()),
-        "abs_max": float(flat.abs().max().item()),
+        "l2": l2,
+        "sum": total,
+        "abs_max": abs_max,
         "sample_stride": step,
-        "sample": [float(x) for x in flat[::step][:SAMPLES].tolist()],
+        "sample": sample,
     }
 
 
@@ -101,17 +148,16 @@ def mismatch(spec: GraphSpec, record: dict[str, Any], out: Any, feed: dict[str, 
         return None
     if record.get("deterministic"):
         return "output bits differ from the build's, and the plan was deterministic at build"
-    flat = kept.float().reshape(-1)
     tolerance = TOLERANCE[spec.dtype]
+    l2, _, _, _, _ = _summary(kept)
     step = int(record.get("sample_stride") or 1)
-    sample = flat[::step][:SAMPLES]
+    sample = kept.reshape(-1)[::step][:SAMPLES].float()
     want = torch.tensor(record.get("sample") or [], dtype=torch.float32, device=sample.device)
     if sample.shape != want.shape:
         return f"the canary sample has {tuple(sample.shape)} values, the build recorded {tuple(want.shape)}"
     error = relative_error(sample, want)
     if not error <= tolerance:
         return f"sampled outputs differ from the build's by {error:.2e} (> {tolerance:.0e})"
-    l2 = float(torch.linalg.vector_norm(flat).item())
     want_l2 = float(record.get("l2", float("nan")))
     if not abs(l2 - want_l2) <= tolerance * max(abs(want_l2), 1e-12):
         return f"output norm {l2:.6g} differs from the build's {want_l2:.6g}"
