@@ -183,3 +183,22 @@ def test_a_custom_uid_map_builds_and_runs(compiler):
 def test_dropout_records_no_validation_error(compiler):
     artifact = compiler.build(make(mask="causal", dropout=0.1))
     assert artifact.validation_error is None and "dropout" in artifact.runtime["validation"]
+
+
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+def test_run_views_reads_torchs_views_as_execute_reads_storage(compiler, layout):
+    """graphcache.torch's per-call path hands cuDNN torch's (b, h, s, d) views
+    as they are; the answer must be execute()'s, bit for bit."""
+    import torch
+
+    from graphcache.compilers.torch_sdpa import random_inputs
+
+    spec = make(mask="causal", layout=layout)
+    graph = compiler.load(compiler.build(spec))
+    feed = random_inputs(spec, "cuda", seed=3)
+    stored = graph.execute(**feed)
+    views = [t.transpose(1, 2) if layout == "bshd" else t for t in (feed["q"], feed["k"], feed["v"])]
+    out = graph.run_views(*views)
+    assert tuple(out.shape) == tuple(spec.dims("o")) and tuple(out.stride()) == tuple(spec.strides("o"))
+    got = out.transpose(1, 2) if layout == "bshd" else out
+    assert torch.equal(got, stored)

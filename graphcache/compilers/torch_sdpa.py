@@ -337,6 +337,21 @@ class TorchSdpaGraph:
             return o, stats
         return o
 
+    def run_views(self, q: Any, k: Any, v: Any) -> Any:
+        """(b, h, s, d) views of tensors in the spec's layout, as torch's SDPA
+        takes them; returns the output the same way. For specs without
+        padding, stats or dropout; inputs are checked as ``execute`` checks them."""
+        return _run_views(self, q, k, v)
+
+
+def _run_views(graph: Any, q: Any, k: Any, v: Any) -> Any:
+    """``run_views`` for a graph whose ``execute`` takes tensors in the spec's
+    storage layout: the (b, h, s, d) views torch's SDPA takes, in and out."""
+    spec = graph.spec
+    if spec.layout == "bshd":
+        return graph.execute(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
+    return graph.execute(q, k, v)
+
 
 def score_matrix_bytes(spec: GraphSpec) -> int:
     """Bytes of the float32 score matrix torch's math path must hold."""

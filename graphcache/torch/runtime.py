@@ -54,10 +54,17 @@ class Plan:
     reason: str  # "" when graph is set
     message: str = ""
     copy_q: bool = False
+    views: bool = False  # the graph takes torch's (b, h, s, d) views as they are (run_views)
 
     def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Execute the graph on (b, h, s, d) tensors; returns (b, h, s, d)."""
         assert self.graph is not None and self.spec is not None
+        if self.views:
+            # No view is made per call: the memo key (shapes, strides, dtypes,
+            # devices) has already matched these tensors to the spec.
+            if self.copy_q:
+                q = q.transpose(1, 2).contiguous().transpose(1, 2) if self.spec.layout == "bshd" else q.contiguous()
+            return self.graph.run_views(q, k, v)  # type: ignore[attr-defined]
         if self.spec.layout == "bshd":
             if self.copy_q:
                 q = q.transpose(1, 2).contiguous()
@@ -249,7 +256,10 @@ class Runtime:
             if graph is None:
                 return Plan(spec, None, reason, message)
             self._graphs[spec] = graph
-        return Plan(spec, graph, "", copy_q=derived.copy_q)
+        views = callable(getattr(graph, "run_views", None)) and not (
+            spec.dropout or spec.padding or spec.generate_stats
+        )
+        return Plan(spec, graph, "", copy_q=derived.copy_q, views=views)
 
     def _load(self, cache: GraphCache, spec: GraphSpec) -> tuple[LoadedGraph | None, str, str]:
         """Load ``spec``'s graph, or say why not. Misses follow on_miss."""
