@@ -13,7 +13,9 @@ from graphcache.uids import UidMap
 @runtime_checkable
 class LoadedGraph(Protocol):
     """A graph ready to run. ``execute`` returns the output tensor, or
-    ``(output, stats)`` when the spec generates stats."""
+    ``(output, stats)`` when the spec generates stats. A graph may also offer
+    ``run_views(q, k, v)``: torch's (b, h, s, d) views in, such a view out,
+    unchecked (graphcache.torch uses it on a hit when it is there)."""
 
     spec: GraphSpec
     backend: str
