@@ -30,7 +30,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -45,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 from graphcache import Artifact, GraphSpec, Target  # noqa: E402
 from graphcache.stores import DiskStore  # noqa: E402
+from tests.servers import free_port, local_nginx_conf, static_nginx_conf  # noqa: E402
 
 TARGET = Target.parse("h200-sm90-cudnn9.28.0-fe1.32.0")
 SIZES = {"64KiB": 64 * 1024, "256KiB": 256 * 1024, "4MiB": 4 * 1024 * 1024}
@@ -58,12 +58,6 @@ request = function()
   return wrk.format("GET", paths[i])
 end
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_http(url: str, timeout: float = 30) -> None:
@@ -180,21 +174,7 @@ def main() -> None:
 
     nginx_port, gc_port = free_port(), free_port()
     conf = tmp / "nginx.conf"
-    user = "user root;\n" if os.geteuid() == 0 else ""
-    conf.write_text(f"""
-worker_processes 1;
-{user}daemon off;
-pid {tmp}/nginx.pid;
-error_log {tmp}/nginx-error.log;
-events {{ worker_connections 1024; }}
-http {{
-  access_log off;
-  sendfile on;
-  tcp_nopush on;
-  default_type application/octet-stream;
-  server {{ listen 127.0.0.1:{nginx_port}; root {tmp}/static; }}
-}}
-""")
+    conf.write_text(static_nginx_conf(nginx_port, tmp))
     servers: dict[str, str] = {"nginx": f"http://127.0.0.1:{nginx_port}", "graphcache": f"http://127.0.0.1:{gc_port}"}
     procs: list[subprocess.Popen] = []
     extra = shlex.split(args.serve_args)
@@ -284,7 +264,6 @@ def start_topology(tmp: Path, entries: dict[str, list[tuple[str, bytes]]], procs
     proxy_cache in front; every artifact uploaded, then fetched once through
     the cache (so timed rounds are hits). Returns the front's URL."""
     from graphcache.stores import HttpStore
-    from tests.servers import local_nginx_conf
 
     redis_port = free_port()
     procs.append(

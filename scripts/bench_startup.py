@@ -36,16 +36,9 @@ sys.path.insert(0, str(ROOT))
 
 from graphcache import Artifact, GraphSpec, Target  # noqa: E402
 from graphcache.stores import DiskStore, HttpStore  # noqa: E402
+from tests.servers import free_port, static_nginx_conf  # noqa: E402
 
 TARGET = Target.parse("h200-sm90-cudnn9.28.0-fe1.32.0")
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_http(port: int, path: str, timeout: float = 30) -> None:
@@ -97,21 +90,7 @@ def main() -> None:
     total = sum(len(b) for b in blobs)
 
     nginx_port, gc_port = free_port(), free_port()
-    user = "user root;\n" if os.geteuid() == 0 else ""
-    (tmp / "nginx.conf").write_text(f"""
-worker_processes 1;
-{user}daemon off;
-pid {tmp}/nginx.pid;
-error_log {tmp}/nginx-error.log;
-events {{ worker_connections 1024; }}
-http {{
-  access_log off;
-  sendfile on;
-  tcp_nopush on;
-  default_type application/octet-stream;
-  server {{ listen 127.0.0.1:{nginx_port}; root {tmp}/static; }}
-}}
-""")
+    (tmp / "nginx.conf").write_text(static_nginx_conf(nginx_port, tmp))
     procs = [subprocess.Popen([nginx_bin, "-c", str(tmp / "nginx.conf"), "-p", str(tmp)])]
     env = {**os.environ, "GRAPHCACHE_DIR": str(tmp / "store")}
     cmd = [sys.executable, "-m", "graphcache.cli", "serve", "--port", str(gc_port), "--log-level", "warning"]

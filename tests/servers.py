@@ -100,6 +100,28 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def static_nginx_conf(port: int, tmp: Any) -> str:
+    """The benchmarks' baseline: nginx (one worker, sendfile, tcp_nopush)
+    serving ``tmp``/static on 127.0.0.1:``port``, in the foreground."""
+    import os
+
+    user = "user root;\n" if os.geteuid() == 0 else ""
+    return f"""
+worker_processes 1;
+{user}daemon off;
+pid {tmp}/nginx.pid;
+error_log {tmp}/nginx-error.log;
+events {{ worker_connections 1024; }}
+http {{
+  access_log off;
+  sendfile on;
+  tcp_nopush on;
+  default_type application/octet-stream;
+  server {{ listen 127.0.0.1:{port}; root {tmp}/static; }}
+}}
+"""
+
+
 def nginx_binary() -> str | None:
     import os
     import shutil
