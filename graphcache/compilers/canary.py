@@ -90,9 +90,9 @@ def digest(tensor: Any) -> str:
     return h.hexdigest()
 
 
-def same_bits(spec: GraphSpec, a: Any, b: Any, feed: dict[str, Any]) -> bool:
-    """True when two outputs on the canary input agree bit for bit (valid rows)."""
-    return digest(_prepared(spec, a, feed)) == digest(_prepared(spec, b, feed))
+def output_digest(spec: GraphSpec, out: Any, feed: dict[str, Any]) -> str:
+    """The digest ``describe`` records for ``out`` (its defined rows only)."""
+    return digest(_prepared(spec, out, feed))
 
 
 def _summary(kept: Any) -> tuple[float, float, float, int, list[float]]:

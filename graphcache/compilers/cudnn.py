@@ -654,7 +654,8 @@ class CudnnCompiler:
                 f"the float32 reference: relative error {error:.2e}, tolerance {TOLERANCE[spec.dtype]:.0e}; "
                 "not caching this plan"
             )
-        record = canary.describe(spec, first, feed, deterministic=canary.same_bits(spec, first, second, feed))
+        record = canary.describe(spec, first, feed, deterministic=False)
+        record["deterministic"] = canary.output_digest(spec, second, feed) == record["sha256"]
         log.info("built %s in %.2fs; relative error %.2e", spec.summary(), artifact.build_seconds, error)
         return dataclasses.replace(artifact, validation_error=error, canary=record)
 
