@@ -62,6 +62,7 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None, 
     docs.add_routes(app)
     app.add_middleware(RequestMetrics, metrics=state.metrics)
     app.fast_path = ArtifactFastPath(state)
+    app.batch_path = batch.BatchFastPath(state, app.routed)
     return app
 
 

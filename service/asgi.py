@@ -17,14 +17,13 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from service.errors import ServiceError, body, from_library
+from service.errors import JSON, ServiceError, body, from_library, send_error
 from service.metrics import Metrics
 from service.state import State
 
 log = logging.getLogger("graphcache.service")
 
 ARTIFACTS = "/v1/artifacts/"
-JSON = b"application/json"
 STREAM_CHUNK = 512 * 1024  # 4 MiB GETs: 0.93x and 1.06x nginx vs 0.83x and 0.95x at 256 KiB (docs/benchmarks.md)
 MAX_HEADER_BYTES = 16 * 1024
 SUBRESOURCE = re.compile(r"[0-9a-f]{64}/[a-z]+$")  # used with match(path, pos): no ^
@@ -75,18 +74,6 @@ class ArtifactFastPath:
             await stream_file(fh, served.size, send)
 
 
-async def send_error(send: Any, status: int, code: str, detail: str) -> None:
-    data = body(code, detail)
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [(b"content-type", JSON), (b"content-length", str(len(data)).encode())],
-        }
-    )
-    await send({"type": "http.response.body", "body": data})
-
-
 async def stream_file(fh: Any, size: int, send: Any) -> None:
     """Send an open file in chunks; each send waits for the socket to drain,
     so memory per download stays near one chunk."""
@@ -103,6 +90,7 @@ class GraphcacheApp(FastAPI):
     """FastAPI with the artifact fast path in front of everything."""
 
     fast_path: ArtifactFastPath | None = None
+    batch_path: Any = None  # service.routes.batch.BatchFastPath
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
@@ -123,6 +111,14 @@ class GraphcacheApp(FastAPI):
         if fast is not None and fast.handles(scope):
             await fast.serve(scope, send)
             return
+        batch = self.batch_path
+        if batch is not None and batch.handles(scope):
+            await batch.serve(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
+    async def routed(self, scope: Any, receive: Any, send: Any) -> None:
+        """FastAPI's own handling, past the fast paths (their fallback)."""
         await super().__call__(scope, receive, send)
 
 

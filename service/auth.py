@@ -57,6 +57,14 @@ class Auth:
                 f"the token given is not {article} {need} token (one of this server's GRAPHCACHE_{need.upper()}_TOKENS)",
             )
 
+    def allows(self, authorization: bytes | None, need: str) -> bool:
+        """Whether ``check`` would pass, without raising."""
+        try:
+            self.check(authorization, need)
+        except ServiceError:
+            return False
+        return True
+
     def require(self, request: Request, need: str) -> None:
         """``check`` for a FastAPI route's request."""
         value = request.headers.get("authorization")

@@ -71,8 +71,24 @@ def from_library(exc: Exception) -> ServiceError:
     return ServiceError(500, "internal", f"internal error ({type(exc).__name__}); see the server log")
 
 
+JSON = b"application/json"
+
+
 def body(code: str, detail: str, **extra: Any) -> bytes:
     return json.dumps({"error": code, "detail": detail, **extra}).encode()
+
+
+async def send_error(send: Any, status: int, code: str, detail: str) -> None:
+    """An error answer straight to an ASGI ``send`` (the layers in front of FastAPI)."""
+    data = body(code, detail)
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", JSON), (b"content-length", str(len(data)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": data})
 
 
 def json_response(status: int, data: Any, headers: dict[str, str] | None = None) -> Response:

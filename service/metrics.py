@@ -2,7 +2,53 @@
 
 from __future__ import annotations
 
+import threading
+from bisect import bisect_left
+from collections.abc import Iterable, Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+
+class SizeHistogram(Collector):
+    """A Prometheus histogram of byte sizes that takes a batch's sizes in one
+    call: prometheus_client's ``observe`` is about 1 us each, 0.1 ms for a
+    start-up batch of 100 entries. Exposed as any histogram is
+    (``_bucket{le=...}``, ``_count``, ``_sum``)."""
+
+    def __init__(self, name: str, documentation: str, buckets: Iterable[int], registry: CollectorRegistry) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.bounds = sorted(float(b) for b in buckets)
+        self._counts = [0] * (len(self.bounds) + 1)  # the last: above every bound (+Inf)
+        self._sum = 0.0
+        self._lock = threading.Lock()
+        registry.register(self)
+
+    def observe(self, size: float) -> None:
+        self.observe_many((size,))
+
+    def observe_many(self, sizes: Iterable[float]) -> None:
+        bounds = self.bounds
+        places = [(bisect_left(bounds, size), size) for size in sizes]
+        with self._lock:
+            for place, size in places:
+                self._counts[place] += 1
+                self._sum += size
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        with self._lock:
+            counts, total = list(self._counts), self._sum
+        cumulative, running = [], 0
+        for bound, count in zip([*self.bounds, float("inf")], counts, strict=True):
+            running += count
+            cumulative.append((floatToGoString(bound), running))
+        yield HistogramMetricFamily(self.name, self.documentation, buckets=cumulative, sum_value=total)
+
+    def describe(self) -> Iterator[HistogramMetricFamily]:
+        yield HistogramMetricFamily(self.name, self.documentation)
 
 
 class Metrics:
@@ -23,7 +69,7 @@ class Metrics:
             "build seconds of the artifacts served: GPU time the clients did not spend building",
             registry=r,
         )
-        self.served_sizes = Histogram(
+        self.served_sizes = SizeHistogram(
             "graphcache_served_artifact_bytes",
             "sizes of the artifacts served (GET and batch)",
             buckets=tuple(2**n for n in range(12, 28, 2)),  # 4 KiB .. 64 MiB

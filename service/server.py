@@ -8,6 +8,8 @@ from typing import Any
 
 import uvicorn
 
+from service.transport import PROTOCOL
+
 SHUTDOWN_GRACE = 10.0
 
 
@@ -33,7 +35,7 @@ def uvicorn_options(
         "port": port,
         "workers": workers,
         "loop": "uvloop",
-        "http": "httptools",
+        "http": PROTOCOL,  # httptools, plus writev of many buffers (service.transport)
         "log_level": log_level,
         "access_log": False,
         "timeout_keep_alive": timeout_keep_alive,

@@ -356,3 +356,118 @@ def test_cli_prefetch_refused_says_what_the_server_said(tmp_path):
         )  # fmt: skip
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 1 and len(lines) == 1 and "403" in lines[0] and "read token" in lines[0], out.stderr
+
+
+def _raw(port: int, head: bytes, body: bytes = b"") -> tuple[int, dict, bytes]:
+    """One request over a fresh socket, as bytes; the answer's status, headers and body."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(head + body)
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += sock.recv(65536)
+        top, _, rest = data.partition(b"\r\n\r\n")
+        lines = top.decode().split("\r\n")
+        headers = dict(line.lower().split(": ", 1) for line in lines[1:])
+        length = int(headers.get("content-length", "0"))
+        while len(rest) < length:
+            rest += sock.recv(65536)
+        return int(lines[0].split()[1]), headers, rest
+
+
+ODD_BATCHES = [
+    ("text/plain", b'{"keys": ["%s"]}'),
+    (None, b'{"keys": ["%s"]}'),
+    ("application/json; charset=utf-8", b'{"keys": ["%s"]}'),
+    ("application/json", b'{"keys": ["%s"], "keys": ["%s"]}'),
+    ("application/json", b'  {"keys" : [ "%s" , "%s" ] }  '),
+    ("application/json", b'{"keys": ["%s"], "more": 1}'),
+    ("application/json", b'{"keys": "%s"}'),
+    ("application/json", b'{"keys": [null, "%s"]}'),
+    ("application/json", b'["%s"]'),
+    ("application/json", b'{"keys": ["%s"'),
+    ("application/json", b"\xff\xfe"),
+    ("application/json", b'{"keys": ["%s"]} trailing'),
+]
+
+
+@pytest.mark.parametrize(("ctype", "template"), ODD_BATCHES)
+def test_the_batch_fast_path_answers_every_request_as_the_route_does(store, ctype, template):
+    """POST /v1/batch is answered in front of FastAPI (service.routes.batch.BatchFastPath)
+    for well-formed requests and handed to the FastAPI route otherwise: either
+    way the answer is the route's own, byte for byte."""
+    arts = stored(store, 2)
+    body = template.replace(b"%s", arts[0].key.encode(), 1).replace(b"%s", arts[1].key.encode())
+    head = b"POST /v1/batch HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n"
+    if ctype is not None:
+        head += f"content-type: {ctype}\r\n".encode()
+    head += f"content-length: {len(body)}\r\n\r\n".encode()
+    answers = []
+    for fast in (True, False):
+        app = create_app(Settings(cache_dir=store.path), store=store)
+        if not fast:
+            app.batch_path = None
+        with ServerThread(app) as srv:
+            answers.append(_raw(srv.port, head, body))
+    (status, headers, got), (route_status, route_headers, route_got) = answers
+    assert (status, got) == (route_status, route_got)
+    assert headers.get("content-type") == route_headers.get("content-type")
+
+
+def test_a_batch_request_body_that_stalls_is_cut_off_with_408(store):
+    arts = stored(store, 1)
+    body = json.dumps({"keys": [arts[0].key]}).encode()
+    with serve(store, upload_timeout=0.5) as srv:
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as sock:
+            sock.sendall(
+                b"POST /v1/batch HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+                + f"content-length: {len(body)}\r\n\r\n".encode()
+                + body[:20]
+            )
+            start = time.monotonic()
+            answer = sock.recv(65536)
+            waited = time.monotonic() - start
+        assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+        assert b"GRAPHCACHE_UPLOAD_TIMEOUT" in answer
+        assert 0.4 < waited < 5
+        assert httpx.post(srv.url + "/v1/batch", json={"keys": [arts[0].key]}).status_code == 200
+
+
+def test_batches_are_counted_as_requests(server, store):
+    arts = stored(store, 2)
+    for _ in range(3):
+        assert httpx.post(server.url + "/v1/batch", json={"keys": [a.key for a in arts]}).status_code == 200
+    assert httpx.post(server.url + "/v1/batch", json={"keys": []}).status_code == 400
+    text = httpx.get(server.url + "/metrics").text
+    assert 'graphcache_requests_total{method="POST",route="/v1/batch",status="200"} 3.0' in text
+    assert 'graphcache_requests_total{method="POST",route="/v1/batch",status="400"} 1.0' in text
+    assert metric(server.url, "graphcache_batches_total") == 3
+
+
+def test_the_shipped_server_writes_a_batch_without_joining_it_and_sends_the_same_bytes(store, monkeypatch):
+    """`graphcache serve`'s protocol (service.transport) hands the held
+    entries to the socket as they are; under another server (uvicorn's h11
+    protocol here) they are joined into writes. The answer is the same."""
+    import service.routes.batch as batch_route
+
+    arts = stored(store, 5, size=70_000)
+    absent = make_artifact(spec(seq_q=9999)).key
+    keys = [a.key for a in arts[:3]] + [absent] + [a.key for a in arts[3:]]
+    joins = []
+    real = batch_route._in_writes
+    monkeypatch.setattr(batch_route, "_in_writes", lambda pieces: joins.append(1) or real(pieces))
+    answers = {}
+    for http in ("shipped", "h11"):
+        srv = serve(store)
+        if http == "h11":
+            srv.server.config.http = "h11"
+        with srv:
+            for _ in range(2):  # the first verifies, the second serves from memory
+                response = httpx.post(srv.url + "/v1/batch", json={"keys": keys})
+                assert response.headers["content-length"] == str(len(response.content))
+            answers[http] = (response.content, len(joins))
+    assert answers["shipped"][0] == answers["h11"][0]
+    got, summary = records(answers["shipped"][0])
+    assert [r.body for r in got if r.kind == ENVELOPE] == [a.encode() for a in arts]
+    assert summary == {"found": 5, "absent": 1}
+    assert answers["shipped"][1] == 0, "the shipped server joined the entries"
+    assert answers["h11"][1] == 2

@@ -290,3 +290,28 @@ def test_corrupt_entry_on_disk_is_never_served(client, store):
     # a good copy can be stored again and is served again
     assert put(client, art).status_code == 201
     assert client.get(f"/v1/artifacts/{art.key}").content == art.encode()
+
+
+def test_the_served_size_histogram_reads_as_a_prometheus_histogram():
+    """service.metrics.SizeHistogram takes a batch's sizes in one call; it is
+    exposed exactly as prometheus_client's own Histogram with those buckets."""
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    from service.metrics import Metrics
+
+    ours = Metrics()
+    registry = CollectorRegistry()
+    theirs = Histogram(
+        "graphcache_served_artifact_bytes",
+        "sizes of the artifacts served (GET and batch)",
+        buckets=ours.served_sizes.bounds,
+        registry=registry,
+    )
+    sizes = [0, 10, 4096, 4097, 65_600, 65_536, 3 << 20, 1 << 30]
+    ours.served_sizes.observe(sizes[0])
+    ours.served_sizes.observe_many(sizes[1:])
+    for size in sizes:
+        theirs.observe(size)
+    mine = [line for line in ours.render().decode().splitlines() if "served_artifact_bytes" in line]
+    reference = [line for line in generate_latest(registry).decode().splitlines() if "_created" not in line]
+    assert mine == reference

@@ -3,11 +3,12 @@
 A worker that starts needs every graph of its model, often 50-200 plans of
 tens of KiB; one request instead of one each saves the per-request cost on
 both sides. Entries are verified exactly as on a single GET; the answer is
-sent entry by entry, with bounded memory (see BatchResponse).
+sent entry by entry, with bounded memory (see ``send_batch``).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import AsyncGenerator
@@ -21,22 +22,25 @@ from starlette.responses import StreamingResponse
 from graphcache.batch import ABSENT, ENVELOPE, MAGIC, MEDIA_TYPE, end_record, record, record_head
 from graphcache.errors import StoreError
 from graphcache.key import is_key
-from service.errors import ServiceError
+from service.errors import ServiceError, send_error
 from service.models import ErrorBody, error_responses
 from service.reader import Served, Unverified
 from service.state import State
+from service.transport import EXTENSION, PIECES
 
 log = logging.getLogger("graphcache.service")
 
-# Envelopes are joined into writes of this size: one ASGI send per envelope
-# (no copy) took 4.5-5.5 ms for 100 x 64 KiB, writes of 1-2 MiB 6-9 ms (each
-# waits for the client to drain), of 4 MiB 3.2-4.9 ms (docs/benchmarks.md).
+# Without service.transport's body-pieces extension (another ASGI server),
+# envelopes are joined into writes of this size: one ASGI send per envelope
+# took 4.5-5.5 ms for 100 x 64 KiB, writes of 1-2 MiB 6-9 ms (each waits for
+# the client to drain), of 4 MiB 3.2-4.9 ms (docs/benchmarks.md).
 WRITE = 4 * 1024 * 1024
-# Bytes resolved before sending (then the length is known and no chunked
-# encoding copies them): a start-up batch of 100 plans of 64 KiB fits; a
-# larger answer streams the rest, so concurrent batches stay cheap.
+# Bytes resolved before sending (then the length is known): a start-up batch
+# of 100 plans of 64 KiB fits; a larger answer streams the rest, so
+# concurrent batches stay cheap.
 HELD_MAX = 8 * 1024 * 1024
 CHUNK = 256 * 1024  # large entries are read from their file this much at a time
+HEADERS = [(b"content-type", MEDIA_TYPE.encode()), (b"cache-control", b"no-store")]
 
 
 class BatchRequest(BaseModel):
@@ -80,19 +84,115 @@ def add_routes(app: FastAPI, state: State) -> None:
         return BatchResponse(state, unique)
 
 
-class BatchResponse(Response):
-    """The batch answer, sent the cheapest way the entries allow.
+# A request body past this is not a plain list of at most GRAPHCACHE_MAX_BATCH
+# keys: FastAPI's route answers it (and its limits apply).
+BODY_PER_KEY = 80  # a key is 64 hex characters, quoted, and a separator
 
-    First the entries are resolved (looked up, verified where needed) while
-    the bytes they hold stay under ``HELD_MAX`` and none needs its file
-    streamed: then the size of the whole answer is known and it goes out
-    with a Content-Length (chunked encoding copied every byte again), in
-    writes of ``WRITE`` bytes. Past that budget, or at an entry to stream
-    from its open file, the rest is streamed in chunks. Either way memory
-    stays bounded (HELD_MAX plus one write); the
-    generator (and any file it holds open) is closed however the answer
-    ends, a client going away mid-stream included.
+
+class BatchFastPath:
+    """POST /v1/batch in front of FastAPI, for the request every worker sends
+    at start-up: a JSON ``{"keys": [...]}`` of valid keys, with a read token
+    where one is needed. FastAPI's routing, dependency and validation
+    machinery cost about as much as resolving a hundred entries; here the
+    body is read (within GRAPHCACHE_UPLOAD_TIMEOUT), parsed and checked
+    directly. Anything else (another content type, a bad token, a body that
+    is not such an object, an empty, oversized or invalid key list) is handed
+    to the FastAPI route with the body as read, so every error is the route's
+    own, word for word.
     """
+
+    def __init__(self, state: State, fallback: Any) -> None:
+        self.state = state
+        self.fallback = fallback  # the FastAPI app's ASGI callable
+        self.counter = state.metrics.requests.labels("/v1/batch", "POST", "200")
+
+    @staticmethod
+    def handles(scope: dict[str, Any]) -> bool:
+        return scope["type"] == "http" and scope["method"] == "POST" and scope["path"] == "/v1/batch"
+
+    async def serve(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        state = self.state
+        limit = state.settings.max_batch
+        body_max = 64 + BODY_PER_KEY * limit
+        headers = dict(scope["headers"])
+        ctype = headers.get(b"content-type", b"")
+        declared = headers.get(b"content-length")
+        if (
+            ctype.partition(b";")[0].strip().lower() != b"application/json"
+            or declared is None
+            or not declared.isdigit()
+            or int(declared) > body_max
+            or not state.auth.allows(headers.get(b"authorization"), "read")
+        ):
+            await self.fallback(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        size = 0
+        more = True
+        try:
+            with anyio.fail_after(state.settings.upload_timeout):
+                while more:
+                    message = await receive()
+                    if message["type"] != "http.request":
+                        return  # the client went away
+                    chunk = message.get("body", b"")
+                    chunks.append(chunk)
+                    size += len(chunk)
+                    more = message.get("more_body", False)
+                    if size > body_max:
+                        break
+        except TimeoutError:
+            state.metrics.requests.labels("/v1/batch", "POST", "408").inc()
+            await send_error(
+                send,
+                408,
+                "timeout",
+                f"the request body took longer than {state.settings.upload_timeout:g}s (GRAPHCACHE_UPLOAD_TIMEOUT)",
+            )
+            return
+        data = b"".join(chunks)
+        keys = _plain_keys(data, limit) if not more else None
+        if keys is None:
+            await self.fallback(scope, _replay(data, more, receive), send)
+            return
+        state.metrics.batches.inc()
+        self.counter.inc()
+        await send_batch(state, list(dict.fromkeys(keys)), scope, receive, send)
+
+
+def _plain_keys(data: bytes, limit: int) -> list[str] | None:
+    """The keys of a well-formed batch request, or None to let the route judge it."""
+    try:
+        parsed = json.loads(data)
+    except ValueError:
+        return None
+    if type(parsed) is not dict or len(parsed) != 1:
+        return None
+    keys = parsed.get("keys")
+    if type(keys) is not list or not 0 < len(keys) <= limit:
+        return None
+    for key in keys:
+        if type(key) is not str or not is_key(key):
+            return None
+    return keys
+
+
+def _replay(data: bytes, more: bool, receive: Any) -> Any:
+    """A receive that gives the body read so far, then the rest as it comes."""
+    given = False
+
+    async def replayed() -> dict[str, Any]:
+        nonlocal given
+        if not given:
+            given = True
+            return {"type": "http.request", "body": data, "more_body": more}
+        return await receive()
+
+    return replayed
+
+
+class BatchResponse(Response):
+    """The FastAPI route's answer: ``send_batch``."""
 
     def __init__(self, state: State, keys: list[str]) -> None:
         super().__init__(status_code=200, media_type=MEDIA_TYPE)
@@ -100,49 +200,70 @@ class BatchResponse(Response):
         self.keys = keys
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        state = self.state
-        pieces: list[bytes] = [MAGIC]
-        held = found = absent = 0
-        served_list: list[Served] = []
-        rest = 0
-        for rest, key in enumerate(self.keys):  # noqa: B007 - rest: where streaming resumes
-            served, absence = await _resolve(state, key)
-            if served is not None and (served.handle is not None or held + served.size > HELD_MAX):
-                if served.handle is not None:
-                    served.handle.close()  # reopened (and checked again) when its turn comes
-                break
-            if served is None:
-                pieces.append(record(ABSENT, key, absence))
-                absent += 1
-                continue
-            assert served.data is not None
-            pieces += (record_head(ENVELOPE, key, served.size), served.data)
-            held += served.size
-            found += 1
-            served_list.append(served)
-        else:
-            rest = len(self.keys)
-        _count(state, served_list, absent)
-        headers = [(b"content-type", MEDIA_TYPE.encode()), (b"cache-control", b"no-store")]
-        if rest == len(self.keys):
-            pieces.append(end_record(found, absent))
-            length = sum(len(p) for p in pieces)
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": 200,
-                    "headers": [*headers, (b"content-length", str(length).encode())],
-                }
-            )
-            for piece in _in_writes(pieces):
-                await send({"type": "http.response.body", "body": piece, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        await send_batch(self.state, self.keys, scope, receive, send)
+
+
+async def send_batch(state: State, keys: list[str], scope: Any, receive: Any, send: Any) -> None:
+    """The batch answer, sent the cheapest way the entries allow.
+
+    First the entries are resolved (looked up, verified where needed) while
+    the bytes they hold stay under ``HELD_MAX`` and none needs its file
+    streamed: then the size of the whole answer is known and it goes out
+    with a Content-Length (chunked encoding cost clients a copy of every
+    byte). Where the server offers the body-pieces extension
+    (service.transport, as ``graphcache serve`` does), the held pieces go to
+    the socket as they are, in one gathered write; elsewhere they are joined
+    into writes of ``WRITE`` bytes. Past that budget, or at an entry to
+    stream from its open file, the rest is streamed in chunks. Either way
+    memory stays bounded (HELD_MAX plus one write); the generator (and any
+    file it holds open) is closed however the answer ends, a client going
+    away mid-stream included.
+    """
+    pieces: list[bytes] = [MAGIC]
+    held = found = absent = 0
+    served_list: list[Served] = []
+    rest = 0
+    for rest, key in enumerate(keys):  # noqa: B007 - rest: where streaming resumes
+        # Hot entries resolve here without a context switch; only an entry
+        # to verify (hashing) goes to a thread.
+        served, absence = _lookup(state, key)
+        if isinstance(served, Unverified):
+            served, absence = await _verify(state, key, served)
+        if served is not None and (served.handle is not None or held + served.size > HELD_MAX):
+            if served.handle is not None:
+                served.handle.close()  # reopened (and checked again) when its turn comes
+            break
+        if served is None:
+            pieces.append(record(ABSENT, key, absence))
+            absent += 1
+            continue
+        assert served.data is not None
+        pieces += (record_head(ENVELOPE, key, served.size), served.data)
+        held += served.size
+        found += 1
+        served_list.append(served)
+    else:
+        rest = len(keys)
+    _count(state, served_list, absent)
+    if rest == len(keys):
+        pieces.append(end_record(found, absent))
+        length = sum(map(len, pieces))
+        headers = [*HEADERS, (b"content-length", str(length).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        if EXTENSION in scope.get("extensions", ()):
+            await send({"type": PIECES, "pieces": pieces, "more_body": False})
             return
-        stream = _stream(state, b"".join(pieces), self.keys[rest:], found, absent)
-        try:
-            await StreamingResponse(stream, headers={k.decode(): v.decode() for k, v in headers})(scope, receive, send)
-        finally:
-            await stream.aclose()
+        for piece in _in_writes(pieces):
+            await send({"type": "http.response.body", "body": piece, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        return
+    stream = _stream(state, b"".join(pieces), keys[rest:], found, absent)
+    try:
+        # StreamingResponse also stops the generator when the client goes away.
+        headers_ = {k.decode(): v.decode() for k, v in HEADERS}
+        await StreamingResponse(stream, headers=headers_)(scope, receive, send)
+    finally:
+        await stream.aclose()
 
 
 def _in_writes(pieces: list[bytes]) -> list[bytes]:
@@ -160,18 +281,29 @@ def _in_writes(pieces: list[bytes]) -> list[bytes]:
     return out
 
 
-async def _resolve(state: State, key: str) -> tuple[Served | None, bytes]:
-    """The verified entry of ``key``, or None and why it is absent."""
+def _lookup(state: State, key: str) -> tuple[Served | Unverified | None, bytes]:
+    """The entry of ``key`` as far as it is known without hashing, or None
+    and why it is absent."""
     try:
         entry = state.reader.lookup(key)
     except (StoreError, OSError) as exc:
         # The status line may be sent: this key is reported, the others still served.
         state.metrics.store_errors.inc()
         return None, f"unavailable: {exc}".encode()
-    if isinstance(entry, Unverified):
-        served = await anyio.to_thread.run_sync(state.reader.verify, key, entry)
-        return (served, b"") if served is not None else (None, b"quarantined: failed verification")
     return (entry, b"") if entry is not None else (None, b"absent")
+
+
+async def _verify(state: State, key: str, entry: Unverified) -> tuple[Served | None, bytes]:
+    served = await anyio.to_thread.run_sync(state.reader.verify, key, entry)
+    return (served, b"") if served is not None else (None, b"quarantined: failed verification")
+
+
+async def _resolve(state: State, key: str) -> tuple[Served | None, bytes]:
+    """The verified entry of ``key``, or None and why it is absent."""
+    entry, absence = _lookup(state, key)
+    if isinstance(entry, Unverified):
+        return await _verify(state, key, entry)
+    return entry, absence
 
 
 def _count(state: State, served: list[Served], absent: int) -> None:
@@ -181,8 +313,7 @@ def _count(state: State, served: list[Served], absent: int) -> None:
         metrics.hits.inc(len(served))
         metrics.bytes_served.inc(sum(s.size for s in served))
         metrics.served_build_seconds.inc(sum(s.build_seconds for s in served))
-        for s in served:
-            metrics.served_sizes.observe(s.size)
+        metrics.served_sizes.observe_many([s.size for s in served])
     if absent:
         metrics.misses.inc(absent)
 
