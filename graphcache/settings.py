@@ -38,7 +38,7 @@ class Settings:
     server           GRAPHCACHE_SERVER         service URL the CLI and workers use
     token            GRAPHCACHE_TOKEN          bearer token the CLI and workers send
     timeout          GRAPHCACHE_TIMEOUT        client timeout in seconds
-    upload_timeout   GRAPHCACHE_UPLOAD_TIMEOUT seconds a client may take to send an upload (then 408)
+    upload_timeout   GRAPHCACHE_UPLOAD_TIMEOUT seconds a client may take to send an upload or a batch body (then 408)
     canary           GRAPHCACHE_CANARY         run each loaded cuDNN plan once on the canary input (1/0, default 1)
     max_batch        GRAPHCACHE_MAX_BATCH      most keys one POST /v1/batch may ask for (then 413)
     http_max_age     GRAPHCACHE_HTTP_MAX_AGE   seconds HTTP caches may keep an artifact when reads are open

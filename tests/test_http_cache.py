@@ -109,6 +109,13 @@ def test_nginx_in_front_serves_repeats_without_reaching_python(redis_store, redi
             second = httpx.get(url)
             assert second.headers["x-cache-status"] == "HIT" and second.content == art.encode()
             assert HttpStore(lb.url).get(art.key) == art.encode()  # clients verify what the cache serves
+            # a hit larger than the front's two 512 KiB output buffers comes whole and intact
+            big = make_artifact(spec(seq_q=512), size=3 * 1024 * 1024 + 7)
+            assert HttpStore(lb.url, token="w").put(big.key, big.encode())
+            big_url = f"{lb.url}/v1/artifacts/{big.key}"
+            assert httpx.get(big_url).headers["x-cache-status"] == "MISS"
+            hit = httpx.get(big_url)
+            assert hit.headers["x-cache-status"] == "HIT" and hit.content == big.encode()
             # DELETE passes through; the cache may serve the entry until max-age (README)
             assert httpx.delete(url, headers={"authorization": "Bearer a"}).status_code == 204
             assert httpx.get(url).headers["x-cache-status"] == "HIT"
