@@ -23,7 +23,7 @@ transport queues the pieces by reference, so the app must not change them
 the client to drain what the transport holds past its limit.
 
 It leans on uvicorn's ``RequestResponseCycle`` (its ``transport``, ``flow``
-and response state) and the protocol's ``_start_asgi_task``; where either is
+and response state) and the protocol's ``_start_asgi_task`` (uvicorn 0.45 on); where either is
 missing (a uvicorn this was not written against), ``PROTOCOL`` is uvicorn's
 own httptools and the app takes its ordinary path.
 """
@@ -36,7 +36,15 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 
 EXTENSION = "graphcache.body_pieces"
 PIECES = "graphcache.response.body_pieces"
-_CYCLE_STATE = ("transport", "flow", "response_started", "response_complete", "expected_content_length")
+_CYCLE_STATE = (
+    "transport",
+    "flow",
+    "disconnected",
+    "response_started",
+    "response_complete",
+    "chunked_encoding",
+    "expected_content_length",
+)
 
 
 class PiecesCycle(RequestResponseCycle):
