@@ -368,6 +368,27 @@ def test_a_deterministic_plan_must_match_bit_for_bit():
     assert "bits differ" in canary.mismatch(spec, record, nudged, feed)
 
 
+def test_a_deterministic_plan_is_not_rejected_for_another_torchs_summation_order(monkeypatch):
+    """The same output bits, summed by a torch that adds in another order
+    (float64 sum and norm off in the last bits), still pass: otherwise
+    workers on two torch releases would drop each other's shared plan."""
+    spec = make()
+    canary, feed, out = _canary_case(spec)
+    record = canary.describe(spec, out, feed, deterministic=True)
+    assert canary.same_bits(spec, record, out.clone(), feed)
+    real_sum = torch.Tensor.sum
+
+    def other_order(self, *args, **kwargs):
+        total = real_sum(self, *args, **kwargs)
+        return total * (1 + 1e-14) if total.dtype == torch.float64 else total
+
+    monkeypatch.setattr(torch.Tensor, "sum", other_order)
+    assert canary.mismatch(spec, record, out.clone(), feed) is None
+    monkeypatch.setattr(torch.Tensor, "sum", real_sum)
+    far = dict(record, sum=record["sum"] + 1e-6 * record["l2"])  # what a changed unsampled value does
+    assert "bits differ" in canary.mismatch(spec, far, out.clone(), feed)
+
+
 def test_a_nondeterministic_plan_passes_within_tolerance_and_fails_beyond():
     spec = make(dtype="bfloat16")
     canary, feed, out = _canary_case(spec)

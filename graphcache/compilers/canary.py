@@ -10,10 +10,12 @@ bit for bit where the plan gave the same bits twice at build
 
 It runs at every worker start, so it must cost little next to a load even
 for prefill shapes of hundreds of MB: the input is drawn on the GPU, and the
-output is summarised there. The digest covers the output's shape, a strided
-sample of at most ``DIGEST_VALUES`` of its values (all of them for a small
-output) and its exact float64 sum and norm, reductions that are
-deterministic on one device; only that much crosses to the host. The input
+output is summarised there. The digest covers the output's shape and the
+bytes of a strided sample of at most ``DIGEST_VALUES`` of its values (all of
+them for a small output); its float64 sum and norm cover the rest. Only that
+much crosses to the host. Those two are compared within ``REDUCTION_RTOL``,
+not bit for bit: equal values summed by another worker's torch may differ in
+the last bits, and that must not reject a plan for the whole fleet. The input
 is recorded by a digest of such samples: a worker whose torch draws another
 input skips the comparison instead of failing it.
 
@@ -33,6 +35,9 @@ SEED = 20261130
 SAMPLES = 64  # values kept in the header for the within-tolerance comparison
 DIGEST_VALUES = 65536  # values of the output the digest reads
 INPUT_VALUES = 4096  # values of each input the input digest reads
+# Float64 sums of the same values in another order differ by far less; one
+# changed value among 1e8 moves the norm by about 1e-8.
+REDUCTION_RTOL = 1e-9
 
 
 def inputs(spec: GraphSpec, device: str) -> dict[str, Any]:
@@ -75,35 +80,32 @@ def _prepared(spec: GraphSpec, out: Any, feed: dict[str, Any]) -> Any:
 
 
 def digest(tensor: Any) -> str:
-    """sha256 over a tensor's shape and dtype, the bytes of a strided sample
-    of at most DIGEST_VALUES of its values (every value of a small tensor)
-    and its float64 sum and 2-norm, computed where the tensor lives."""
-    import struct
-
-    import torch
-
+    """sha256 over a tensor's shape and dtype and the bytes of a strided
+    sample of at most DIGEST_VALUES of its values (every value of a small
+    tensor), read where the tensor lives."""
     h = hashlib.sha256(f"{tuple(tensor.shape)}:{tensor.dtype};".encode())
     h.update(_raw(_strided(tensor, DIGEST_VALUES)))
-    total = tensor.sum(dtype=torch.float64).item()
-    norm = torch.linalg.vector_norm(tensor, dtype=torch.float64).item()
-    h.update(struct.pack(">dd", total, norm))
     return h.hexdigest()
 
 
-def output_digest(spec: GraphSpec, out: Any, feed: dict[str, Any]) -> str:
-    """The digest ``describe`` records for ``out`` (its defined rows only)."""
-    return digest(_prepared(spec, out, feed))
+def _reductions(kept: Any) -> tuple[float, float]:
+    """The float64 2-norm and sum, computed where ``kept`` lives."""
+    import torch
+
+    return (
+        float(torch.linalg.vector_norm(kept, dtype=torch.float64).item()),
+        float(kept.sum(dtype=torch.float64).item()),
+    )
 
 
 def _summary(kept: Any) -> tuple[float, float, float, int, list[float]]:
     """l2, sum, abs max, sample stride and sample, computed where ``kept`` lives."""
-    import torch
-
     flat = kept.reshape(-1)
     step = max(1, flat.numel() // SAMPLES)
+    l2, total = _reductions(flat)
     return (
-        float(torch.linalg.vector_norm(flat, dtype=torch.float64).item()),
-        float(flat.sum(dtype=torch.float64).item()),
+        l2,
+        total,
         float(flat.abs().max().item()) if flat.numel() else 0.0,
         step,
         [float(x) for x in flat[::step][:SAMPLES].float().tolist()],
@@ -127,6 +129,13 @@ def describe(spec: GraphSpec, out: Any, feed: dict[str, Any], *, deterministic: 
     }
 
 
+def same_bits(spec: GraphSpec, record: dict[str, Any], out: Any, feed: dict[str, Any]) -> bool:
+    """Whether ``out``, a second run on the host that made ``record``, has
+    its sampled bits and exactly its float64 sum and norm (``deterministic``)."""
+    kept = _prepared(spec, out, feed)
+    return digest(kept) == record["sha256"] and _reductions(kept) == (record["l2"], record["sum"])
+
+
 def comparable(record: dict[str, Any], feed: dict[str, Any]) -> bool:
     """Whether ``feed`` is the input ``record`` was made from (same seed, and
     the same bytes where the record has their digest)."""
@@ -144,21 +153,25 @@ def mismatch(spec: GraphSpec, record: dict[str, Any], out: Any, feed: dict[str, 
     from graphcache.compilers.torch_sdpa import TOLERANCE, relative_error
 
     kept = _prepared(spec, out, feed)
-    if digest(kept) == record.get("sha256"):
+    l2, total = _reductions(kept)
+    want_l2, want_sum = float(record["l2"]), float(record["sum"])
+    if (
+        digest(kept) == record["sha256"]
+        and abs(l2 - want_l2) <= REDUCTION_RTOL * want_l2
+        and abs(total - want_sum) <= REDUCTION_RTOL * max(abs(want_sum), want_l2)
+    ):
         return None
-    if record.get("deterministic"):
+    if record["deterministic"]:
         return "output bits differ from the build's, and the plan was deterministic at build"
     tolerance = TOLERANCE[spec.dtype]
-    l2, _, _, _, _ = _summary(kept)
-    step = int(record.get("sample_stride") or 1)
+    step = record["sample_stride"]
     sample = kept.reshape(-1)[::step][:SAMPLES].float()
-    want = torch.tensor(record.get("sample") or [], dtype=torch.float32, device=sample.device)
+    want = torch.tensor(record["sample"], dtype=torch.float32, device=sample.device)
     if sample.shape != want.shape:
         return f"the canary sample has {tuple(sample.shape)} values, the build recorded {tuple(want.shape)}"
     error = relative_error(sample, want)
     if not error <= tolerance:
         return f"sampled outputs differ from the build's by {error:.2e} (> {tolerance:.0e})"
-    want_l2 = float(record.get("l2", float("nan")))
     if not abs(l2 - want_l2) <= tolerance * max(abs(want_l2), 1e-12):
         return f"output norm {l2:.6g} differs from the build's {want_l2:.6g}"
     return None
