@@ -454,19 +454,27 @@ def engine_name(graph: Any) -> str:
 
 
 def serialization_refusal(engine: str, frontend: str) -> str | None:
-    """Why this frontend cannot serialize a plan of ``engine``, or None.
+    """Why a plan of ``engine`` is not cached, or None.
 
-    Python (CuTe DSL) engines appear in 1.31; only 1.32's ``serialize()``
-    writes their plans (a CUDNN_FE_PYPLAN blob). 1.31's writes the backend
-    graph without the selected Python plan, a blob that would rebuild (or
-    fail) at every load.
+    Python (CuTe DSL) engines appear in 1.31 and are deselected before
+    planning (``_exclude_python_engines``); this is the guard behind that,
+    for a plan that got one anyway (a release whose engine list cannot be
+    read). 1.31's ``serialize()`` writes the backend graph without the
+    selected Python plan, a blob that would rebuild (or fail) at every load;
+    1.32's writes kernels that load only under the builder's exact CUDA
+    driver, which the key does not cover.
     """
-    if engine != "cudnn-backend" and _version_tuple(frontend) < (1, 32):
+    if engine == "cudnn-backend":
+        return None
+    if _version_tuple(frontend) < (1, 32):
         return (
-            f"cuDNN chose the Python engine {engine}, whose plans cudnn-frontend {frontend} cannot serialize "
-            "(1.32 can): not cacheable with this frontend"
+            f"cuDNN chose the Python engine {engine}, whose plans cudnn-frontend {frontend} cannot serialize: "
+            "not cacheable with this frontend"
         )
-    return None
+    return (
+        f"cuDNN chose the Python engine {engine}, whose serialized kernels load only under the builder's "
+        "exact CUDA driver, which the key does not cover: not cacheable"
+    )
 
 
 # -- the compiler --------------------------------------------------------------
