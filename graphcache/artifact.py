@@ -187,7 +187,7 @@ class Artifact:
                 builder_host=str(header.get("builder_host", "")),
                 created_at=str(header.get("created_at", "")),
                 validation_error=header.get("validation_error"),
-                canary=_optional_dict(header.get("canary")),
+                canary=_canary(header.get("canary")),
                 runtime=dict(header.get("runtime") or {}),
                 unsupported=header.get("unsupported"),
                 signature=header.get("signature"),
@@ -200,6 +200,33 @@ def _optional_dict(value: Any) -> dict[str, Any] | None:
     if value is not None and not isinstance(value, dict):
         raise TypeError(f"expected a mapping or null, got {type(value).__name__}")
     return value
+
+
+_CANARY_FIELDS = {
+    "sha256": str,
+    "deterministic": bool,
+    "l2": (int, float),
+    "sum": (int, float),
+    "sample_stride": int,
+    "sample": list,
+}
+
+
+def _canary(value: Any) -> dict[str, Any] | None:
+    """The canary record, its fields checked: a load compares against them,
+    so a malformed one is a corrupt header, not a crash at every load."""
+    record = _optional_dict(value)
+    if record is None:
+        return None
+    for name, kind in _CANARY_FIELDS.items():
+        field = record.get(name)
+        if not isinstance(field, kind) or (kind is int and isinstance(field, bool)):
+            raise TypeError(f"canary.{name} is {field!r}")
+    if record["sample_stride"] < 1:
+        raise ValueError(f"canary.sample_stride is {record['sample_stride']}, not a positive count")
+    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in record["sample"]):
+        raise TypeError("canary.sample holds a value that is not a number")
+    return record
 
 
 def read_header(data: bytes) -> dict[str, Any]:

@@ -131,3 +131,29 @@ def test_signing(artifact):
     forged = dataclasses.replace(back, builder_host="evil")
     with pytest.raises(SignatureError):
         forged.verify_signature(b"secret")
+
+
+GOOD_CANARY = {"seed": 1, "sha256": "ab" * 32, "deterministic": False, "l2": 3.5, "sum": -1.0}
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("sample_stride", "x"),
+        ("sample_stride", -2),
+        ("sample_stride", True),
+        ("l2", "abc"),
+        ("sample", ["a"]),
+        ("sha256", None),
+        ("deterministic", "yes"),
+    ],
+)
+def test_a_malformed_canary_record_is_a_corrupt_header_naming_the_field(artifact, field, value):
+    """A load compares against the canary record; one that cannot be read is
+    caught at decode (the entry is then dropped), not at every load."""
+    good = dataclasses.replace(artifact, canary={**GOOD_CANARY, "sample_stride": 2, "sample": [0.5, 1]})
+    assert Artifact.decode(good.encode()).canary == good.canary
+    bad = dataclasses.replace(artifact, canary={**good.canary, field: value})
+    with pytest.raises(CorruptArtifact, match=f"canary.{field}") as err:
+        Artifact.decode(bad.encode())
+    assert err.value.reason == "bad_header"
