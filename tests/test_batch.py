@@ -413,23 +413,52 @@ def test_the_batch_fast_path_answers_every_request_as_the_route_does(store, ctyp
     assert headers.get("content-type") == route_headers.get("content-type")
 
 
-def test_a_batch_request_body_that_stalls_is_cut_off_with_408(store):
+@pytest.mark.parametrize("framing", ["content-length", "chunked", "text/plain"])
+def test_a_batch_request_body_that_stalls_is_cut_off_with_408(store, framing):
+    """Whatever the request looks like (one the fast path answers, a chunked
+    body, another content type the route would judge), its body is read
+    within GRAPHCACHE_UPLOAD_TIMEOUT."""
     arts = stored(store, 1)
     body = json.dumps({"keys": [arts[0].key]}).encode()
+    ctype = "text/plain" if framing == "text/plain" else "application/json"
+    head = f"POST /v1/batch HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: {ctype}\r\n"
+    if framing == "chunked":
+        head += "transfer-encoding: chunked\r\n\r\n"
+        start = f"{20:x}\r\n".encode() + body[:20] + b"\r\n"
+    else:
+        head += f"content-length: {len(body)}\r\n\r\n"
+        start = body[:20]
     with serve(store, upload_timeout=0.5) as srv:
         with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as sock:
-            sock.sendall(
-                b"POST /v1/batch HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
-                + f"content-length: {len(body)}\r\n\r\n".encode()
-                + body[:20]
-            )
-            start = time.monotonic()
+            sock.sendall(head.encode() + start)
+            began = time.monotonic()
             answer = sock.recv(65536)
-            waited = time.monotonic() - start
+            waited = time.monotonic() - began
         assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
         assert b"GRAPHCACHE_UPLOAD_TIMEOUT" in answer
         assert 0.4 < waited < 5
         assert httpx.post(srv.url + "/v1/batch", json={"keys": [arts[0].key]}).status_code == 200
+
+
+def test_a_batch_request_body_past_its_bound_is_refused_413_unread(store):
+    with serve(store, max_batch=4) as srv:
+        url = srv.url + "/v1/batch"
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as sock:
+            sock.sendall(
+                b"POST /v1/batch HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                b"content-length: 9000000\r\n\r\n"
+            )
+            answer = sock.recv(65536)  # answered before any of the body was sent
+        assert answer.startswith(b"HTTP/1.1 413") and b"split the batch" in answer
+
+        def stream():
+            yield b'{"keys": ['
+            for _ in range(1000):
+                yield b'"' + b"0" * 64 + b'", '
+
+        chunked = httpx.post(url, content=stream(), headers={"content-type": "application/json"})
+        assert chunked.status_code == 413 and chunked.json()["error"] == "too_large"
+        assert httpx.get(srv.url + "/healthz").status_code == 200
 
 
 def test_batches_are_counted_as_requests(server, store):

@@ -84,9 +84,11 @@ def add_routes(app: FastAPI, state: State) -> None:
         return BatchResponse(state, unique)
 
 
-# A request body past this is not a plain list of at most GRAPHCACHE_MAX_BATCH
-# keys: FastAPI's route answers it (and its limits apply).
-BODY_PER_KEY = 80  # a key is 64 hex characters, quoted, and a separator
+# The largest request body read: GRAPHCACHE_MAX_BATCH keys with room for
+# indentation (a key is 64 hex characters, quoted, and a separator). Past it,
+# 413 before anything is parsed.
+BODY_PER_KEY = 128
+BODY_SLACK = 4096
 
 
 class BatchFastPath:
@@ -94,11 +96,12 @@ class BatchFastPath:
     at start-up: a JSON ``{"keys": [...]}`` of valid keys, with a read token
     where one is needed. FastAPI's routing, dependency and validation
     machinery cost about as much as resolving a hundred entries; here the
-    body is read (within GRAPHCACHE_UPLOAD_TIMEOUT), parsed and checked
-    directly. Anything else (another content type, a bad token, a body that
-    is not such an object, an empty, oversized or invalid key list) is handed
-    to the FastAPI route with the body as read, so every error is the route's
-    own, word for word.
+    body is parsed and checked directly. Every body is read here, within
+    GRAPHCACHE_UPLOAD_TIMEOUT (408) and a size bound (413); anything but
+    that request (another content type, a bad token, a body that is not such
+    an object, an empty, oversized or invalid key list) is then handed to
+    the FastAPI route with the body as read, so every other error is the
+    route's own, word for word.
     """
 
     def __init__(self, state: State, fallback: Any) -> None:
@@ -113,18 +116,11 @@ class BatchFastPath:
     async def serve(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         state = self.state
         limit = state.settings.max_batch
-        body_max = 64 + BODY_PER_KEY * limit
+        body_max = BODY_SLACK + BODY_PER_KEY * limit
         headers = dict(scope["headers"])
-        ctype = headers.get(b"content-type", b"")
         declared = headers.get(b"content-length")
-        if (
-            ctype.partition(b";")[0].strip().lower() != b"application/json"
-            or declared is None
-            or not declared.isdigit()
-            or int(declared) > body_max
-            or not state.auth.allows(headers.get(b"authorization"), "read")
-        ):
-            await self.fallback(scope, receive, send)
+        if declared is not None and declared.isdigit() and int(declared) > body_max:
+            await self._refuse(send, 413, "too_large", _too_large(body_max))
             return
         chunks: list[bytes] = []
         size = 0
@@ -140,24 +136,33 @@ class BatchFastPath:
                     size += len(chunk)
                     more = message.get("more_body", False)
                     if size > body_max:
-                        break
+                        await self._refuse(send, 413, "too_large", _too_large(body_max))
+                        return
         except TimeoutError:
-            state.metrics.requests.labels("/v1/batch", "POST", "408").inc()
-            await send_error(
-                send,
-                408,
-                "timeout",
-                f"the request body took longer than {state.settings.upload_timeout:g}s (GRAPHCACHE_UPLOAD_TIMEOUT)",
-            )
+            detail = f"the request body took longer than {state.settings.upload_timeout:g}s (GRAPHCACHE_UPLOAD_TIMEOUT)"
+            await self._refuse(send, 408, "timeout", detail)
             return
         data = b"".join(chunks)
-        keys = _plain_keys(data, limit) if not more else None
+        ctype = headers.get(b"content-type", b"")
+        keys = None
+        if ctype.partition(b";")[0].strip().lower() == b"application/json" and state.auth.allows(
+            headers.get(b"authorization"), "read"
+        ):
+            keys = _plain_keys(data, limit)
         if keys is None:
-            await self.fallback(scope, _replay(data, more, receive), send)
+            await self.fallback(scope, _replay(data, receive), send)
             return
         state.metrics.batches.inc()
         self.counter.inc()
         await send_batch(state, list(dict.fromkeys(keys)), scope, receive, send)
+
+    async def _refuse(self, send: Any, status: int, code: str, detail: str) -> None:
+        self.state.metrics.requests.labels("/v1/batch", "POST", str(status)).inc()
+        await send_error(send, status, code, detail)
+
+
+def _too_large(body_max: int) -> str:
+    return f"the request body is over {body_max} bytes, more than GRAPHCACHE_MAX_BATCH keys take; split the batch"
 
 
 def _plain_keys(data: bytes, limit: int) -> list[str] | None:
@@ -177,15 +182,16 @@ def _plain_keys(data: bytes, limit: int) -> list[str] | None:
     return keys
 
 
-def _replay(data: bytes, more: bool, receive: Any) -> Any:
-    """A receive that gives the body read so far, then the rest as it comes."""
+def _replay(data: bytes, receive: Any) -> Any:
+    """A receive that gives the body read, then what the client sends next
+    (a disconnect)."""
     given = False
 
     async def replayed() -> dict[str, Any]:
         nonlocal given
         if not given:
             given = True
-            return {"type": "http.request", "body": data, "more_body": more}
+            return {"type": "http.request", "body": data, "more_body": False}
         return await receive()
 
     return replayed
