@@ -91,6 +91,27 @@ def test_disk_store_reads_a_pickled_row_as_bytes_that_fail_verification(planted)
     assert Artifact.decode(store.get(key), expected_key=key) == art
 
 
+@pytest.mark.parametrize("value", ["abc", 12, 1.5, None])
+def test_an_inline_text_row_reads_as_bytes_that_fail_verification(tmp_path, value):
+    """A row in diskcache's text mode (3) held inline: bytes, never a crash."""
+    folder = tmp_path / "cache"
+    DiskStore(folder).close()
+    key = make_artifact(spec()).key
+    now = time.time()
+    with sqlite3.connect(folder / "cache.db") as db:
+        db.execute(
+            "INSERT INTO Cache (key, raw, store_time, expire_time, access_time, access_count, tag, size, mode,"
+            " filename, value) VALUES (?, 1, ?, NULL, ?, 0, NULL, 3, 3, NULL, ?)",
+            (key, now, now, value),
+        )
+    store = DiskStore(folder)
+    data = store.get(key)
+    assert isinstance(data, bytes)
+    with pytest.raises(CorruptArtifact):
+        Artifact.decode(data, expected_key=key)
+    assert GraphCache(store, FakeCompiler()).load(spec()) is not None  # counted corrupt, rebuilt
+
+
 def test_graph_cache_counts_a_pickled_row_as_corrupt_and_rebuilds(planted):
     folder, key, marker, good = planted
     compiler = FakeCompiler()

@@ -40,7 +40,7 @@ class NoPickleDisk(diskcache.Disk):
         if mode in (diskcache.core.MODE_PICKLE, diskcache.core.MODE_TEXT):
             log.warning("diskcache row stored in mode %d (not raw bytes): read as bytes, never unpickled", mode)
             if filename is None:
-                return bytes(value) if value is not None else b""
+                return _as_bytes(value)
             mode = diskcache.core.MODE_BINARY
         if mode == diskcache.core.MODE_BINARY and filename is not None:
             path = os.path.join(self._directory, filename)
@@ -296,6 +296,18 @@ class DiskLeases:
         with self._cache.transact(retry=True):
             if self._cache.get(f"lease:{key}") == owner:
                 self._cache.delete(f"lease:{key}")
+
+
+def _as_bytes(value: Any) -> bytes:
+    """An inline row's value as bytes, whatever SQLite holds there (a blob,
+    text, a number, NULL)."""
+    if value is None:
+        return b""
+    if isinstance(value, str):
+        return value.encode("utf-8", "surrogateescape")
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    return str(value).encode()
 
 
 def _identity(st: os.stat_result) -> tuple[int, ...]:
