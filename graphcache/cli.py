@@ -583,7 +583,7 @@ def prefetch_cmd(ctx: Context, manifest: str, target: str | None, server: str | 
     tiered = TieredStore(local, remote)
     cache = GraphCache(tiered, signing_key=ctx.settings.signing_key, require_signed=ctx.settings.require_signed)
     with _progress(f"prefetching {tgt}") as bar:
-        task = bar.add_task("prefetch", total=len(set(cache.key(s, tgt) for s in specs)))
+        task = bar.add_task("prefetch", total=len(specs))  # manifest.load drops duplicate specs
         report = cache.prefetch(specs, tgt, progress=lambda key: bar.advance(task))
     if report.missing and tiered.remote_error is None:
         table = Table("missing spec", "key")

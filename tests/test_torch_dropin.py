@@ -143,6 +143,22 @@ def test_fallbacks_are_counted_by_reason():
     assert (s["calls"], s["hits"], s["misses"], s["graphs_loaded"]) == (4, 0, 0, 0)
 
 
+def test_a_masked_call_shape_is_judged_once(monkeypatch):
+    """Masked calls (most HF calls with padding) fall back to torch; like any
+    call shape, the verdict is reached once, not re-derived on every call."""
+    import graphcache.torch.runtime as runtime
+
+    derived = []
+    real = runtime._derive
+    monkeypatch.setattr(runtime, "_derive", lambda args: derived.append(1) or real(args))
+    q = bhsd(1, 4, 8, 64)
+    mask = torch.ones(8, 8, dtype=torch.bool)
+    for _ in range(5):
+        assert torch.equal(gt.scaled_dot_product_attention(q, q, q, attn_mask=mask), SDPA(q, q, q, attn_mask=mask))
+    assert len(derived) == 1
+    assert gt.stats()["fallbacks"] == {"mask": 5}
+
+
 # -- the cache behind it (a CPU stand-in for the cuDNN compiler) ---------------------------
 
 

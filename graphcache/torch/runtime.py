@@ -183,7 +183,7 @@ class Runtime:
         except (AttributeError, RuntimeError):  # not tensors, nested tensors: torch decides
             memo_key = None
         args = (query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-        if memo_key is None or attn_mask is not None or type(query) is not torch.Tensor:
+        if memo_key is None or type(query) is not torch.Tensor:
             plan = self._ineligible_plan(args)
         elif torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
             plan = _AUTOGRAD
