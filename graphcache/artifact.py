@@ -202,7 +202,7 @@ def _optional_dict(value: Any) -> dict[str, Any] | None:
     return value
 
 
-_CANARY_FIELDS = {
+_CANARY_FIELDS: dict[str, type | tuple[type, ...]] = {
     "sha256": str,
     "deterministic": bool,
     "l2": (int, float),
