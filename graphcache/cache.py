@@ -177,16 +177,16 @@ class GraphCache:
             return None
         return artifact
 
-    def get(self, spec: GraphSpec, target: Target | None = None) -> Artifact:
+    def get(self, spec: GraphSpec, target: Target | None = None, *, build: bool = True) -> Artifact:
         """The verified artifact for ``spec``, building it on a miss.
 
-        Raises NotFound on a miss with no compiler, UnsupportedSpec (or
-        NotSerializable) for a spec recorded as unsupported on this target,
-        and whatever the compiler raises.
+        Raises NotFound on a miss with no compiler or with ``build=False``,
+        UnsupportedSpec (or NotSerializable) for a spec recorded as
+        unsupported on this target, and whatever the compiler raises.
         """
-        return self.ensure(spec, target)[0]
+        return self.ensure(spec, target, build=build)[0]
 
-    def ensure(self, spec: GraphSpec, target: Target | None = None) -> tuple[Artifact, bool]:
+    def ensure(self, spec: GraphSpec, target: Target | None = None, *, build: bool = True) -> tuple[Artifact, bool]:
         """Like ``get``, and whether this call built the artifact (False when
         it was stored, or another caller or replica built it)."""
         target = self.target(target)
@@ -197,8 +197,9 @@ class GraphCache:
             self._stats.bump("build_seconds_saved", artifact.build_seconds)
             return self._positive(artifact), False
         self._stats.bump("misses")
-        if self.compiler is None:
-            raise NotFound(f"no artifact for {spec.summary()} on {target} (key {key[:12]}) and no compiler to build it")
+        if self.compiler is None or not build:
+            why = "and no compiler to build it" if self.compiler is None else "(not built: build=False)"
+            raise NotFound(f"no artifact for {spec.summary()} on {target} (key {key[:12]}) {why}")
         artifact, built = self._single_flight(key, spec, target)
         return self._positive(artifact), built
 
@@ -294,8 +295,10 @@ class GraphCache:
             log.warning("could not store %s: %s", key[:12], exc)
         return artifact
 
-    def load(self, spec: GraphSpec, target: Target | None = None) -> LoadedGraph:
-        """A runnable graph for ``spec`` on this machine.
+    def load(self, spec: GraphSpec, target: Target | None = None, *, build: bool = True) -> LoadedGraph:
+        """A runnable graph for ``spec`` on this machine; with ``build=False``
+        a miss raises NotFound instead of building (a worker that must not
+        spend its start-up on a build).
 
         With ``torch_fallback``, a spec cuDNN cannot serve here (no GPU,
         old GPU or cuDNN, a mask the frontend cannot express, a plan that
@@ -307,14 +310,14 @@ class GraphCache:
             if self.compiler is None:
                 raise NoGpu("no compiler configured")
             try:
-                return self.compiler.load(self.get(spec, target))
+                return self.compiler.load(self.get(spec, target, build=build))
             except PlanRejected as exc:
                 # The bytes verified but the plan cannot be used as it is (it
                 # would recompile, does not deserialize, or failed its canary):
                 # drop it, so neither this worker nor the next one loads it
                 # again, and build it afresh once.
                 self._reject(spec, target, exc)
-                return self.compiler.load(self.get(spec, target))
+                return self.compiler.load(self.get(spec, target, build=build))
         except (NoGpu, UnsupportedGpu, UnsupportedSpec, NotSerializable, PlanRejected, BuildError) as exc:
             if not self.torch_fallback:
                 raise

@@ -130,3 +130,13 @@ def test_unsupported_spec_kinds_are_remembered_as_they_were_raised(store):
             GraphCache(store, compiler).get(spec())
         assert not isinstance(info.value, NotSerializable)
     assert compiler.builds == 1
+
+
+def test_build_false_is_a_miss_not_a_build(store):
+    compiler = FakeCompiler()
+    cache = GraphCache(store, compiler)
+    with pytest.raises(NotFound, match="build=False"):
+        cache.load(spec(), build=False)
+    assert compiler.builds == 0 and cache.stats()["misses"] == 1
+    cache.get(spec())
+    assert cache.load(spec(), build=False) is not None and compiler.builds == 1

@@ -188,6 +188,25 @@ def test_a_hit_loads_the_graph_once_and_returns_torchs_result(store):
     assert compiler.loads == 1 and compiler.executions == 5
 
 
+@pytest.mark.parametrize("on_miss", ["torch", "build"])
+def test_a_first_hit_reads_and_verifies_the_artifact_once(store, monkeypatch, on_miss):
+    """The first call of a shape fetches its artifact once (one store read,
+    one SHA-256 of the plan), whatever happens on a miss."""
+    from graphcache import artifact as artifact_module
+
+    cache, compiler = configure(store, on_miss=on_miss)
+    q, k, v = (bhsd(1, 8, 8, 64, seed=i) for i in range(3))
+    cache.get(gt.spec_for(q, k, v))
+    decodes = []
+    real = artifact_module.Artifact.decode.__func__
+    monkeypatch.setattr(
+        artifact_module.Artifact, "decode", classmethod(lambda cls, *a, **kw: decodes.append(1) or real(cls, *a, **kw))
+    )
+    gt.scaled_dot_product_attention(q, k, v)
+    assert len(decodes) == 1 and compiler.loads == 1
+    assert gt.stats()["hits"] == 1
+
+
 def test_calls_that_need_grad_run_torch_even_with_a_cached_graph(store):
     cache, compiler = configure(store)
     q, k, v = (bhsd(1, 8, 8, 64, seed=i) for i in range(3))

@@ -265,25 +265,23 @@ class Runtime:
         """Load ``spec``'s graph, or say why not. Misses follow on_miss."""
         on_miss = self.on_miss()
         try:
-            if on_miss != "build" and cache.lookup(spec) is None:
-                if on_miss == "error":
-                    with self._count_lock:
-                        self._misses += 1
-                        self._raised += 1
-                    raise NotFound(
-                        f"no cached cuDNN graph for {spec.summary()} (key {cache.key(spec)[:12]}): warm it "
-                        f"(graphcache record, then graphcache warm), or set {ON_MISS_VAR}=torch to run torch's "
-                        "SDPA on a miss"
-                    )
-                log.info("graphcache miss for %s: running torch SDPA (%s=torch)", spec.summary(), ON_MISS_VAR)
-                return None, "miss", f"no cached graph for {spec.summary()}"
-            graph = cache.load(spec)
+            graph = cache.load(spec, build=on_miss == "build")
+        except NotFound:
+            if on_miss == "error":
+                with self._count_lock:
+                    self._misses += 1
+                    self._raised += 1
+                raise NotFound(
+                    f"no cached cuDNN graph for {spec.summary()} (key {cache.key(spec)[:12]}): warm it "
+                    f"(graphcache record, then graphcache warm), or set {ON_MISS_VAR}=torch to run torch's "
+                    "SDPA on a miss"
+                ) from None
+            log.info("graphcache miss for %s: running torch SDPA (%s=torch)", spec.summary(), ON_MISS_VAR)
+            return None, "miss", f"no cached graph for {spec.summary()}"
         except (NoGpu, UnsupportedGpu) as exc:
             return None, "no_gpu", str(exc)
         except UnsupportedSpec as exc:  # remembered per target: cuDNN cannot serve it here
             return None, "unsupported", str(exc)
-        except NotFound:
-            raise
         except GraphCacheError as exc:
             log.warning("graphcache could not load %s, running torch SDPA: %s", spec.summary(), exc)
             return None, "load_failed", f"{type(exc).__name__}: {exc}"
