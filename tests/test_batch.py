@@ -500,3 +500,22 @@ def test_the_shipped_server_writes_a_batch_without_joining_it_and_sends_the_same
     assert summary == {"found": 5, "absent": 1}
     assert answers["shipped"][1] == 0, "the shipped server joined the entries"
     assert answers["h11"][1] == 2
+
+
+def test_the_entry_at_the_held_budgets_edge_is_fetched_and_verified_once(redis_store, monkeypatch):
+    """On a store of bytes (Redis: every read fetches and hashes), the entry
+    that tips a batch past HELD_MAX is streamed as resolved, not fetched and
+    verified a second time."""
+    from service.reader import ArtifactReader
+
+    arts = stored(redis_store, 6, size=2 * 1024 * 1024)  # 12 MiB: past the 8 MiB held budget
+    verified = []
+    real = ArtifactReader.verify
+    monkeypatch.setattr(
+        ArtifactReader, "verify", lambda self, key, entry: verified.append(key) or real(self, key, entry)
+    )
+    app = create_app(Settings(hot_cache_bytes=0), store=redis_store)
+    with ServerThread(app) as srv:
+        got, summary = records(httpx.post(srv.url + "/v1/batch", json={"keys": [a.key for a in arts]}).content)
+    assert [(r.key, r.body) for r in got] == [(a.key, a.encode()) for a in arts]
+    assert sorted(verified) == sorted(a.key for a in arts)  # each once

@@ -229,6 +229,7 @@ async def send_batch(state: State, keys: list[str], scope: Any, receive: Any, se
     held = found = absent = 0
     served_list: list[Served] = []
     rest = 0
+    carried: Served | None = None  # resolved at the budget's edge: streamed first, not resolved again
     for rest, key in enumerate(keys):  # noqa: B007 - rest: where streaming resumes
         # Hot entries resolve here without a context switch; only an entry
         # to verify (hashing) goes to a thread.
@@ -238,6 +239,8 @@ async def send_batch(state: State, keys: list[str], scope: Any, receive: Any, se
         if served is not None and (served.handle is not None or held + served.size > HELD_MAX):
             if served.handle is not None:
                 served.handle.close()  # reopened (and checked again) when its turn comes
+            else:
+                carried = served
             break
         if served is None:
             pieces.append(record(ABSENT, key, absence))
@@ -263,7 +266,7 @@ async def send_batch(state: State, keys: list[str], scope: Any, receive: Any, se
             await send({"type": "http.response.body", "body": piece, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         return
-    stream = _stream(state, b"".join(pieces), keys[rest:], found, absent)
+    stream = _stream(state, b"".join(pieces), keys[rest:], found, absent, carried)
     try:
         # StreamingResponse also stops the generator when the client goes away.
         headers_ = {k.decode(): v.decode() for k, v in HEADERS}
@@ -324,12 +327,19 @@ def _count(state: State, served: list[Served], absent: int) -> None:
         metrics.misses.inc(absent)
 
 
-async def _stream(state: State, first: bytes, keys: list[str], found: int, absent: int) -> AsyncGenerator[bytes, None]:
+async def _stream(
+    state: State, first: bytes, keys: list[str], found: int, absent: int, carried: Served | None = None
+) -> AsyncGenerator[bytes, None]:
+    """The rest of a batch, from ``keys``; ``carried`` is the first key's
+    entry when it was already resolved (in memory)."""
     yield first
     pending: list[bytes] = []
     size = 0
-    for key in keys:
-        served, absence = await _resolve(state, key)
+    for index, key in enumerate(keys):
+        if index == 0 and carried is not None:
+            served, absence = carried, b""
+        else:
+            served, absence = await _resolve(state, key)
         if served is None:
             _count(state, [], 1)
             pending.append(record(ABSENT, key, absence))
