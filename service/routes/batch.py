@@ -336,6 +336,7 @@ async def _stream(
     pending: list[bytes] = []
     size = 0
     for index, key in enumerate(keys):
+        served: Served | None
         if index == 0 and carried is not None:
             served, absence = carried, b""
         else:
