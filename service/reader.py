@@ -105,13 +105,14 @@ class ArtifactReader:
             return served
         return Unverified(data, identity)
 
-    def verify(self, key: str, entry: Unverified) -> Served | None:
-        """Slow part (hashing): the verified entry, or None after quarantining it."""
+    def verify(self, key: str, entry: Unverified) -> Served | str:
+        """Slow part (hashing): the verified entry, or, after quarantining
+        it, the reason it failed (CorruptArtifact's reason)."""
         try:
             artifact = Artifact.decode(entry.data, expected_key=key)
         except CorruptArtifact as exc:
             self._quarantine(key, entry.data, exc)
-            return None
+            return exc.reason
         served = Served(entry.data, artifact.payload_sha256, len(entry.data), build_seconds=artifact.build_seconds)
         if entry.identity is not None:
             self._memo[key] = (entry.identity, served.etag, served.build_seconds)

@@ -80,9 +80,10 @@ class State:
         except (StoreError, OSError) as exc:
             self.metrics.store_errors.inc()
             raise ServiceError(503, "store_unavailable", f"the store did not answer: {exc}") from exc
-        served = None
+        served: Served | None = None
         if isinstance(found, Unverified):
-            served = await anyio.to_thread.run_sync(self.reader.verify, key, found)
+            checked = await anyio.to_thread.run_sync(self.reader.verify, key, found)
+            served = checked if isinstance(checked, Served) else None  # quarantined
         elif found is not None:
             served = found
         if served is None:

@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from graphcache import GraphCache, StoreUnavailable
+from graphcache import Artifact, CorruptArtifact, GraphCache, StoreUnavailable
 from graphcache.batch import ABSENT, ENVELOPE, MAGIC, MEDIA_TYPE, BatchParser, end_record, record
 from graphcache.settings import Settings
 from graphcache.stores import DiskStore, HttpStore, TieredStore
@@ -117,6 +117,9 @@ def test_a_corrupt_entry_is_reported_quarantined_and_the_others_served(server, s
     got, summary = records(httpx.post(server.url + "/v1/batch", json={"keys": [bad.key, good.key]}).content)
     assert [(r.kind, r.key) for r in got] == [(ABSENT, bad.key), (ENVELOPE, good.key)]
     assert got[0].body.startswith(b"quarantined")
+    with pytest.raises(CorruptArtifact) as why:
+        Artifact.decode(bytes(data), expected_key=bad.key)
+    assert got[0].body == f"quarantined: {why.value.reason}".encode()  # graphcache/batch.py's layout
     assert got[1].body == good.encode()
     assert summary == {"found": 1, "absent": 1}
     assert store.get(bad.key) is None

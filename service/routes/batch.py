@@ -304,7 +304,9 @@ def _lookup(state: State, key: str) -> tuple[Served | Unverified | None, bytes]:
 
 async def _verify(state: State, key: str, entry: Unverified) -> tuple[Served | None, bytes]:
     served = await anyio.to_thread.run_sync(state.reader.verify, key, entry)
-    return (served, b"") if served is not None else (None, b"quarantined: failed verification")
+    if isinstance(served, Served):
+        return served, b""
+    return None, f"quarantined: {served}".encode()
 
 
 async def _resolve(state: State, key: str) -> tuple[Served | None, bytes]:
