@@ -11,7 +11,6 @@ OpenAPI schema and serve if the layer is off.
 from __future__ import annotations
 
 import logging
-import os
 import re
 from typing import Any
 
@@ -19,12 +18,12 @@ from fastapi import FastAPI
 
 from service.errors import JSON, ServiceError, body, from_library, send_error
 from service.metrics import Metrics
+from service.reader import file_chunks
 from service.state import State
 
 log = logging.getLogger("graphcache.service")
 
 ARTIFACTS = "/v1/artifacts/"
-STREAM_CHUNK = 512 * 1024  # 4 MiB GETs: 0.93x and 1.06x nginx vs 0.83x and 0.95x at 256 KiB (docs/benchmarks.md)
 MAX_HEADER_BYTES = 16 * 1024
 SUBRESOURCE = re.compile(r"[0-9a-f]{64}/[a-z]+$")  # used with match(path, pos): no ^
 
@@ -78,10 +77,7 @@ async def stream_file(fh: Any, size: int, send: Any) -> None:
     """Send an open file in chunks; each send waits for the socket to drain,
     so memory per download stays near one chunk."""
     sent = 0
-    while sent < size:
-        chunk = os.read(fh.fileno(), min(STREAM_CHUNK, size - sent))
-        if not chunk:
-            raise OSError(f"file ended at {sent} of {size} bytes")
+    for chunk in file_chunks(fh, size):
         sent += len(chunk)
         await send({"type": "http.response.body", "body": chunk, "more_body": sent < size})
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -24,7 +23,7 @@ from graphcache.errors import StoreError
 from graphcache.key import is_key
 from service.errors import ServiceError, send_error
 from service.models import ErrorBody, error_responses
-from service.reader import Served, Unverified
+from service.reader import Served, Unverified, file_chunks
 from service.state import State
 from service.transport import EXTENSION, PIECES
 
@@ -39,7 +38,6 @@ WRITE = 4 * 1024 * 1024
 # of 100 plans of 64 KiB fits; a larger answer streams the rest, so
 # concurrent batches stay cheap.
 HELD_MAX = 8 * 1024 * 1024
-CHUNK = 256 * 1024  # large entries are read from their file this much at a time
 HEADERS = [(b"content-type", MEDIA_TYPE.encode()), (b"cache-control", b"no-store")]
 
 
@@ -369,12 +367,7 @@ async def _stream(
             yield b"".join(pending)
             pending.clear()
             size = 0
-            left = served.size
-            while left:
-                chunk = os.read(fh.fileno(), min(CHUNK, left))
-                if not chunk:
-                    raise OSError(f"{key}: file ended {left} bytes early")
-                left -= len(chunk)
+            for chunk in file_chunks(fh, served.size):
                 yield chunk
     pending.append(end_record(found, absent))
     yield b"".join(pending)
