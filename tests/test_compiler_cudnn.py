@@ -4,6 +4,7 @@ import pytest
 
 from graphcache import GraphSpec, UidMap, UnsupportedSpec
 from graphcache.compilers.cudnn import build_graph, payload_bytes, payload_for_frontend
+from graphcache.errors import BuildError
 from tests import cudnn_standins as fe
 
 MASKS = [
@@ -357,3 +358,17 @@ def test_real_frontend_dropout_gets_seed_and_offset_tensors_with_their_uids():
     uids = UidMap.default()
     assert built.tensors["dropout_seed"].get_uid() == uids["dropout_seed"]
     assert built.tensors["dropout_offset"].get_uid() == uids["dropout_offset"]
+
+
+def test_a_dialect_failing_on_graphcaches_own_mistake_is_a_build_error_not_a_verdict():
+    """An AttributeError that is not the frontend lacking a name (a bug in a
+    dialect) must not become an UnsupportedSpec stored for the whole target."""
+    from graphcache.compilers.cudnn import DIALECTS, Dialect
+
+    def buggy(cudnn, spec):  # noqa: ANN001
+        return {"window": spec.no_such_field}
+
+    chain = (Dialect("buggy", "2.0+", buggy), *DIALECTS)
+    with pytest.raises(BuildError, match="dialect buggy failed") as err:
+        build_graph(fe.fe_1_12(), make(mask="causal"), dialects=chain)
+    assert not isinstance(err.value, UnsupportedSpec)

@@ -15,6 +15,7 @@ import logging
 import re
 import threading
 import time
+import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -213,6 +214,9 @@ def build_graph(
         try:
             kwargs = dialect.kwargs(cudnn, spec)
         except AttributeError as exc:
+            if not _frontend_lacks(cudnn, exc):
+                # graphcache's own mistake: never a verdict on the spec.
+                raise BuildError(f"dialect {dialect.name} failed on {spec.summary()}: {exc!r}") from exc
             # A name the dialect reads that ``requires`` did not list: still a
             # frontend that does not speak this dialect, never a crash of the chain.
             skipped.append(f"{dialect.name} (cudnn-frontend {frontend_version(cudnn)} lacks a name it needs: {exc})")
@@ -308,6 +312,16 @@ def _construct(
             raise classify_failure(cudnn, spec, step, exc, graph) from exc
         timings[step] = time.perf_counter() - start
     return graph, tensors, timings
+
+
+def _frontend_lacks(cudnn: Any, exc: AttributeError) -> bool:
+    """Whether ``exc`` is the frontend missing a name (on the module or on one
+    of its types), rather than a mistake in graphcache's own code."""
+    owner = getattr(exc, "obj", None)
+    if owner is cudnn:
+        return True
+    module = owner.__name__ if isinstance(owner, types.ModuleType) else getattr(owner, "__module__", None)
+    return isinstance(module, str) and module.split(".")[0] == "cudnn"
 
 
 def python_engines(graph: Any) -> list[str]:
