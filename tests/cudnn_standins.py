@@ -112,6 +112,7 @@ class Release:
     refuses_at: str
     source: str
     deserialize_takes_handle: bool = True  # deserialize(handle, data) from 1.14
+    deserialize_enforce: bool = False  # deserialize(..., enforce_precompiled=) from 1.26
     serialize_as_bytes: bool = False  # serialize(as_bytes=True) from 1.32
 
 
@@ -187,6 +188,7 @@ RELEASES: dict[str, Release] = {
             _BASE_ATTRS | {"diagonal_alignment"},
             "validate",
             "nvidia-cudnn-frontend 1.27.0 wheel: cudnn/_pygraph.py, backend_graph.sdpa.__doc__",
+            deserialize_enforce=True,
         ),
         Release(
             "1.28.0",
@@ -195,6 +197,7 @@ RELEASES: dict[str, Release] = {
             _BASE_ATTRS | {"diagonal_alignment", "Handle"},
             "validate",
             "nvidia-cudnn-frontend 1.28.0 wheel: cudnn/_pygraph.py, backend_graph.sdpa.__doc__",
+            deserialize_enforce=True,
         ),
         Release(
             "1.31.0",
@@ -203,6 +206,7 @@ RELEASES: dict[str, Release] = {
             _BASE_ATTRS | {"diagonal_alignment", "Handle"},
             "create_execution_plans",
             "nvidia-cudnn-frontend 1.31.0 wheel: cudnn/_pygraph.py, cudnn/_sdpa_validate.py",
+            deserialize_enforce=True,
         ),
         Release(
             "1.32.0",
@@ -212,6 +216,7 @@ RELEASES: dict[str, Release] = {
             "create_execution_plans",
             "nvidia-cudnn-frontend 1.32.0 wheel: cudnn/_pygraph.py, cudnn/_plan_serdes.py",
             serialize_as_bytes=True,
+            deserialize_enforce=True,
         ),
     )
 }
@@ -335,9 +340,11 @@ def make_frontend(
             blob = b"standin-plan:" + release.version.encode()
             return blob if kwargs.get("as_bytes") else list(blob)
 
-        def deserialize(self, *args: Any) -> None:
-            if len(args) != (2 if release.deserialize_takes_handle else 1):
-                raise pybind_refusal("deserialize", {f"arg{i}": a for i, a in enumerate(args)})
+        def deserialize(self, *args: Any, **kwargs: Any) -> None:
+            if len(args) != (2 if release.deserialize_takes_handle else 1) or (
+                kwargs and (set(kwargs) != {"enforce_precompiled"} or not release.deserialize_enforce)
+            ):
+                raise pybind_refusal("deserialize", {**{f"arg{i}": a for i, a in enumerate(args)}, **kwargs})
 
     module: dict[str, Any] = {
         "pygraph": Graph,

@@ -25,8 +25,13 @@ def describe(cudnn: Any) -> dict[str, Any]:
     match = re.search(r"sdpa\((.*?)\)\s*->", doc, re.S)
     params = re.split(r",\s*(?=\w+:)", match.group(1)) if match else []
     names = [p.split(":")[0].strip() for p in params]
+    # deserialize's overloads, from the C++ binding (1.27+: behind a Python passthrough).
+    graph = backend if backend is not None and hasattr(backend, "deserialize") else cudnn.pygraph
+    deserialize = " ".join((graph.deserialize.__doc__ or "").split())
     return {
         "version": cudnn.__version__,
+        "deserialize_takes_handle": "handle_" in deserialize,
+        "deserialize_enforce": "enforce_precompiled" in deserialize,
         "attrs": sorted(a for a in dir(cudnn) if not a.startswith("__")),
         "sdpa_keywords": [n for n in names if n != "self"],
         "required": [p.split(":")[0].strip() for p in params if "=" not in p and not p.startswith("self")],

@@ -372,3 +372,15 @@ def test_a_dialect_failing_on_graphcaches_own_mistake_is_a_build_error_not_a_ver
     with pytest.raises(BuildError, match="dialect buggy failed") as err:
         build_graph(fe.fe_1_12(), make(mask="causal"), dialects=chain)
     assert not isinstance(err.value, UnsupportedSpec)
+
+
+@pytest.mark.parametrize("version", list(fe.RELEASES))
+def test_deserialize_into_calls_each_release_as_it_takes_it(version):
+    """deserialize_into's table (handle from 1.14, enforce_precompiled from
+    1.26) against the stand-ins, whose deserialize signatures
+    tests/test_frontend_versions.py checks against each real binding."""
+    from graphcache.compilers.cudnn import deserialize_into
+
+    cudnn = fe.standin(version)
+    graph = cudnn.pygraph()
+    deserialize_into(graph, object(), b"standin-plan", version)  # a refused form raises TypeError

@@ -132,6 +132,10 @@ def test_standin_tables_match_the_real_binding(version):
     assert {a for a in fe.WATCHED if a in real["attrs"]} == set(release.attrs)
     standin = fe.standin(version)
     assert {a for a in fe.WATCHED if hasattr(standin, a)} == set(release.attrs)
+    assert (real["deserialize_takes_handle"], real["deserialize_enforce"]) == (
+        release.deserialize_takes_handle,
+        release.deserialize_enforce,
+    )
 
 
 @pytest.mark.parametrize("mask", MASKS)
