@@ -29,7 +29,6 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -44,7 +43,15 @@ sys.path.insert(0, str(ROOT))
 
 from graphcache import Artifact, GraphSpec, Target  # noqa: E402
 from graphcache.stores import DiskStore  # noqa: E402
-from tests.servers import free_port, local_nginx_conf, static_nginx_conf  # noqa: E402
+from tests.servers import (  # noqa: E402
+    free_port,
+    local_nginx_conf,
+    nginx_binary,
+    serve_process,
+    static_nginx_conf,
+    stop_processes,
+    wait_http,
+)
 
 TARGET = Target.parse("h200-sm90-cudnn9.28.0-fe1.32.0")
 SIZES = {"64KiB": 64 * 1024, "256KiB": 256 * 1024, "4MiB": 4 * 1024 * 1024}
@@ -58,17 +65,6 @@ request = function()
   return wrk.format("GET", paths[i])
 end
 """
-
-
-def wait_http(url: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            urllib.request.urlopen(url, timeout=1).read()
-            return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"{url} did not come up")
 
 
 def wrk(base: str, paths_file: Path, lua: Path, duration: int, connections: int) -> dict[str, float]:
@@ -115,21 +111,6 @@ def rss_kib(pid: int) -> int:
     return total
 
 
-def serve(port: int, env: dict[str, str], extra: list[str]) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "graphcache.cli", "serve", "--port", str(port), "--log-level", "warning", *extra]
-    return subprocess.Popen(cmd, env=env, cwd=ROOT, stderr=subprocess.DEVNULL)
-
-
-def stop(procs: list[subprocess.Popen]) -> None:
-    for p in procs:
-        p.send_signal(signal.SIGTERM)
-    for p in procs:
-        try:
-            p.wait(15)
-        except subprocess.TimeoutExpired:
-            p.kill()
-
-
 def median_row(samples: list[dict[str, float]]) -> dict[str, float]:
     return {k: statistics.median(s[k] for s in samples) for k in samples[0]}
 
@@ -149,7 +130,7 @@ def main() -> None:
     for tool in ("wrk", "nginx") + (("redis-server",) if args.topology else ()):
         if not shutil.which(tool) and not Path(f"/usr/sbin/{tool}").exists():
             sys.exit(f"{tool} is not installed: apt-get install {tool}")
-    nginx_bin = shutil.which("nginx") or "/usr/sbin/nginx"
+    nginx_bin = nginx_binary() or "/usr/sbin/nginx"
     sizes = {label: SIZES[label] for label in args.sizes.split(",")}
 
     tmp = Path(tempfile.mkdtemp(prefix="gc-bench-"))
@@ -183,7 +164,7 @@ def main() -> None:
     try:
         procs.append(subprocess.Popen([nginx_bin, "-c", str(conf), "-p", str(tmp)]))
         env = {**os.environ, "GRAPHCACHE_DIR": str(tmp / "store")}
-        server = serve(gc_port, env, extra)
+        server = serve_process(gc_port, env, extra)
         procs.append(server)
         wait_http(f"{servers['graphcache']}/healthz")
         wait_http(f"{servers['nginx']}/v1/artifacts/{entries[next(iter(sizes))][0][0]}")
@@ -225,7 +206,7 @@ def main() -> None:
                 sampler.join()
             after = max(peak)
     finally:
-        stop(procs)
+        stop_processes(procs)
         shutil.rmtree(tmp, ignore_errors=True)
 
     print(
@@ -286,14 +267,14 @@ def start_topology(tmp: Path, entries: dict[str, list[tuple[str, bytes]]], procs
     ports = [free_port(), free_port()]
     time.sleep(0.5)
     for port in ports:
-        procs.append(serve(port, env, extra))
+        procs.append(serve_process(port, env, extra))
     for port in ports:
         wait_http(f"http://127.0.0.1:{port}/healthz")
     lb_port = free_port()
     (tmp / "lb").mkdir()
     conf = tmp / "lb" / "nginx.conf"
     conf.write_text(local_nginx_conf([f"127.0.0.1:{p}" for p in ports], lb_port, tmp / "lb"))
-    procs.append(subprocess.Popen([shutil.which("nginx") or "/usr/sbin/nginx", "-c", str(conf), "-p", str(tmp / "lb")]))
+    procs.append(subprocess.Popen([nginx_binary() or "/usr/sbin/nginx", "-c", str(conf), "-p", str(tmp / "lb")]))
     url = f"http://127.0.0.1:{lb_port}"
     wait_http(f"{url}/healthz")
     upload = HttpStore(f"http://127.0.0.1:{ports[0]}", token="w", timeout=60)

@@ -23,7 +23,6 @@ import http.client
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -36,23 +35,16 @@ sys.path.insert(0, str(ROOT))
 
 from graphcache import Artifact, GraphSpec, Target  # noqa: E402
 from graphcache.stores import DiskStore, HttpStore  # noqa: E402
-from tests.servers import free_port, static_nginx_conf  # noqa: E402
+from tests.servers import (  # noqa: E402
+    free_port,
+    nginx_binary,
+    serve_process,
+    static_nginx_conf,
+    stop_processes,
+    wait_http,
+)
 
 TARGET = Target.parse("h200-sm90-cudnn9.28.0-fe1.32.0")
-
-
-def wait_http(port: int, path: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            conn.request("GET", path)
-            conn.getresponse().read()
-            conn.close()
-            return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"port {port} did not come up")
 
 
 def timed(fn) -> tuple[float, int]:  # noqa: ANN001
@@ -69,8 +61,8 @@ def main() -> None:
     parser.add_argument("--serve-args", default="", help="extra options for graphcache serve (default: none)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
-    nginx_bin = shutil.which("nginx") or "/usr/sbin/nginx"
-    if not Path(nginx_bin).exists():
+    nginx_bin = nginx_binary()
+    if nginx_bin is None:
         sys.exit("nginx is not installed: apt-get install nginx")
 
     tmp = Path(tempfile.mkdtemp(prefix="gc-startup-"))
@@ -93,12 +85,11 @@ def main() -> None:
     (tmp / "nginx.conf").write_text(static_nginx_conf(nginx_port, tmp))
     procs = [subprocess.Popen([nginx_bin, "-c", str(tmp / "nginx.conf"), "-p", str(tmp)])]
     env = {**os.environ, "GRAPHCACHE_DIR": str(tmp / "store")}
-    cmd = [sys.executable, "-m", "graphcache.cli", "serve", "--port", str(gc_port), "--log-level", "warning"]
-    procs.append(subprocess.Popen(cmd + args.serve_args.split(), env=env, cwd=ROOT, stderr=subprocess.DEVNULL))
+    procs.append(serve_process(gc_port, env, args.serve_args.split()))
     body = json.dumps({"keys": keys})
     try:
-        wait_http(nginx_port, "/all.bin")
-        wait_http(gc_port, "/healthz")
+        wait_http(f"http://127.0.0.1:{nginx_port}/all.bin")
+        wait_http(f"http://127.0.0.1:{gc_port}/healthz")
         ng = http.client.HTTPConnection("127.0.0.1", nginx_port)
         batch_conn = http.client.HTTPConnection("127.0.0.1", gc_port)
         single = http.client.HTTPConnection("127.0.0.1", gc_port)
@@ -137,13 +128,7 @@ def main() -> None:
                 sizes[name] = n
             samples["get_many (verifies)"].append(timed(get_many)[0])
     finally:
-        for p in procs:
-            p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_processes(procs)
         shutil.rmtree(tmp, ignore_errors=True)
 
     batch_name, single_name = "graphcache batch", f"{args.count} single GETs"

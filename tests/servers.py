@@ -213,3 +213,48 @@ def wait_for_server(url: str, proc: Any = None, timeout: float = 30.0, *, health
             pass
         assert time.monotonic() < deadline, f"no server answered at {url} within {timeout:.0f}s"
         time.sleep(0.2)
+
+
+# -- processes, for the benchmarks in scripts/ ----------------------------------------
+
+
+def serve_process(port: int, env: dict[str, str], extra: list[str] | tuple[str, ...] = ()) -> Any:
+    """`graphcache serve` as a user starts it (defaults, plus ``extra``) on
+    127.0.0.1:``port``, its log quiet; a subprocess.Popen."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    cmd = [sys.executable, "-m", "graphcache.cli", "serve", "--port", str(port), "--log-level", "warning", *extra]
+    return subprocess.Popen(cmd, env=env, cwd=Path(__file__).resolve().parents[1], stderr=subprocess.DEVNULL)
+
+
+def stop_processes(procs: list[Any]) -> None:
+    """SIGTERM each, then wait (kill after 15 s)."""
+    import signal
+    import subprocess
+
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(15)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+def wait_http(url: str, timeout: float = 30) -> None:
+    """Poll ``url`` until anything answers it over HTTP."""
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(url, timeout=1).read()
+            return
+        except urllib.error.HTTPError:
+            return  # an answer, if not a 200
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"{url} did not come up")
