@@ -207,7 +207,7 @@ class GraphCache:
         if artifact.unsupported:
             self._stats.bump("unsupported")
             kind = NotSerializable if artifact.runtime.get("unsupported_kind") == "NotSerializable" else UnsupportedSpec
-            raise kind(artifact.unsupported)
+            raise kind(artifact.unsupported, step=artifact.runtime.get("unsupported_step"))
         return artifact
 
     def _single_flight(self, key: str, spec: GraphSpec, target: Target) -> tuple[Artifact, bool]:

@@ -271,6 +271,9 @@ def test_an_unsupported_spec_is_stored_with_frontend_cudnn_and_step(tmp_path):
     header = Artifact.decode(store.get(key)).runtime
     assert header["unsupported_step"] == "check_support"
     assert (header["frontend"], header["cudnn"]) == (TARGET.frontend, TARGET.cudnn)
+    with pytest.raises(UnsupportedSpec) as again:  # answered from the stored entry, its step with it
+        cache.get(fake_spec(), TARGET)
+    assert again.value.step == "check_support" and cache.compiler.builds == 1
 
 
 def test_a_custom_uid_map_reaches_the_compiler(tmp_path):

@@ -1,8 +1,10 @@
 """The cuDNN SDPA compiler: build, serialize, deserialize, execute.
 
 The frontend's SDPA keywords changed across versions (CUDNN_NOTES.md). The
-dialect chain tries the newest keyword set first and falls back on
-TypeError, each dialect expressing the spec's mask exactly or declining: a
+dialect chain tries the newest keyword set first and falls back when the
+frontend lacks a name the dialect needs or refuses one of its sdpa()
+keywords (any other TypeError is a BuildError), each dialect expressing the
+spec's mask exactly or declining: a
 causal mask is never dropped to make an old frontend happy. Frontends from
 1.27 accept unknown keywords at ``sdpa()`` and fail only when the graph is
 lowered, so one attempt covers the whole build, not one call.
@@ -200,7 +202,8 @@ def build_graph(
 
     Without ``lower`` only ``validate()`` runs: what a machine with no GPU can
     check. Raises UnsupportedSpec when no dialect of this frontend can
-    express the spec's mask.
+    express the spec's mask (or cuDNN says not supported), and BuildError
+    for a failure that is no verdict on the spec (this host, or a bug).
     """
     uids = uids or UidMap.default()
     tried: list[str] = []
@@ -231,7 +234,7 @@ def build_graph(
                 raise BuildError(
                     f"cudnn-frontend {frontend_version(cudnn)} raised a TypeError building {spec.summary()} "
                     f"with dialect {dialect.name} that is not a refused sdpa() keyword, so the spec is not "
-                    f"recorded as unsupported: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else exc!r}"
+                    f"recorded as unsupported: {_first_line(exc)}"
                 ) from exc
             tried.append(f"{dialect.name}: {str(exc).splitlines()[0][:200]}")
             log.info("dialect %s refused by frontend %s: %s", dialect.name, frontend_version(cudnn), exc)

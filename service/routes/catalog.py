@@ -10,7 +10,7 @@ from fastapi import FastAPI, Query, Request, Response
 from graphcache.errors import CorruptArtifact
 from graphcache.stores import Store, stored_header
 from graphcache.target import Target
-from service.errors import json_response
+from service.errors import ServiceError, json_response
 from service.models import KEY_RE, TARGET_RE, ArtifactPage, PurgeResult, error_responses
 from service.state import State
 
@@ -34,9 +34,7 @@ def add_routes(app: FastAPI, state: State) -> None:
         from graphcache.ops import purge as purge_entries
 
         if target is None and not unsupported:
-            return json_response(
-                400, {"error": "bad_request", "detail": "give target=TARGET, unsupported=true, or both"}
-            )
+            raise ServiceError(400, "bad_request", "give target=TARGET, unsupported=true, or both")
         tgt = None if target is None else Target.parse(target)
         removed = await anyio.to_thread.run_sync(
             lambda: purge_entries(state.store, tgt, unsupported=unsupported, dry_run=dry_run)
