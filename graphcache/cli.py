@@ -124,7 +124,7 @@ def resolve_key(store: Store, text: str) -> str:
     text = text.strip().lower()
     if is_key(text):
         return text
-    if len(text) < 6 or any(c not in "0123456789abcdef" for c in text):
+    if not _looks_like_key(text):
         raise click.UsageError(f"{text!r} is not a key: give 64 hex characters or a unique prefix of 6+")
     matches = [k for k in store.keys() if k.startswith(text)]
     if not matches:
@@ -816,8 +816,6 @@ def serve_cmd(
     timeout_keep_alive: int,
 ) -> None:
     """Run the HTTP service on the configured store (default: DiskStore in --cache-dir)."""
-    import os
-
     import uvicorn
 
     from service.server import uvicorn_options

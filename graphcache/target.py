@@ -14,7 +14,8 @@ FORM = (
 )
 _VERSION = r"\d+(?:\.\d+){1,3}"
 _TEXT = re.compile(
-    rf"^(?P<gpu>[a-z0-9_]+)-sm(?P<sm>\d{{2,3}})(?:-mp(?P<mp>\d{{1,4}}))?-cudnn(?P<cudnn>{_VERSION})-fe(?P<fe>{_VERSION})$"
+    rf"^(?P<gpu>[a-z0-9_]+)-sm(?P<sm>\d{{2,3}})(?:-mp(?P<mp>\d{{1,4}}))?-cudnn(?P<cudnn>{_VERSION})-fe(?P<fe>{_VERSION})$",
+    re.ASCII,  # \d: 0-9 only, as PATTERN
 )
 # The text form as a plain pattern (no named groups), for OpenAPI and other validators.
 PATTERN = r"^[a-z0-9_]+-sm[0-9]{2,3}(-mp[0-9]{1,4})?-cudnn[0-9]+(\.[0-9]+){1,3}-fe[0-9]+(\.[0-9]+){1,3}$"

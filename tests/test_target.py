@@ -65,3 +65,33 @@ def test_detect_without_gpu_raises_no_gpu_with_a_clear_message():
         pytest.skip("this machine has a GPU")
     with pytest.raises(NoGpu, match="no CUDA GPU found"):
         Target.detect()
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "h200-sm90-mp132-cudnn9.28.0-fe1.32.0",
+        "h200-sm90-cudnn9.28.0-fe1.32.0",
+        "a100_sxm4_80gb-sm80-cudnn9.1-fe1.7.0",
+        "H200-sm90-cudnn9.28.0-fe1.32.0",
+        "h200-sm9-cudnn9.28.0-fe1.32.0",
+        "h200-sm90-mp-cudnn9.28.0-fe1.32.0",
+        "h200-sm90-cudnn9-fe1.32.0",
+        "h200-sm90-cudnn9.28.0.1.2-fe1.32.0",
+        "h200-sm90-cudnn9.28.0-fe1.32.0-extra",
+        "h200-sm٩0-cudnn9.28.0-fe1.32.0",  # a non-ASCII digit
+    ],
+)
+def test_the_plain_pattern_accepts_exactly_what_parse_accepts(text):
+    """target.PATTERN (for OpenAPI validators) is written out by hand beside
+    the parser's regex: they must not drift apart."""
+    import re
+
+    from graphcache.target import PATTERN
+
+    try:
+        Target.parse(text)
+        parsed = True
+    except TargetError:
+        parsed = False
+    assert (re.fullmatch(PATTERN, text, re.ASCII) is not None) == parsed
