@@ -128,13 +128,7 @@ def add_routes(app: FastAPI, state: State) -> None:
         responses=error_responses(400, 401, 403, 404, 501, 503),
     )
     async def pin_artifact(key: KeyPath, request: Request) -> Response:
-        state.auth.require(request, "write")
-        pin = getattr(state.store, "pin", None)
-        if pin is None:
-            raise ServiceError(501, "not_supported", f"{state.store!r} cannot pin entries")
-        if not await anyio.to_thread.run_sync(pin, key):
-            raise ServiceError(404, "not_found", f"no artifact stored for key {key}")
-        return json_response(200, {"key": key, "pinned": True})
+        return await _set_pin(state, request, key, pinned=True)
 
     @app.delete(
         "/v1/artifacts/{key}/pin",
@@ -143,13 +137,19 @@ def add_routes(app: FastAPI, state: State) -> None:
         responses=error_responses(400, 401, 403, 404, 501, 503),
     )
     async def unpin_artifact(key: KeyPath, request: Request) -> Response:
-        state.auth.require(request, "write")
-        unpin = getattr(state.store, "unpin", None)
-        if unpin is None:
-            raise ServiceError(501, "not_supported", f"{state.store!r} cannot pin or unpin entries")
-        if not await anyio.to_thread.run_sync(unpin, key):
-            raise ServiceError(404, "not_found", f"no artifact stored for key {key}")
-        return json_response(200, {"key": key, "pinned": False})
+        return await _set_pin(state, request, key, pinned=False)
+
+
+async def _set_pin(state: State, request: Request, key: str, *, pinned: bool) -> Response:
+    state.auth.require(request, "write")
+    change = getattr(state.store, "pin" if pinned else "unpin", None)
+    if change is None:
+        raise ServiceError(
+            501, "not_supported", f"{state.store!r} cannot {'pin' if pinned else 'pin or unpin'} entries"
+        )
+    if not await anyio.to_thread.run_sync(change, key):
+        raise ServiceError(404, "not_found", f"no artifact stored for key {key}")
+    return json_response(200, {"key": key, "pinned": pinned})
 
 
 def _raw_headers(request: Request) -> dict[bytes, bytes]:
