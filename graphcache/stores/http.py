@@ -232,15 +232,14 @@ class HttpStore:
 
     def pin(self, key: str) -> bool:
         """Exempt an entry from eviction on the server (write token)."""
-        response = self._request("POST", f"/v1/artifacts/{key}/pin")
-        if response.status_code == 404:
-            return False
-        _expect(response, 200)
-        return True
+        return self._pin("POST", key)
 
     def unpin(self, key: str) -> bool:
         """Make an entry evictable again on the server (write token)."""
-        response = self._request("DELETE", f"/v1/artifacts/{key}/pin")
+        return self._pin("DELETE", key)
+
+    def _pin(self, method: str, key: str) -> bool:
+        response = self._request(method, f"/v1/artifacts/{key}/pin")
         if response.status_code == 404:
             return False
         _expect(response, 200)
