@@ -20,6 +20,7 @@ import torch
 
 from graphcache.cache import GraphCache
 from graphcache.compilers.base import LoadedGraph
+from graphcache.compilers.torch_sdpa import _run_views
 from graphcache.errors import GraphCacheError, NoGpu, NotFound, UnsupportedCall, UnsupportedGpu, UnsupportedSpec
 from graphcache.settings import SettingsError
 from graphcache.spec import GraphSpec
@@ -59,22 +60,13 @@ class Plan:
     def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Execute the graph on (b, h, s, d) tensors; returns (b, h, s, d)."""
         assert self.graph is not None and self.spec is not None
-        if self.views:
-            # No view is made per call: the memo key (shapes, strides, dtypes,
-            # devices) has already matched these tensors to the spec.
-            if self.copy_q:
-                q = q.transpose(1, 2).contiguous().transpose(1, 2) if self.spec.layout == "bshd" else q.contiguous()
-            return self.graph.run_views(q, k, v)  # type: ignore[attr-defined]
-        if self.spec.layout == "bshd":
-            if self.copy_q:
-                q = q.transpose(1, 2).contiguous()
-            else:
-                q = q.transpose(1, 2)
-            out = self.graph.execute(q, k.transpose(1, 2), v.transpose(1, 2))
-            return out.transpose(1, 2)
+        # No view is made per call on the views path: the memo key (shapes,
+        # strides, dtypes, devices) has already matched these tensors to the spec.
         if self.copy_q:
-            q = q.contiguous()
-        return self.graph.execute(q, k, v)
+            q = q.transpose(1, 2).contiguous().transpose(1, 2) if self.spec.layout == "bshd" else q.contiguous()
+        if self.views:
+            return self.graph.run_views(q, k, v)  # type: ignore[attr-defined]
+        return _run_views(self.graph, q, k, v)
 
 
 class Runtime:
