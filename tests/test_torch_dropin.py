@@ -354,3 +354,23 @@ def test_scale_normalisation_is_exact_only_for_the_default():
     assert math.isclose(64**-0.5, 1 / math.sqrt(64))
     q = bhsd(1, 4, 8, 64)
     assert gt.spec_for(q, q, q, scale=0.125 * (1 + 1e-6)).attn_scale != gt.spec_for(q, q, q).attn_scale
+
+
+def test_a_subclass_in_any_argument_falls_back_and_a_parameter_is_plain(store):
+    """Only plain tensors (a Parameter is one) reach a cached graph; a tensor
+    subclass as key or value, with a plain query of the same shape, does not
+    share the plain call's memo entry."""
+
+    class Tagged(torch.Tensor):
+        pass
+
+    cache, compiler = configure(store)
+    q, k, v = (bhsd(1, 8, 8, 64, seed=i) for i in range(3))
+    cache.get(gt.spec_for(q, k, v))
+    gt.scaled_dot_product_attention(q, k, v)
+    assert compiler.executions == 1
+    gt.scaled_dot_product_attention(q, k.as_subclass(Tagged), v)
+    assert compiler.executions == 1 and gt.stats()["fallbacks"] == {"tensor_subclass": 1}
+    with torch.no_grad():
+        gt.scaled_dot_product_attention(torch.nn.Parameter(q), k, v)
+    assert compiler.executions == 2

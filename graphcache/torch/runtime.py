@@ -175,8 +175,8 @@ class Runtime:
         except (AttributeError, RuntimeError):  # not tensors, nested tensors: torch decides
             memo_key = None
         args = (query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-        if memo_key is None or type(query) is not torch.Tensor:
-            plan = self._ineligible_plan(args)
+        if memo_key is None or not (type(query) in _PLAIN and type(key) in _PLAIN and type(value) in _PLAIN):
+            plan = self._ineligible_plan(args)  # a subclass never shares a plain call's memo entry
         elif torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
             plan = _AUTOGRAD
         else:
@@ -297,6 +297,8 @@ class Runtime:
             }
 
 
+# What derive() takes as a plain tensor (a Parameter is one, with its grad flag).
+_PLAIN = frozenset({torch.Tensor, torch.nn.Parameter})
 _AUTOGRAD = Plan(None, None, "autograd", "an input requires grad: cuDNN graphs here are forward-only")
 
 
