@@ -150,6 +150,23 @@ def derive(
     return Derived(spec, copy_q=not common)
 
 
+def derive_args(args: tuple[Any, ...], dtype: str | None = None) -> Derived:
+    """``derive`` of a call's arguments as the runtime holds them:
+    (query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)."""
+    query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa = args
+    return derive(
+        query,
+        key,
+        value,
+        attn_mask=attn_mask,
+        dropout_p=dropout_p,
+        is_causal=is_causal,
+        scale=scale,
+        enable_gqa=enable_gqa,
+        dtype=dtype,
+    )
+
+
 def _scale(scale: float | None, head_dim: int) -> float | None:
     """None (the spec default, 1/sqrt(head_dim)) for torch's default scale and
     for an explicit one equal to it up to rounding: models pass head_dim**-0.5,

@@ -20,7 +20,7 @@ import torch
 
 from graphcache.errors import ManifestError, SpecError, UnsupportedCall
 from graphcache.spec import DTYPES, GraphSpec
-from graphcache.torch.derive import _DTYPE_NAMES, derive
+from graphcache.torch.derive import _DTYPE_NAMES, derive_args
 from graphcache.torch.patching import RUNTIME, patch
 
 
@@ -43,17 +43,7 @@ class Recorder:
             cached = self._memo.get(memo_key) if memo_key is not None and attn_mask is None else None
             if cached is None:
                 try:
-                    found = derive(
-                        query,
-                        key,
-                        value,
-                        attn_mask=attn_mask,
-                        dropout_p=dropout_p,
-                        is_causal=is_causal,
-                        scale=scale,
-                        enable_gqa=enable_gqa,
-                        dtype=self.dtype,
-                    ).spec
+                    found = derive_args(args, self.dtype).spec
                 except UnsupportedCall as exc:
                     found = (exc.reason, str(exc))
                 if memo_key is not None and attn_mask is None:

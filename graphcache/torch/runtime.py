@@ -24,7 +24,7 @@ from graphcache.compilers.torch_sdpa import _run_views
 from graphcache.errors import GraphCacheError, NoGpu, NotFound, UnsupportedCall, UnsupportedGpu, UnsupportedSpec
 from graphcache.settings import SettingsError
 from graphcache.spec import GraphSpec
-from graphcache.torch.derive import Derived, derive
+from graphcache.torch.derive import Derived, derive_args
 
 log = logging.getLogger(__name__)
 
@@ -303,14 +303,4 @@ _AUTOGRAD = Plan(None, None, "autograd", "an input requires grad: cuDNN graphs h
 
 
 def _derive(args: tuple[Any, ...]) -> Derived:
-    query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa = args
-    return derive(
-        query,
-        key,
-        value,
-        attn_mask=attn_mask,
-        dropout_p=dropout_p,
-        is_causal=is_causal,
-        scale=scale,
-        enable_gqa=enable_gqa,
-    )
+    return derive_args(args)
