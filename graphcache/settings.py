@@ -42,6 +42,7 @@ class Settings:
     canary           GRAPHCACHE_CANARY         run each loaded cuDNN plan once on the canary input (1/0, default 1)
     max_batch        GRAPHCACHE_MAX_BATCH      most keys one POST /v1/batch may ask for (then 413)
     http_max_age     GRAPHCACHE_HTTP_MAX_AGE   seconds HTTP caches may keep an artifact when reads are open
+    shape_classes    GRAPHCACHE_SHAPE_CLASSES  length-class policy: pow2 (default) or exact (graphcache.classes)
     """
 
     cache_dir: Path = field(default_factory=default_cache_dir)
@@ -62,6 +63,7 @@ class Settings:
     canary: bool = True
     max_batch: int = 1024
     http_max_age: int = 86400
+    shape_classes: str = "pow2"
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:
@@ -107,6 +109,10 @@ class Settings:
                     values[name.lower()] = float(v)
                 except ValueError:
                     raise SettingsError(f"GRAPHCACHE_{name}={v!r} must be seconds, e.g. 5") from None
+        # Checked here, at start, so a typo fails the worker before its first call.
+        from graphcache.classes import policy_from_env
+
+        values["shape_classes"] = policy_from_env(env)
         values.update({k: val for k, val in overrides.items() if val is not None})
         settings = cls(**values)  # type: ignore[arg-type]
         if settings.require_signed and not settings.signing_key:

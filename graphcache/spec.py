@@ -14,6 +14,7 @@ from graphcache.errors import SpecError
 DTYPES = ("float16", "bfloat16")
 LAYOUTS = ("bshd", "bhsd")
 MASKS = ("none", "causal", "causal_bottom_right", "sliding_window")
+SHAPES = ("exact", "class")
 MAX_HEAD_DIM = 256
 
 _SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16"}
@@ -36,6 +37,12 @@ class GraphSpec:
     ``i - window_left <= j <= i + window_right`` (top-left aligned;
     ``window_right`` defaults to 0, a causal window).
 
+    Shapes: ``shapes="exact"`` (the default) is a graph of exactly these
+    sizes. ``shapes="class"`` is a length class: ``batch``, ``seq_q`` and
+    ``seq_kv`` are the declared maxima, and the graph serves every real
+    (b, s_q, s_kv) up to them with all other fields equal and on the same side
+    of ``s_q == 1`` (``covers``); ``graphcache.classes`` picks the class.
+
     Raises:
         SpecError: naming the field, the value and what is allowed.
     """
@@ -56,6 +63,7 @@ class GraphSpec:
     generate_stats: bool = False
     padding: bool = False
     dropout: float = 0.0
+    shapes: str = "exact"
 
     def __post_init__(self) -> None:
         for name in ("batch", "heads_q", "seq_q", "head_dim"):
@@ -87,6 +95,12 @@ class GraphSpec:
         _choice("dtype", self.dtype, DTYPES)
         _choice("layout", self.layout, LAYOUTS)
         _choice("mask", self.mask, MASKS)
+        if self.shapes not in SHAPES:
+            raise SpecError(
+                f"shapes={self.shapes!r} is not supported; allowed: exact (a graph of exactly these sizes), "
+                "class (batch, seq_q and seq_kv are the maxima the graph serves)",
+                "shapes",
+            )
         self._check_window()
         self._check_scale()
         for name in ("generate_stats", "padding"):
@@ -194,6 +208,7 @@ class GraphSpec:
             "generate_stats": {"type": "boolean"},
             "padding": {"type": "boolean"},
             "dropout": {"type": "number", "minimum": 0, "exclusiveMaximum": 1},
+            "shapes": {"enum": list(SHAPES)},
         }
         return {
             "type": "object",
@@ -212,8 +227,13 @@ class GraphSpec:
         }
 
     def to_dict(self) -> dict[str, Any]:
-        """Every field, defaults resolved and written out."""
-        return {name: getattr(self, name) for name in _FIELDS}
+        """Every field, defaults resolved and written out; ``shapes`` only
+        for a class spec, so an exact spec's canonical form (and so its key
+        and its artifacts' headers) is the one it had before classes existed."""
+        data = {name: getattr(self, name) for name in _FIELDS}
+        if self.shapes == "exact":
+            del data["shapes"]
+        return data
 
     def canonical_json(self) -> str:
         """One stable text per spec: sorted keys, no spaces, shortest round-trip floats."""
@@ -226,6 +246,32 @@ class GraphSpec:
             data["attn_scale"] = None
         data.update(changes)
         return GraphSpec.from_dict(data)
+
+    # -- classes ---------------------------------------------------------
+
+    @property
+    def is_class(self) -> bool:
+        return self.shapes == "class"
+
+    def covers(self, spec: GraphSpec) -> bool:
+        """True when this class spec serves the exact spec ``spec``: every
+        field but the sizes equal, batch, seq_q and seq_kv no larger than
+        this class's, and both on the same side of ``seq_q == 1`` (cuDNN
+        cannot override a graph across it). An exact spec covers only itself."""
+        if not self.is_class:
+            return spec == self
+        if spec.is_class:
+            return False
+        assert spec.seq_kv is not None and self.seq_kv is not None
+        if (spec.seq_q == 1) != (self.seq_q == 1):
+            return False
+        if spec.batch > self.batch or spec.seq_q > self.seq_q or spec.seq_kv > self.seq_kv:
+            return False
+        return spec.replace(batch=self.batch, seq_q=self.seq_q, seq_kv=self.seq_kv, shapes="class") == self
+
+    def at(self, batch: int, seq_q: int, seq_kv: int) -> GraphSpec:
+        """The exact spec of a real shape in this class (not checked against it: see ``covers``)."""
+        return self.replace(batch=batch, seq_q=seq_q, seq_kv=seq_kv, shapes="exact")
 
     # -- derived ---------------------------------------------------------
 
@@ -279,6 +325,8 @@ class GraphSpec:
             parts.append("stats")
         if self.dropout:
             parts.append(f"dropout{self.dropout:g}")
+        if self.is_class:
+            parts.append("class")
         return " ".join(parts)
 
 

@@ -1,0 +1,94 @@
+"""Length classes: which class spec serves an exact spec. The one place the
+class policy lives.
+
+A class spec (``shapes="class"``) declares maxima for ``batch``, ``seq_q``
+and ``seq_kv``; its graph is built once (cuDNN's execute-time shape
+override, with the padding mask) and serves every real shape up to them.
+A cache keyed by exact shapes misses on every decode step (``seq_kv`` grows
+by one a token) and on every new prompt length; under a class policy a whole
+``generate`` run needs a handful of graphs.
+
+Policies (``GRAPHCACHE_SHAPE_CLASSES``):
+
+``pow2`` (the default)
+    ``seq_q == 1`` stays 1: cuDNN cannot override a graph across
+    ``s_q == 1`` in either direction, so decode has classes of its own
+    (cudnn-frontend#1087, #1148). Every other ``seq_q``, and every
+    ``seq_kv``, rounds up to a power of two, at least 128, so lengths up to
+    128 and above it never share a declaration: cuDNN's heuristic picks
+    another engine between a declared 128 and 256, and a long declaration
+    runs short rows up to 2.3x slower (#1087, measured on B200). ``batch``
+    rounds up to a power of two. At most 2x the real length is declared, so
+    the padded work a graph may do stays bounded, and the number of classes
+    grows with the log of the longest length.
+``exact``
+    No classes: every spec is its own graph (the behaviour before classes).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from graphcache.settings import SettingsError
+from graphcache.spec import GraphSpec
+
+POLICIES = ("pow2", "exact")
+DEFAULT_POLICY = "pow2"
+ENV_VAR = "GRAPHCACHE_SHAPE_CLASSES"
+# The shortest declared length of a class (other than decode's seq_q of 1).
+MIN_LENGTH = 128
+
+
+def check_policy(policy: str, source: str = "shape classes") -> str:
+    """``policy`` if it is one of POLICIES; else SettingsError naming
+    ``source`` and the allowed values."""
+    if policy not in POLICIES:
+        raise SettingsError(
+            f"{source}={policy!r} is not a shape-class policy; allowed: pow2 (one graph per power-of-two "
+            "length class, the default), exact (one graph per exact shape)"
+        )
+    return policy
+
+
+def policy_from_env(environ: Mapping[str, str] | None = None) -> str:
+    """The policy GRAPHCACHE_SHAPE_CLASSES names (``pow2`` when unset).
+
+    Raises SettingsError listing the allowed values for any other text.
+    """
+    env = os.environ if environ is None else environ
+    value = (env.get(ENV_VAR) or "").strip().lower() or DEFAULT_POLICY
+    return check_policy(value, ENV_VAR)
+
+
+def _pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
+def _length(n: int) -> int:
+    return max(MIN_LENGTH, _pow2(n))
+
+
+def class_of(spec: GraphSpec, policy: str | None = None) -> GraphSpec:
+    """The spec whose graph serves ``spec`` under ``policy`` (default: the
+    environment's, see ``policy_from_env``).
+
+    Under ``pow2`` an exact spec maps to a class spec that ``covers`` it; a
+    class spec is already its own class. Under ``exact`` the spec is returned
+    as it is, and so is a spec no class serves (``has_class``). Raises
+    SettingsError for an unknown policy.
+    """
+    policy = policy_from_env() if policy is None else check_policy(policy, "policy")
+    if policy == "exact" or not has_class(spec):
+        return spec
+    assert spec.seq_kv is not None
+    seq_q = 1 if spec.seq_q == 1 else _length(spec.seq_q)
+    return spec.replace(batch=_pow2(spec.batch), seq_q=seq_q, seq_kv=_length(spec.seq_kv), shapes="class")
+
+
+def has_class(spec: GraphSpec) -> bool:
+    """Whether a class can serve ``spec``: an exact spec without dropout.
+    Dropout graphs stay exact because nothing could guard their overrides:
+    the build-time check compares a graph with the float32 reference, and a
+    dropout graph's output has no reference to compare with."""
+    return not spec.is_class and not spec.dropout
