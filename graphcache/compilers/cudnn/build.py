@@ -1,0 +1,269 @@
+"""The build steps and what a failure at one of them means.
+
+``build_graph`` runs the dialect chain (``dialects.py``) over a graph
+declared by ``graph.py``, lowers it step by step, and ``classify_failure``
+decides whether a failure is cuDNN's verdict on the spec (UnsupportedSpec,
+stored as a negative entry) or anything else (BuildError, never stored).
+Frontends from 1.27 accept unknown keywords at ``sdpa()`` and fail only when
+the graph is lowered, so one attempt covers the whole build, not one call.
+
+May import: dialects, graph, graphcache.spec/uids/errors.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import types
+from dataclasses import dataclass, field
+from typing import Any
+
+from graphcache.compilers.cudnn.dialects import DIALECTS, Dialect, refuses_keywords
+from graphcache.compilers.cudnn.graph import declare
+from graphcache.errors import BuildError, UnsupportedSpec
+from graphcache.spec import GraphSpec
+from graphcache.uids import UidMap
+
+log = logging.getLogger(__name__)
+
+TRANSIENT = ("OUT OF MEMORY", "ALLOC_FAILED")
+# Words of failures that belong to this host, not to the spec: a missing
+# driver, NVRTC or sub-library, a driver too old, a CUDA or launch error, an
+# internal error. They win over the exception's type: frontend 1.32 on a host
+# with no driver reports its backend's failure as cudnnGraphNotSupportedError
+# ("no engine proposed a plan ... the backend declined: "cuda" is an NVIDIA
+# driver library ...").
+ENVIRONMENT = re.compile(
+    r"driver|nvrtc|sublibrary_loading_failed|runtime_prerequisite_missing|unable to find symbol"
+    r"|can only be found via system search|cuda_get_device|internal_error|execution_failed|mapping_error"
+    r"|cuda ?error|cudaerror|cuda_error_|invalid resource handle|illegal (memory )?address|launch failure"
+    r"|no cuda|no gpu|device is none|out of memory|alloc_failed",
+    re.IGNORECASE,
+)
+# Steps whose "not supported" is a verdict on the graph. Up to 1.23 (and in
+# the pybind releases after it) the bindings raise cudnnGraphNotSupportedError
+# also for HEURISTIC_QUERY_FAILED and GRAPH_EXECUTION_PLAN_CREATION_FAILED
+# (python/pycudnn.cpp, v1.14.0), and build_plans fails with "No valid execution
+# plans built" when every plan failed to compile (NVRTC, libcuda, memory):
+# those cannot be told apart from a failing host, so they are never recorded.
+# Frontends 1.31+ say at create_execution_plans why the backend declined
+# (pygraph._backend_declined), which is trusted instead.
+VERDICT_STEPS = ("validate", "build_operation_graph", "check_support")
+
+BUILD_STEPS = (
+    "validate",
+    "build_operation_graph",
+    "create_execution_plans",
+    "check_support",
+    "build_plans",
+)
+
+
+@dataclass
+class BuiltGraph:
+    """A frontend graph after the dialect chain, with its tensors and timings."""
+
+    graph: Any
+    tensors: dict[str, Any]
+    dialect: str
+    timings: dict[str, float] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)
+
+
+def _backend_version(cudnn: Any) -> str:
+    try:
+        return str(cudnn.backend_version_string())
+    except Exception:  # noqa: BLE001 - no runtime (CPU) or an old frontend
+        return "(version unknown)"
+
+
+def frontend_version(cudnn: Any) -> str:
+    return str(getattr(cudnn, "__version__", "unknown"))
+
+
+def build_graph(
+    cudnn: Any,
+    spec: GraphSpec,
+    uids: UidMap | None = None,
+    handle: Any = None,
+    *,
+    lower: bool = True,
+    dialects: tuple[Dialect, ...] = DIALECTS,
+) -> BuiltGraph:
+    """Construct (and with ``lower``, build plans for) the spec's SDPA graph.
+
+    Without ``lower`` only ``validate()`` runs: what a machine with no GPU can
+    check. Raises UnsupportedSpec when no dialect of this frontend can
+    express the spec's mask (or cuDNN says not supported), and BuildError
+    for a failure that is no verdict on the spec (this host, or a bug).
+    """
+    uids = uids or UidMap.default()
+    tried: list[str] = []
+    skipped: list[str] = []
+    for dialect in dialects:
+        missing = dialect.missing(cudnn)
+        if missing:
+            names = ", ".join(f"cudnn.{attr}" for attr in missing)
+            skipped.append(f"{dialect.name} (cudnn-frontend {frontend_version(cudnn)} has no {names})")
+            continue
+        try:
+            kwargs = dialect.kwargs(cudnn, spec)
+        except AttributeError as exc:
+            if not _frontend_lacks(cudnn, exc):
+                # graphcache's own mistake: never a verdict on the spec.
+                raise BuildError(f"dialect {dialect.name} failed on {spec.summary()}: {exc!r}") from exc
+            # A name the dialect reads that ``requires`` did not list: still a
+            # frontend that does not speak this dialect, never a crash of the chain.
+            skipped.append(f"{dialect.name} (cudnn-frontend {frontend_version(cudnn)} lacks a name it needs: {exc})")
+            continue
+        if kwargs is None:
+            skipped.append(f"{dialect.name} (cannot express mask {spec.mask!r} exactly)")
+            continue
+        try:
+            graph, tensors, timings = _construct(cudnn, spec, uids, handle, kwargs, lower)
+        except TypeError as exc:
+            if not refuses_keywords(exc):
+                raise BuildError(
+                    f"cudnn-frontend {frontend_version(cudnn)} raised a TypeError building {spec.summary()} "
+                    f"with dialect {dialect.name} that is not a refused sdpa() keyword, so the spec is not "
+                    f"recorded as unsupported: {_first_line(exc)}"
+                ) from exc
+            tried.append(f"{dialect.name}: {str(exc).splitlines()[0][:200]}")
+            log.info("dialect %s refused by frontend %s: %s", dialect.name, frontend_version(cudnn), exc)
+            continue
+        return BuiltGraph(graph, tensors, dialect.name, timings, skipped + tried)
+    raise UnsupportedSpec(
+        f"cudnn-frontend {frontend_version(cudnn)} cannot express mask {spec.mask!r} "
+        f"for {spec.summary()}; tried: {'; '.join(tried) or 'none'}"
+        + (f"; skipped: {'; '.join(skipped)}" if skipped else "")
+        + ". Upgrade nvidia-cudnn-frontend or use the torch fallback."
+    )
+
+
+def _construct(
+    cudnn: Any,
+    spec: GraphSpec,
+    uids: UidMap,
+    handle: Any,
+    mask_kwargs: dict[str, Any],
+    lower: bool,
+) -> tuple[Any, dict[str, Any], dict[str, float]]:
+    graph, tensors = declare(cudnn, spec, uids, handle, mask_kwargs)
+    timings: dict[str, float] = {}
+    steps = BUILD_STEPS if lower else BUILD_STEPS[:1]
+    for step in steps:
+        start = time.perf_counter()
+        try:
+            if step == "create_execution_plans":
+                _exclude_python_engines(graph)
+                graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+                _keep_runtime_compiled(cudnn, graph)
+            else:
+                getattr(graph, step)()
+        except TypeError as exc:
+            if refuses_keywords(exc):
+                raise  # an unknown keyword at lowering: the dialect chain tries the next one
+            raise classify_failure(cudnn, spec, step, exc, graph) from exc
+        except Exception as exc:  # noqa: BLE001 - cuDNN's errors have many types; classify_failure sorts them
+            raise classify_failure(cudnn, spec, step, exc, graph) from exc
+        timings[step] = time.perf_counter() - start
+    return graph, tensors, timings
+
+
+def _frontend_lacks(cudnn: Any, exc: AttributeError) -> bool:
+    """Whether ``exc`` is the frontend missing a name (on the module or on one
+    of its types), rather than a mistake in graphcache's own code."""
+    owner = getattr(exc, "obj", None)
+    if owner is cudnn:
+        return True
+    module = owner.__name__ if isinstance(owner, types.ModuleType) else getattr(owner, "__module__", None)
+    return isinstance(module, str) and module.split(".")[0] == "cudnn"
+
+
+def python_engines(graph: Any) -> list[str]:
+    """Names of the Python (CuTe DSL) engines frontends 1.31+ may pick for
+    this graph; [] where there are none or they cannot be listed."""
+    if not hasattr(graph, "deselect_engines") or not hasattr(type(graph), "selected_engine"):
+        return []  # before 1.31: no Python engines
+    try:
+        from cudnn.engines import manifest  # type: ignore[import-not-found]
+
+        return sorted({str(engine.name) for engine in manifest.engines_for(graph)})
+    except Exception:  # noqa: BLE001 - a release without the manifest: serialization_refusal still guards
+        return []
+
+
+def _exclude_python_engines(graph: Any) -> None:
+    """Keep Python-engine plans out of the cache. Their 1.32 blobs carry
+    kernels that load only where the CUDA driver is exactly the builder's
+    (frost/compiled_cache.py compares an environment manifest that includes
+    cuda_driver), which the key does not cover, and 1.31 cannot serialize
+    them at all; whether one is picked also depends on CuTe DSL importing on
+    the builder. Backend (runtime-compiled) plans have none of these ties."""
+    names = python_engines(graph)
+    if names:
+        graph.deselect_engines(names)
+
+
+def _keep_runtime_compiled(cudnn: Any, graph: Any) -> None:
+    """Keep only plans of runtime-compiled engines: the ones cuDNN can
+    serialize. Needs plans to exist (a filter set on an empty plan list marks
+    nothing), so it runs right after create_execution_plans, before
+    check_support. Frontends without behavior notes (before 1.5) keep all."""
+    notes = getattr(cudnn, "behavior_note", None)
+    select = getattr(graph, "select_behavior_notes", None)
+    if notes is not None and select is not None and hasattr(notes, "RUNTIME_COMPILATION"):
+        select([notes.RUNTIME_COMPILATION])
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:400] if text else type(exc).__name__
+
+
+def _is_not_supported(cudnn: Any, exc: BaseException) -> bool:
+    kind = getattr(cudnn, "cudnnGraphNotSupportedError", None)
+    if isinstance(kind, type) and isinstance(exc, kind):
+        return True
+    return "NOT_SUPPORTED" in str(exc).upper()
+
+
+def classify_failure(
+    cudnn: Any, spec: GraphSpec, step: str, exc: BaseException, graph: Any = None
+) -> BuildError | UnsupportedSpec:
+    """What a failure at a build step means for the cache.
+
+    UnsupportedSpec (stored as a negative entry for the whole target) only
+    when cuDNN gave its verdict that the graph is not supported: the
+    not-supported error, at a step whose refusal is a verdict (validate,
+    build_operation_graph, check_support; create_execution_plans on 1.31+
+    when the backend itself declined with that error), and no word of a
+    failing host. Everything else is a BuildError, reported and never stored.
+    """
+    text = _first_line(exc)
+    # The whole message, not its first line: the backend's reason comes last.
+    words = str(exc)
+    versions = f"cuDNN {_backend_version(cudnn)}, cudnn-frontend {frontend_version(cudnn)}"
+    if any(word in words.upper() for word in TRANSIENT):
+        # Out of memory is about this moment, not this spec.
+        return BuildError(f"cuDNN ran out of memory building {spec.summary()} at {step}: {text}")
+    host = BuildError(
+        f"building {spec.summary()} failed at {step} because of this host ({versions}): {text}. "
+        "Not recorded as unsupported: check the driver, NVRTC and cuDNN libraries here (graphcache doctor)."
+    )
+    if ENVIRONMENT.search(words):
+        return host
+    declined = getattr(graph, "_backend_declined", None) if graph is not None else None
+    if declined is not None and not _is_not_supported(cudnn, declined):
+        # 1.31+ fold any backend failure (a RuntimeError from a failing
+        # device included) into "no engine proposed a plan".
+        return host
+    verdict = step in VERDICT_STEPS or (step == "create_execution_plans" and declined is not None)
+    if _is_not_supported(cudnn, exc) and verdict:
+        return UnsupportedSpec(f"{versions} does not support {spec.summary()}: refused at {step}: {text}", step=step)
+    return BuildError(
+        f"building {spec.summary()} failed at {step} ({versions}): {type(exc).__name__}: {text}. "
+        "Not recorded as unsupported (cuDNN's answer at this step cannot be told apart from a failing "
+        "host); report it if it repeats."
+    )

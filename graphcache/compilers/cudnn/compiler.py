@@ -1,0 +1,287 @@
+"""CudnnCompiler: this machine's cuDNN, the build with its round trip and
+reference check, and loading stored plans.
+
+May import: every other module of the package, graphcache.artifact/spec/
+target/uids/errors/settings, canary and torch_sdpa (lazily, they need torch).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from typing import Any
+
+from graphcache.artifact import Artifact
+from graphcache.compilers.cudnn.build import build_graph
+from graphcache.compilers.cudnn.loaded import CudnnGraph, _output
+from graphcache.compilers.cudnn.serialize import (
+    _behavior_notes,
+    _serialize,
+    deserialize_into,
+    engine_name,
+    load_failure,
+    payload_bytes,
+    serialization_refusal,
+    serialize_failure,
+)
+from graphcache.errors import (
+    BuildError,
+    NoGpu,
+    NotSerializable,
+    PlanRejected,
+    TargetMismatch,
+    UnsupportedGpu,
+)
+from graphcache.recipe import RECIPE_VERSION
+from graphcache.spec import GraphSpec
+from graphcache.target import Target, runtime_info
+from graphcache.uids import UidMap
+
+log = logging.getLogger(__name__)
+
+MIN_COMPUTE_CAPABILITY = (8, 0)
+MIN_CUDNN_SERIALIZE = 90000  # serialized SDPA plans need cuDNN 9.x
+
+
+class CudnnCompiler:
+    """Builds SDPA graphs with cuDNN on this machine's GPU and loads them back.
+
+    ``cudnn_module`` lets a test hand in a stand-in for the frontend; by
+    default ``import cudnn`` happens on first use, so importing graphcache
+    never needs torch or cudnn. ``canary`` (default: GRAPHCACHE_CANARY, on)
+    runs every loaded plan once on the canary input and refuses it when its
+    output differs from what the build recorded.
+
+    One cuDNN handle per compiler: builds, loads and executions take turns
+    on it (a handle is not safe to use from two threads at once).
+    """
+
+    name = "cudnn"
+
+    def __init__(
+        self,
+        device: int = 0,
+        *,
+        check_reference: bool = True,
+        canary: bool | None = None,
+        cudnn_module: Any = None,
+    ) -> None:
+        if canary is None:
+            from graphcache.settings import Settings
+
+            canary = Settings.from_env().canary
+        self.device = device
+        self.check_reference = check_reference
+        self.canary = canary
+        self._cudnn = cudnn_module
+        self._handle: Any = None
+        self._stream: Any = None
+        self._target: Target | None = None
+        self._lock = threading.RLock()
+
+    # environment ------------------------------------------------------------
+
+    def cudnn(self) -> Any:
+        if self._cudnn is None:
+            try:
+                import cudnn  # type: ignore[import-not-found]
+            except ImportError as exc:
+                raise NoGpu("nvidia-cudnn-frontend is not installed: pip install 'graphcache[gpu]'") from exc
+            self._cudnn = cudnn
+        return self._cudnn
+
+    def target(self) -> Target:
+        """This machine's target (cached). Raises NoGpu."""
+        if self._target is None:
+            self._target = Target.detect(self.device)
+        return self._target
+
+    def preflight(self) -> None:
+        """Raise a typed error saying what was found and what is needed."""
+        import torch
+
+        target = self.target()
+        major, minor = (int(x) for x in target.compute_capability.split("."))
+        if (major, minor) < MIN_COMPUTE_CAPABILITY:
+            raise UnsupportedGpu(
+                f"cuDNN fused attention needs a GPU with compute capability >= 8.0; found "
+                f"{target.compute_capability} ({torch.cuda.get_device_name(self.device)})"
+            )
+        version = int(self.cudnn().backend_version())
+        if version < MIN_CUDNN_SERIALIZE:
+            raise UnsupportedGpu(
+                f"serialized SDPA plans need cuDNN >= 9.0; found {target.cudnn}: install nvidia-cudnn-cu12 9.x"
+            )
+
+    def handle(self) -> Any:
+        """The handle, bound to the current CUDA stream of this device.
+
+        Call with the lock held: the stream is set again whenever the
+        caller's current stream differs from the last one set, so work is
+        always queued on the stream the caller's tensors were made on.
+        """
+        import torch
+
+        cudnn = self.cudnn()
+        if self._handle is None:
+            # Created with this GPU current, without changing the caller's device.
+            with torch.cuda.device(self.device):
+                self._handle = cudnn.create_handle()
+        stream = torch.cuda.current_stream(self.device)
+        if stream.cuda_stream != self._stream:
+            cudnn.set_stream(handle=self._handle, stream=stream.cuda_stream)
+            self._stream = stream.cuda_stream
+        return self._handle
+
+    # build ------------------------------------------------------------------
+
+    def build(self, spec: GraphSpec, target: Target | None = None, uids: UidMap | None = None) -> Artifact:
+        """Build, serialize, deserialize and check one graph on this GPU.
+
+        What is checked is what is stored: the serialized blob is loaded
+        into a fresh graph, which runs against the float32 reference and
+        gives the numerical canary. Raises NoGpu, UnsupportedGpu,
+        TargetMismatch (asked to build for another target), UnsupportedSpec
+        (cuDNN said not supported), NotSerializable (no serializable plan,
+        or a blob that does not load back), and BuildError (anything about
+        this host, or an output that disagrees with the reference).
+        """
+        with self._lock:
+            return self._build(spec, target, uids or UidMap.default())
+
+    def _build(self, spec: GraphSpec, target: Target | None, uids: UidMap) -> Artifact:
+        here = self.target()
+        if target is not None and target != here:
+            raise TargetMismatch(f"cannot build for {target} on this machine ({here}); run the build there")
+        self.preflight()
+        cudnn = self.cudnn()
+        start = time.perf_counter()
+        built = build_graph(cudnn, spec, uids, self.handle())
+        engine = engine_name(built.graph)
+        notes = _behavior_notes(built.graph)
+        refusal = serialization_refusal(engine, here.frontend)
+        if refusal:
+            raise NotSerializable(f"{spec.summary()}: {refusal}", step="serialize")
+        t0 = time.perf_counter()
+        try:
+            payload = payload_bytes(_serialize(built.graph, here.frontend))
+        except NotSerializable:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the backend raises many types here
+            raise serialize_failure(spec, engine, notes, here.frontend, exc) from exc
+        built.timings["serialize"] = time.perf_counter() - t0
+        if not payload:
+            raise NotSerializable(
+                f"serialize() returned an empty plan for {spec.summary()} (engine {engine})", step="serialize"
+            )
+        artifact = Artifact(
+            spec=spec,
+            target=here,
+            payload=payload,
+            uids=uids,
+            dialect=built.dialect,
+            workspace_size=int(built.graph.get_workspace_size()),
+            build_seconds=time.perf_counter() - start,
+            timings=built.timings,
+            runtime={
+                **runtime_info(self.device),
+                "engine": engine,
+                "behavior_notes": notes,
+                "recipe": RECIPE_VERSION,
+            },
+        )
+        # Round trip: the blob is what every worker will load, so it is the
+        # blob, deserialized into a fresh graph, that must run and agree.
+        t0 = time.perf_counter()
+        try:
+            loaded = self._deserialize(artifact)
+        except PlanRejected as exc:
+            raise NotSerializable(
+                f"the serialized plan for {spec.summary()} (engine {engine}) does not load back: {exc}",
+                step="deserialize",
+            ) from exc
+        built.timings["deserialize"] = time.perf_counter() - t0
+        if not self.check_reference:
+            return artifact
+        return self._checked(artifact, loaded)
+
+    def _checked(self, artifact: Artifact, loaded: CudnnGraph) -> Artifact:
+        from graphcache.compilers import canary
+        from graphcache.compilers.torch_sdpa import TOLERANCE, reference_error, within_tolerance
+
+        spec = artifact.spec
+        if spec.dropout:
+            # Dropout draws from cuDNN's random stream, which torch cannot
+            # reproduce: there is nothing to compare, so nothing is claimed.
+            runtime = {**artifact.runtime, "validation": "skipped: dropout's random stream differs from torch's"}
+            return dataclasses.replace(artifact, validation_error=None, canary=None, runtime=runtime)
+        feed = canary.inputs(spec, f"cuda:{self.device}")
+        first = _output(loaded.execute(**feed), spec).clone()
+        second = _output(loaded.execute(**feed), spec)
+        error = reference_error(spec, first, feed)
+        if not within_tolerance(spec, error):
+            raise BuildError(
+                f"cuDNN output for {spec.summary()} (engine {artifact.runtime.get('engine')}) differs from "
+                f"the float32 reference: relative error {error:.2e}, tolerance {TOLERANCE[spec.dtype]:.0e}; "
+                "not caching this plan"
+            )
+        record = canary.describe(spec, first, feed, deterministic=False)
+        record["deterministic"] = canary.same_bits(spec, record, second, feed)
+        log.info("built %s in %.2fs; relative error %.2e", spec.summary(), artifact.build_seconds, error)
+        return dataclasses.replace(artifact, validation_error=error, canary=record)
+
+    # load -------------------------------------------------------------------
+
+    def load(self, artifact: Artifact) -> CudnnGraph:
+        """Deserialize a verified artifact for this machine.
+
+        Raises NotSerializable for a negative entry, TargetMismatch for an
+        artifact built for another GPU, cuDNN or frontend, and PlanRejected
+        when the plan would need a recompile, does not deserialize, or fails
+        its numerical canary (the cache then drops the entry).
+        """
+        with self._lock:
+            if artifact.unsupported:
+                raise NotSerializable(artifact.unsupported)
+            here = self.target()
+            if artifact.target != here:
+                raise TargetMismatch(
+                    f"artifact {artifact.key[:12]} was built for {artifact.target}; this machine is "
+                    f"{here}. Fetch the key for this target, or build here."
+                )
+            loaded = self._deserialize(artifact)
+            if self.canary:
+                self._check_canary(loaded)
+            return loaded
+
+    def _deserialize(self, artifact: Artifact) -> CudnnGraph:
+        cudnn = self.cudnn()
+        handle = self.handle()
+        graph = cudnn.pygraph(handle=handle)
+        try:
+            deserialize_into(graph, handle, bytes(artifact.payload), artifact.target.frontend)
+        except Exception as exc:  # noqa: BLE001 - sorted by load_failure: the blob's fault, or this host's
+            raise load_failure(artifact, exc) from exc
+        return CudnnGraph(self, artifact, graph)
+
+    def _check_canary(self, loaded: CudnnGraph) -> None:
+        from graphcache.compilers import canary
+
+        artifact = loaded.artifact
+        if artifact.canary is None:
+            return  # dropout specs, and builds without a reference check, record none
+        spec = artifact.spec
+        feed = canary.inputs(spec, f"cuda:{self.device}")
+        if not canary.comparable(artifact.canary, feed):
+            # Another graphcache or torch draws another input: nothing to
+            # compare, and no reason to drop a plan that serves other hosts.
+            log.warning("canary of %s skipped: its input differs from the build's", artifact.key[:12])
+            return
+        problem = canary.mismatch(spec, artifact.canary, _output(loaded.execute(**feed), spec), feed)
+        if problem is not None:
+            raise PlanRejected(
+                f"the stored plan {artifact.key[:12]} for {spec.summary()} failed its numerical canary: {problem}",
+                "canary_mismatch",
+            )

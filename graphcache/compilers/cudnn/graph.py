@@ -1,0 +1,73 @@
+"""Declaring a spec's SDPA graph in the frontend: tensors, mask keywords,
+padding, dropout, outputs.
+
+This is where execute-time shape overrides, ragged offsets and page tables
+are declared. Nothing here lowers the graph: ``build.py`` runs the steps.
+
+May import: graphcache.spec, graphcache.uids, graphcache.errors.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from graphcache.errors import UnsupportedSpec
+from graphcache.spec import GraphSpec
+from graphcache.uids import UidMap
+
+_IO_TYPES = {"float16": "HALF", "bfloat16": "BFLOAT16"}
+
+
+def declare(
+    cudnn: Any,
+    spec: GraphSpec,
+    uids: UidMap,
+    handle: Any,
+    mask_kwargs: dict[str, Any],
+) -> tuple[Any, dict[str, Any]]:
+    """A fresh ``pygraph`` holding the spec's SDPA node, and its tensors by
+    role (inputs, ``o`` and, with ``generate_stats``, ``stats``), each with the
+    UID ``uids`` gives it. Raises UnsupportedSpec when the frontend returns no
+    stats tensor for a spec that asks for one; whatever the frontend raises
+    (a refused keyword's TypeError included) passes through."""
+    dt = cudnn.data_type
+    io_type = getattr(dt, _IO_TYPES[spec.dtype])
+    graph_kwargs: dict[str, Any] = {
+        "io_data_type": io_type,
+        "intermediate_data_type": dt.FLOAT,
+        "compute_data_type": dt.FLOAT,
+    }
+    if handle is not None:
+        graph_kwargs["handle"] = handle
+    graph = cudnn.pygraph(**graph_kwargs)
+    tensors: dict[str, Any] = {}
+
+    def add(role: str, dims: tuple[int, ...], strides: tuple[int, ...], data_type: Any) -> Any:
+        t = graph.tensor(name=role, dim=list(dims), stride=list(strides), data_type=data_type)
+        t.set_uid(uids[role])
+        tensors[role] = t
+        return t
+
+    for role in ("q", "k", "v"):
+        add(role, spec.dims(role), spec.strides(role), io_type)
+    kwargs: dict[str, Any] = {"attn_scale": spec.attn_scale, **mask_kwargs}
+    if spec.padding:
+        kwargs["use_padding_mask"] = True
+        for role in ("seq_len_q", "seq_len_kv"):
+            kwargs[role] = add(role, spec.dims(role), spec.strides(role), dt.INT32)
+    if spec.dropout:
+        seed = add("dropout_seed", (1, 1, 1, 1), (1, 1, 1, 1), dt.INT64)
+        offset = add("dropout_offset", (1, 1, 1, 1), (1, 1, 1, 1), dt.INT64)
+        kwargs["dropout"] = (spec.dropout, seed, offset)
+    o, stats = graph.sdpa(name="sdpa", q=tensors["q"], k=tensors["k"], v=tensors["v"], **kwargs)
+    o.set_output(True).set_dim(list(spec.dims("o"))).set_stride(list(spec.strides("o")))
+    o.set_uid(uids["o"])
+    tensors["o"] = o
+    if spec.generate_stats:
+        if stats is None:
+            raise UnsupportedSpec("the frontend returned no stats tensor for generate_stats=true")
+        stats.set_output(True).set_data_type(dt.FLOAT)
+        stats.set_dim(list(spec.dims("stats"))).set_stride(list(spec.strides("stats")))
+        stats.set_uid(uids["stats"])
+        tensors["stats"] = stats
+    return graph, tensors

@@ -1,0 +1,123 @@
+"""A loaded (deserialized) plan: its per-stream workspaces and execution.
+
+May import: graphcache.artifact/spec/errors, torch_sdpa (input checks); the
+compiler only for its type.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from graphcache.artifact import Artifact
+from graphcache.errors import ExecutionError
+from graphcache.spec import GraphSpec
+
+if TYPE_CHECKING:
+    from graphcache.compilers.cudnn.compiler import CudnnCompiler
+
+
+def _output(result: Any, spec: GraphSpec) -> Any:
+    return result[0] if spec.generate_stats else result
+
+
+class CudnnGraph:
+    """A deserialized cuDNN plan with its workspace.
+
+    ``execute`` keys its variant pack by the artifact's UID map, the same
+    table the builder used, and runs on the caller's current CUDA stream.
+    The workspace is allocated once per stream, on that stream: two streams
+    running the plan at once never share scratch memory.
+    """
+
+    backend = "cudnn"
+
+    def __init__(self, compiler: CudnnCompiler, artifact: Artifact, graph: Any) -> None:
+        import torch
+
+        self._compiler = compiler
+        self.artifact = artifact
+        self.spec = artifact.spec
+        self.uids = artifact.uids
+        self._graph = graph
+        self.device = torch.device("cuda", compiler.device)
+        self.workspace_size = int(graph.get_workspace_size())
+        self._workspaces: dict[int, Any] = {}
+        self._dropout_calls = 0
+        # The graph's own tensors are declared (b, h, s, d) with the layout's
+        # strides: torch's views of the same memory, what run_views takes.
+        self._out_view = (tuple(self.spec.dims("o")), tuple(self.spec.strides("o")))
+
+    @property
+    def workspace(self) -> Any:
+        """The workspace of the current stream (allocated on first use)."""
+        import torch
+
+        stream = torch.cuda.current_stream(self.device)
+        workspace = self._workspaces.get(stream.cuda_stream)
+        if workspace is None:
+            with torch.cuda.device(self.device):
+                workspace = torch.empty(max(self.workspace_size, 1), device=self.device, dtype=torch.uint8)
+            self._workspaces[stream.cuda_stream] = workspace
+        return workspace
+
+    def execute(
+        self,
+        q: Any,
+        k: Any,
+        v: Any,
+        *,
+        out: Any = None,
+        seq_len_q: Any = None,
+        seq_len_kv: Any = None,
+    ) -> Any:
+        """Run the plan; returns ``out`` (allocated when None), and
+        ``(out, stats)`` when the spec generates stats. Raises
+        ExecutionError for tensors that do not match the spec or are not on
+        this graph's GPU."""
+        import torch
+
+        from graphcache.compilers.torch_sdpa import check_inputs
+
+        spec = self.spec
+        tensors = {"q": q, "k": k, "v": v, "o": out, "seq_len_q": seq_len_q, "seq_len_kv": seq_len_kv}
+        check_inputs(spec, tensors, device_type="cuda")
+        if q.device != self.device:
+            raise ExecutionError(f"q is on {q.device}; this graph was loaded on {self.device}: move the tensors")
+        with torch.cuda.device(self.device), self._compiler._lock:
+            if out is None:
+                out = torch.empty(spec.storage_shape("o"), dtype=q.dtype, device=q.device)
+            pack = {self.uids[r]: t for r, t in (("q", q), ("k", k), ("v", v), ("o", out))}
+            if spec.padding:
+                pack[self.uids["seq_len_q"]] = seq_len_q
+                pack[self.uids["seq_len_kv"]] = seq_len_kv
+            stats = None
+            if spec.generate_stats:
+                stats = torch.empty(spec.dims("stats"), dtype=torch.float32, device=q.device)
+                pack[self.uids["stats"]] = stats
+            if spec.dropout:
+                self._dropout_calls += 1
+                seed = torch.randint(0, 2**62, (1, 1, 1, 1), dtype=torch.int64, device=q.device)
+                offset = torch.full((1, 1, 1, 1), self._dropout_calls, dtype=torch.int64, device=q.device)
+                pack[self.uids["dropout_seed"]] = seed
+                pack[self.uids["dropout_offset"]] = offset
+            # The handle is bound to the current stream, where ``out`` and this
+            # stream's workspace were allocated and the caller's kernels run.
+            self._graph.execute(pack, self.workspace, handle=self._compiler.handle())
+        return (out, stats) if spec.generate_stats else out
+
+    def run_views(self, q: Any, k: Any, v: Any) -> Any:
+        """The per-call path of graphcache.torch: ``q``, ``k``, ``v`` are the
+        (b, h, s, d) views torch's SDPA takes, whose strides are the graph's
+        own (the caller has matched shapes, strides, dtypes and device, as
+        graphcache.torch's memo does); returns the output as such a view. No
+        view is made and nothing is copied: cuDNN reads the memory through the
+        strides the graph was built with. For specs without padding, stats or
+        dropout; ``execute`` is the checked path."""
+        import torch
+
+        shape, strides = self._out_view
+        with torch.cuda.device(self.device), self._compiler._lock:
+            out = torch.empty_strided(shape, strides, dtype=q.dtype, device=q.device)
+            pack = {self.uids["q"]: q, self.uids["k"]: k, self.uids["v"]: v, self.uids["o"]: out}
+            self._graph.execute(pack, self.workspace, handle=self._compiler.handle())
+        return out
