@@ -27,7 +27,7 @@ def per_row(q, k, v, lens_q, lens_k, starts_k, *, scale, window, pages=None, pag
     out = torch.zeros(total, hq, v.shape[-1], dtype=torch.float64)
     lse = torch.full((hq, total), math.inf, dtype=torch.float64)
     row = 0
-    for b, (lq, lk) in enumerate(zip(lens_q, lens_k)):
+    for b, (lq, lk) in enumerate(zip(lens_q, lens_k, strict=True)):
         if pages is not None:
             keys = [k[pages[b][j // page_size], j % page_size] for j in range(lk)]
             vals = [v[pages[b][j // page_size], j % page_size] for j in range(lk)]

@@ -118,7 +118,7 @@ def varlen_reference(
     out = torch.zeros((total_q, heads_q, value.shape[-1]), dtype=torch.float32, device=query.device)
     lse = torch.full((heads_q, total_q), float("inf"), dtype=torch.float32, device=query.device)
     starts_q, lens_q, starts_k, lens_k = lengths(cu_seq_q, cu_seq_k, seqused_k)
-    for b, (sq, lq, sk, lk) in enumerate(zip(starts_q, lens_q, starts_k, lens_k)):
+    for b, (sq, lq, sk, lk) in enumerate(zip(starts_q, lens_q, starts_k, lens_k, strict=True)):
         if lq == 0 or lk == 0:
             continue  # out stays 0, lse +inf
         kk, vv = sequence_kv(key, value, b, sk, lk, block_table)
@@ -150,7 +150,7 @@ def defined_rows(cu_seq_q: Any, cu_seq_k: Any, window: tuple[int, int], seqused_
 
     starts_q, lens_q, _, lens_k = lengths(cu_seq_q, cu_seq_k, seqused_k)
     keep = torch.zeros(max(total_q, sum(lens_q)), dtype=torch.bool)
-    for sq, lq, lk in zip(starts_q, lens_q, lens_k):
+    for sq, lq, lk in zip(starts_q, lens_q, lens_k, strict=True):
         if lq and lk:
             keep[sq : sq + lq] = allowed(lq, lk, window).any(dim=1)
     return keep
