@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from graphcache.compilers.classgraph import real_spec
 from graphcache.errors import ExecutionError, NoGpu
 from graphcache.spec import GraphSpec
 
@@ -270,6 +271,8 @@ class TorchSdpaGraph:
 
     Causal top-left goes through ``is_causal``; every other mask, and padding,
     through an explicit boolean mask. Stats come from the float32 reference.
+    For a class spec, ``execute`` takes real tensors of any shape the class
+    covers (ExecutionError for one outside it), as a cuDNN class graph does.
     """
 
     backend = "torch"
@@ -301,7 +304,8 @@ class TorchSdpaGraph:
     ) -> Any:
         import torch
 
-        spec = self.spec
+        # A class graph runs at the real tensors' shape (any its class covers).
+        spec = real_spec(self.spec, q, k) if self.spec.is_class else self.spec
         check_inputs(spec, {"q": q, "k": k, "v": v, "o": out, "seq_len_q": seq_len_q, "seq_len_kv": seq_len_kv})
         qb, kb, vb = (to_bhsd(spec, t) for t in (q, k, v))
         group = spec.heads_q // (spec.heads_kv or spec.heads_q)

@@ -1,0 +1,70 @@
+"""Class graphs with torch on the CPU: TorchSdpaGraph serves every shape of
+its class with the exact graph's output, and refuses shapes outside it
+(issue 18, item 5)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.torch
+try:
+    import torch
+except ImportError:  # the torch marker skips every test here (tests/conftest.py)
+    torch = None
+
+from graphcache import ExecutionError, GraphSpec  # noqa: E402
+from graphcache.classes import class_of  # noqa: E402
+from graphcache.compilers.classgraph import bind  # noqa: E402
+from graphcache.compilers.torch_sdpa import TorchSdpaGraph, random_inputs  # noqa: E402
+
+
+def exact(**fields) -> GraphSpec:  # noqa: ANN003
+    base = dict(batch=3, heads_q=4, heads_kv=2, seq_q=37, seq_kv=37, head_dim=16, dtype="bfloat16", mask="causal")
+    return GraphSpec(**{**base, **fields})
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {},
+        {"layout": "bhsd"},
+        {"seq_q": 1, "seq_kv": 200, "mask": "none"},
+        {"seq_q": 5, "seq_kv": 150, "mask": "causal_bottom_right"},
+        {"mask": "sliding_window", "window_left": 4},
+        {"padding": True, "generate_stats": True},
+    ],
+    ids=lambda f: "-".join(f"{k}={v}" for k, v in f.items()) or "causal",
+)
+def test_a_class_graph_gives_the_exact_graphs_output_at_a_real_shape(fields):
+    spec = exact(**fields)
+    klass = class_of(spec, "pow2")
+    assert klass != spec
+    inputs = random_inputs(spec, "cpu", seed=3)
+    want = TorchSdpaGraph(spec).execute(**inputs)
+    got = TorchSdpaGraph(klass).execute(**inputs)
+    bound = bind(TorchSdpaGraph(klass), spec).execute(**inputs)
+    for result in (got, bound):
+        if spec.generate_stats:
+            assert torch.equal(result[0], want[0]) and torch.equal(result[1], want[1])
+        else:
+            assert result.shape == spec.storage_shape("o") and torch.equal(result, want)
+
+
+def test_a_class_graph_serves_many_shapes_and_refuses_one_outside_it():
+    klass = class_of(exact(batch=1, seq_q=1, seq_kv=100, mask="none"), "pow2")  # b1 q1 kv128
+    graph = TorchSdpaGraph(klass)
+    for skv in (1, 33, 127, 128):
+        spec = exact(batch=1, seq_q=1, seq_kv=skv, mask="none")
+        inputs = random_inputs(spec, "cpu", seed=skv)
+        assert torch.equal(graph.execute(**inputs), TorchSdpaGraph(spec).execute(**inputs))
+    too_long = random_inputs(exact(batch=1, seq_q=1, seq_kv=129, mask="none"), "cpu")
+    with pytest.raises(ExecutionError, match=r"outside the class .*seq_kv <= 128"):
+        graph.execute(**too_long)
+    prefill = random_inputs(exact(batch=1, seq_q=2, seq_kv=100, mask="none"), "cpu")
+    with pytest.raises(ExecutionError, match="seq_q == 1"):
+        graph.execute(**prefill)
+    other_heads = random_inputs(exact(batch=1, seq_q=1, seq_kv=100, mask="none", heads_kv=4), "cpu")
+    with pytest.raises(ExecutionError, match=r"k has shape \(1, 100, 4, 16\).*needs \(1, 100, 2, 16\)"):
+        graph.execute(**other_heads)
+    with pytest.raises(ExecutionError, match="batch <= 1"):
+        bind(graph, exact(batch=2, seq_q=1, seq_kv=100, mask="none"))
