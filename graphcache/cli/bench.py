@@ -1,0 +1,152 @@
+"""The bench verb: cold build vs warm start per spec (or, with no GPU, fetch
+and verify of a target's artifacts), as a table, JSON and a plot."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.table import Table
+from rich.text import Text
+
+from graphcache.cli.common import (
+    Context,
+    console,
+    human_size,
+    main,
+    parse_spec_arg,
+    pass_ctx,
+    progress_bar,
+    server_store,
+    store_options,
+)
+from graphcache.spec import GraphSpec
+
+
+def _manifest_specs(manifest: str | None, spec_args: tuple[str, ...]) -> list[GraphSpec]:
+    from graphcache import manifest as manifest_mod
+
+    specs = manifest_mod.load(manifest) if manifest else []
+    for text in spec_args:
+        specs.append(parse_spec_arg(text))
+    if not specs:
+        raise click.UsageError("give a MANIFEST or at least one --spec")
+    return specs
+
+
+@main.command("bench")
+@click.argument("manifest", required=False)
+@click.option("--spec", "spec_args", multiple=True, help="A spec: file, inline JSON, or name=value,... (repeatable).")
+@click.option(
+    "--server",
+    default=None,
+    help="Fetch warm artifacts from this service (default: $GRAPHCACHE_SERVER, else the local store).",
+)
+@click.option("--target", default=None, help="Target whose artifacts to fetch where this machine has no GPU.")
+@click.option(
+    "--repeat", default=5, show_default=True, type=click.IntRange(1, 1000), help="Samples per spec (medians)."
+)
+@click.option("--json", "json_out", default=None, type=click.Path(dir_okay=False), help="Write the report as JSON.")
+@click.option("--plot", "plot_out", default=None, type=click.Path(dir_okay=False), help="Write a PNG bar chart.")
+@click.option("--no-memory", is_flag=True, help="Skip the peak GPU memory comparison.")
+@store_options
+@pass_ctx
+def bench_cmd(
+    ctx: Context,
+    manifest: str | None,
+    spec_args: tuple[str, ...],
+    server: str | None,
+    target: str | None,
+    repeat: int,
+    json_out: str | None,
+    plot_out: str | None,
+    no_memory: bool,
+) -> None:
+    """Cold build vs warm start per spec, phase by phase, with the speedup."""
+    from graphcache import bench
+    from graphcache.target import Target
+
+    if plot_out:
+        # Before any work: a bench run is minutes on a GPU, and its plot the last step.
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise click.UsageError(
+                "--plot needs matplotlib, which is not installed: pip install 'graphcache[plot]' (or drop --plot)"
+            ) from None
+    specs = _manifest_specs(manifest, spec_args)
+    store = server_store(ctx, server)
+    url = server or ctx.settings.server
+    location = url or ctx.location or ctx.settings.store or str(ctx.settings.cache_dir)
+    gpu = bench.has_gpu()
+    with progress_bar("bench") as bar:
+        task = bar.add_task("bench", total=None)
+
+        def progress(text: str) -> None:
+            bar.update(task, description=text)
+
+        if gpu:
+            report = bench.bench_gpu(specs, store, location, repeat, memory=not no_memory, progress=progress)
+        else:
+            if not target:
+                raise click.UsageError(
+                    "this machine has no GPU: give --target to measure fetch + verify of that target's artifacts"
+                )
+            report = bench.bench_fetch(specs, store, Target.parse(target), repeat, progress=progress)
+        bar.update(task, description="bench done", total=len(specs), completed=len(specs))
+    _print_bench(report)
+    if json_out:
+        Path(json_out).write_text(json.dumps(report, indent=2))
+        console.print(f"wrote {json_out}")
+    if plot_out:
+        bench.plot(report, plot_out)
+        console.print(f"wrote {plot_out}")
+    if any("error" in r for r in report["specs"]):
+        sys.exit(1)
+
+
+def _print_bench(report: dict[str, Any]) -> None:
+    def ms(seconds: float) -> str:
+        return f"{seconds * 1e3:.2f}"
+
+    if report["gpu"]:
+        table = Table(
+            "spec", "cold ms", "warm ms", "speedup", "cold phases (ms)", "warm phases (ms)", "peak MiB cuDNN/math"
+        )
+        for r in report["specs"]:
+            if "error" in r:
+                table.add_row(r["summary"], "-", "-", "-", Text(r["error"], "red"), "", "")
+                continue
+            mem = r.get("memory")
+            mem_text = (
+                f"{mem['cudnn_peak_bytes'] / 2**20:.0f} / {mem['torch_math_peak_bytes'] / 2**20:.0f}" if mem else "-"
+            )
+            table.add_row(
+                r["summary"],
+                ms(r["cold"]["total"]),
+                ms(r["warm"]["total"]),
+                f"{r['speedup']:.1f}x",
+                ", ".join(f"{k} {ms(v)}" for k, v in r["cold"]["phases"].items()),
+                ", ".join(f"{k} {ms(v)}" for k, v in r["warm"]["phases"].items()),
+                mem_text,
+            )
+        console.print(table)
+        console.print(
+            f"target {report['target']}; medians of {report['repeat']} fresh processes each; "
+            "process init (torch, CUDA context, cuDNN handle) excluded from both sides"
+        )
+        return
+    table = Table("spec", "key", "size", "fetch ms", "verify ms", "total ms")
+    for r in report["specs"]:
+        if "error" in r:
+            table.add_row(r["summary"], r["key"][:12], "-", "-", "-", Text(r["error"], "red"))
+            continue
+        p = r["warm"]["phases"]
+        table.add_row(
+            r["summary"], r["key"][:12], human_size(r["bytes"]), ms(p["fetch"]), ms(p["verify"]), ms(r["warm"]["total"])
+        )
+    console.print(table)
+    console.print(Text(report["note"], "yellow"))

@@ -1,0 +1,295 @@
+"""Deploy verbs: warm (build and upload, or --check coverage), prefetch (fill
+a local store from a server), explain (why a spec misses) and record (a
+script's SDPA calls as a manifest)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.table import Table
+from rich.text import Text
+
+from graphcache.cli.common import (
+    Context,
+    console,
+    err_console,
+    fail,
+    human_size,
+    load_spec_file,
+    main,
+    pass_ctx,
+    progress_bar,
+    server_store,
+    store_options,
+)
+from graphcache.errors import StoreError
+
+
+def _load_compiler(path: str) -> Any:
+    import importlib
+
+    module, _, name = path.partition(":")
+    try:
+        return getattr(importlib.import_module(module), name)()
+    except (ImportError, AttributeError) as exc:
+        raise click.UsageError(f"--compiler {path}: cannot load it ({exc})") from exc
+
+
+@main.command("warm")
+@click.argument("manifest")
+@click.option(
+    "--server",
+    default=None,
+    help="Service URL to check and upload to (default: $GRAPHCACHE_SERVER, else the local store).",
+)
+@click.option(
+    "--jobs",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, 64),
+    help="Specs handled at once (builds share one GPU and take turns).",
+)
+@click.option(
+    "--check",
+    "check_only",
+    is_flag=True,
+    help="Only report coverage for --target; needs no GPU. Exits 1 when anything is missing.",
+)
+@click.option("--target", default=None, help="Target text for --check, e.g. h200-sm90-mp132-cudnn9.28.0-fe1.32.0.")
+@click.option("--no-pin", is_flag=True, help="Do not pin warmed entries against eviction.")
+@click.option(
+    "--compiler",
+    "compiler_path",
+    default="graphcache.compilers.cudnn:CudnnCompiler",
+    show_default=True,
+    help="Compiler class as module:Class.",
+)
+@click.option(
+    "--json", "json_out", default=None, type=click.Path(dir_okay=False), help="Also write the report as JSON."
+)
+@store_options
+@pass_ctx
+def warm_cmd(
+    ctx: Context,
+    manifest: str,
+    server: str | None,
+    jobs: int,
+    check_only: bool,
+    target: str | None,
+    no_pin: bool,
+    compiler_path: str,
+    json_out: str | None,
+) -> None:
+    """Build and upload what MANIFEST needs for this GPU, or (--check) gate a deploy on coverage."""
+    from graphcache import manifest as manifest_mod
+    from graphcache import ops
+    from graphcache.target import Target
+
+    specs = manifest_mod.load(manifest)
+    store = server_store(ctx, server)
+    if check_only:
+        if not target:
+            raise click.UsageError("--check needs --target (the serving GPUs' target, e.g. from 'graphcache doctor')")
+        tgt = Target.parse(target)
+        with progress_bar(f"checking {tgt}") as bar:
+            task = bar.add_task("check", total=len(specs))
+            rows = ops.check(specs, tgt, store, jobs=max(jobs, 8), progress=lambda: bar.advance(task))
+        table = Table("spec", "key", "status")
+        for row in rows:
+            table.add_row(
+                row.spec.summary(), row.key[:12], Text("present", "green") if row.present else Text("missing", "red")
+            )
+        console.print(table)
+        missing = sum(not r.present for r in rows)
+        console.print(f"{len(rows) - missing}/{len(rows)} present for {tgt} in {store!r}")
+        if json_out:
+            Path(json_out).write_text(
+                json.dumps(
+                    {
+                        "target": str(tgt),
+                        "rows": [{"spec": r.spec.to_dict(), "key": r.key, "present": r.present} for r in rows],
+                    },
+                    indent=2,
+                )
+            )
+        if missing:
+            err_console.print(Text("coverage gate failed:", "red"), f"{missing} spec(s) missing")
+            sys.exit(1)
+        return
+    from graphcache.cache import GraphCache
+
+    compiler = _load_compiler(compiler_path)
+    here = compiler.target()  # NoGpu here, before the progress bar, with a clear message
+    if target and Target.parse(target) != here:
+        raise click.UsageError(f"--target {target} is not this machine ({here}); warm builds for this machine only")
+    cache = GraphCache(store, compiler, signing_key=ctx.settings.signing_key)
+    with progress_bar(f"warming {compiler.target()}") as bar:
+        task = bar.add_task("warm", total=len(specs))
+        built_rows = ops.warm(specs, cache, jobs=jobs, pin=not no_pin, progress=lambda: bar.advance(task))
+    table = Table("spec", "key", "status", "detail")
+    colour = {"present": "green", "built": "cyan", "unsupported": "yellow", "failed": "red"}
+    for built in built_rows:
+        table.add_row(built.spec.summary(), built.key[:12], Text(built.status, colour[built.status]), built.detail)
+    console.print(table)
+    counts = {s: sum(r.status == s for r in built_rows) for s in colour}
+    console.print(", ".join(f"{n} {s}" for s, n in counts.items()))
+    if json_out:
+        Path(json_out).write_text(
+            json.dumps(
+                {
+                    "target": str(compiler.target()),
+                    "rows": [
+                        {"spec": r.spec.to_dict(), "key": r.key, "status": r.status, "detail": r.detail}
+                        for r in built_rows
+                    ],
+                },
+                indent=2,
+            )
+        )
+    if counts["failed"]:
+        sys.exit(1)
+
+
+@main.command("prefetch")
+@click.argument("manifest")
+@click.option(
+    "--target",
+    default=None,
+    help="Target text, e.g. h200-sm90-mp132-cudnn9.28.0-fe1.32.0 (default: this machine's GPU, which imports torch).",
+)
+@click.option("--server", default=None, help="Service URL to fetch from (default: $GRAPHCACHE_SERVER).")
+@click.option("--strict", is_flag=True, help="Exit 1 when any spec has no stored artifact.")
+@store_options
+@pass_ctx
+def prefetch_cmd(ctx: Context, manifest: str, target: str | None, server: str | None, strict: bool) -> None:
+    """Fill the local store with every artifact MANIFEST needs, in one request to the server."""
+    from graphcache import manifest as manifest_mod
+    from graphcache.cache import GraphCache
+    from graphcache.stores import HttpStore, TieredStore
+    from graphcache.target import Target
+
+    specs = manifest_mod.load(manifest)
+    url = server or ctx.settings.server
+    if not url:
+        raise click.UsageError("prefetch fetches from a server: give --server URL or set GRAPHCACHE_SERVER")
+    local = ctx.store()
+    if isinstance(local, HttpStore):
+        raise click.UsageError("prefetch fills a local store: --store must be a folder or redis://, not http://")
+    remote = HttpStore(url, token=ctx.settings.token, timeout=ctx.settings.timeout)
+    if target:
+        tgt = Target.parse(target)
+    else:
+        from graphcache.compilers.cudnn import CudnnCompiler
+
+        tgt = CudnnCompiler().target()  # NoGpu with a clear message: then give --target
+    tiered = TieredStore(local, remote)
+    cache = GraphCache(tiered, signing_key=ctx.settings.signing_key, require_signed=ctx.settings.require_signed)
+    with progress_bar(f"prefetching {tgt}") as bar:
+        task = bar.add_task("prefetch", total=len(specs))  # manifest.load drops duplicate specs
+        report = cache.prefetch(specs, tgt, progress=lambda key: bar.advance(task))
+    if report.missing and tiered.remote_error is None:
+        table = Table("missing spec", "key")
+        for spec in report.missing[:50]:
+            table.add_row(spec.summary(), cache.key(spec, tgt)[:12])
+        if len(report.missing) > 50:
+            table.add_row(f"... and {len(report.missing) - 50} more", "")
+        console.print(table)
+    summary = Table("target", "present", "missing", "corrupt", "bytes", "seconds", "local store")
+    summary.add_row(
+        str(tgt),
+        str(report.present),
+        str(len(report.missing)),
+        str(report.corrupt),
+        human_size(report.bytes),
+        f"{report.seconds:.2f}",
+        repr(local),
+    )
+    if tiered.remote_error is not None:
+        # Down, refused (401/403, with what the server said) or cut short:
+        # one line and a failure, not a table of specs "missing".
+        raise StoreError(f"prefetch from {url} failed: {tiered.remote_error}")
+    console.print(summary)
+    if strict and report.missing:
+        fail(f"prefetch incomplete: {len(report.missing)} spec(s) missing on {url}")
+
+
+@main.command("explain")
+@click.argument("spec_file")
+@click.option("--target", required=True, help="Target text the key was asked for.")
+@click.option("--server", default=None, help="Service URL (default: $GRAPHCACHE_SERVER, else the local store).")
+@store_options
+@pass_ctx
+def explain_cmd(ctx: Context, spec_file: str, target: str, server: str | None) -> None:
+    """Why SPEC_FILE misses on TARGET: the nearest stored entries and the fields that differ."""
+    from graphcache import ops
+    from graphcache.target import Target
+
+    spec = load_spec_file(spec_file)
+    tgt = Target.parse(target)
+    result = ops.explain(spec, tgt, server_store(ctx, server, read_only=True))
+    if result.present:
+        console.print(f"present: {spec.summary()} on {tgt} is stored as {result.key}")
+        return
+    console.print(
+        f"missing: {spec.summary()} on {tgt} (key {result.key[:12]}); {result.scanned} stored entries compared"
+    )
+    if not result.nearest:
+        console.print("the store holds no entries to compare with")
+    for cand in result.nearest:
+        console.print()
+        console.print(
+            Text(cand.key[:12], "bold"),
+            f"{cand.spec.summary() if cand.spec else '?'} on {cand.target}: {len(cand.differences)} difference(s)",
+        )
+        for diff in cand.differences:
+            console.print(f"  - {diff}")
+    sys.exit(1)
+
+
+@main.command(
+    "record",
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+)
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Manifest file to write.")
+@click.option(
+    "--dtype",
+    type=click.Choice(["float16", "bfloat16"]),
+    default=None,
+    help="Record every spec in this dtype (a float32 CPU run records what the GPU will run).",
+)
+@click.argument("script", type=click.Path(exists=True, dir_okay=False))
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def record_cmd(output: str, dtype: str | None, script: str, args: tuple[str, ...]) -> None:
+    """Run SCRIPT [ARGS...] as python would, and write the manifest of its SDPA calls.
+
+    Every torch scaled_dot_product_attention call the script makes (directly,
+    through nn.MultiheadAttention, or a model library's "sdpa" attention) is
+    noted; the manifest is what 'graphcache warm' reads. Runs on a CPU host.
+    """
+    try:
+        from graphcache.torch.recording import run_script
+    except ImportError as exc:
+        raise click.UsageError(
+            f"graphcache record needs torch ({exc}): pip install torch (a CPU build is enough)"
+        ) from exc
+    try:
+        recorder = run_script(script, args, output, dtype)
+    except SystemExit as exc:
+        status = exc.code
+        if not isinstance(status, int):
+            # sys.exit("message"): python prints the message and exits 1.
+            err_console.print(str(status))
+            status = 1
+        err_console.print(
+            Text.assemble(("error:", "red"), f" {script} exited with status {status}; no manifest written")
+        )
+        sys.exit(status)
+    console.print(
+        f"wrote {output}: {len(recorder.specs)} spec(s) from {recorder.calls()} SDPA call(s)", highlight=False
+    )
+    for (code, message), count in sorted(recorder.ineligible.items()):
+        console.print(f"  not a cuDNN graph ({code}, {count} call(s)): {message}", highlight=False)

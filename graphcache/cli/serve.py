@@ -1,0 +1,80 @@
+"""The serve verb: the HTTP service under uvicorn. The only verb that imports service/."""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from graphcache.cli.common import Context, err_console, main, pass_ctx, store_options
+from graphcache.stores import check_location
+
+
+@main.command("serve")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8080, show_default=True, type=click.IntRange(1, 65535), help="TCP port, 1-65535.")
+@click.option(
+    "--workers",
+    default=None,
+    type=click.IntRange(1, 64),
+    help="uvicorn worker processes (default: one per CPU this process may use, at most 8).",
+)
+@click.option("--log-level", default="info", show_default=True)
+@click.option(
+    "--limit-concurrency",
+    default=1024,
+    show_default=True,
+    type=int,
+    help="Connections served at once per worker; more get 503.",
+)
+@click.option(
+    "--timeout-keep-alive",
+    default=5,
+    show_default=True,
+    type=int,
+    help="Seconds an idle keep-alive connection stays open.",
+)
+@store_options
+@pass_ctx
+def serve_cmd(
+    ctx: Context,
+    host: str,
+    port: int,
+    workers: int | None,
+    log_level: str,
+    limit_concurrency: int,
+    timeout_keep_alive: int,
+) -> None:
+    """Run the HTTP service on the configured store (default: DiskStore in --cache-dir)."""
+    import uvicorn
+
+    from service.server import uvicorn_options
+
+    if workers is None:
+        # One event loop is one core: a single worker left the second core
+        # idle and served 256 KiB GETs at 0.64x nginx, two at 0.99x
+        # (docs/benchmarks.md). Capped: each worker holds its own hot cache.
+        workers = min(len(os.sched_getaffinity(0)), 8)
+
+    # Workers are separate processes: hand them the settings through the
+    # environment, which create_app_from_env reads once at start.
+    check_location(ctx.location if ctx.location is not None else ctx.settings.store)
+    os.environ["GRAPHCACHE_DIR"] = str(ctx.settings.cache_dir)
+    if ctx.location is not None:
+        os.environ["GRAPHCACHE_STORE"] = ctx.location
+    if not ctx.location and not ctx.settings.store:
+        ctx.settings.cache_dir.mkdir(parents=True, exist_ok=True)
+    where = ctx.location or ctx.settings.store or str(ctx.settings.cache_dir)
+    err_console.print(f"graphcache serving {where} on http://{host}:{port} ({workers} worker(s)); docs at /docs")
+    uvicorn.run(
+        "service.app:create_app_from_env",
+        factory=True,
+        **uvicorn_options(
+            host=host,
+            port=port,
+            workers=workers,
+            log_level=log_level,
+            limit_concurrency=limit_concurrency,
+            timeout_keep_alive=timeout_keep_alive,
+        ),
+    )
