@@ -1,3 +1,5 @@
+"""The store verbs (graphcache/cli/store.py): ls, inspect, get, rm, pin, key, on a real DiskStore."""
+
 from __future__ import annotations
 
 import json
@@ -10,7 +12,6 @@ from graphcache import Artifact, GraphCache
 from graphcache.stores import DiskStore
 from tests.clirun import cli
 from tests.fakes import FakeCompiler, spec
-from tests.servers import wait_for_server
 
 
 @pytest.fixture
@@ -92,15 +93,6 @@ def test_bad_spec_file_names_the_field(tmp_path):
     assert out.returncode == 1 and "head_dim=60" in out.stderr and "spec.json" in out.stderr
 
 
-def test_doctor_reports_versions_and_what_this_machine_can_do(tmp_path):
-    f = tmp_path / "spec.json"
-    f.write_text(json.dumps({"batch": 1, "heads_q": 8, "seq_q": 128, "head_dim": 64, "dtype": "bfloat16"}))
-    out = cli("doctor", "--spec", str(f))
-    assert out.returncode == 0, out.stderr
-    for word in ("python", "torch", "cudnn-frontend", "cuDNN", "GPU", "SDPA backends", "b1 h8 s128 d64 bf16"):
-        assert word in out.stdout
-
-
 def test_cli_verbs_work_without_torch_or_cudnn(populated):
     # A server host has neither: block their import and run the store verbs.
     folder, _ = populated
@@ -114,37 +106,6 @@ def test_cli_verbs_work_without_torch_or_cudnn(populated):
     code = "import sys; sys.modules['torch']=None; sys.modules['cudnn']=None; from graphcache.doctor import diagnose; print(diagnose()['rows'])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert "not installed" in out.stdout, out.stderr
-
-
-def test_readme_serve_command_runs_the_service_on_the_given_folder(tmp_path):
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    folder = tmp_path / "cache"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "graphcache",
-            "serve",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--cache-dir",
-            str(folder),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        health = wait_for_server(f"http://127.0.0.1:{port}")
-        assert health.json()["store"] == f"DiskStore('{folder}')"
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 def test_store_options_are_accepted_after_the_verb(populated):
