@@ -74,6 +74,11 @@ class Artifact:
     unsupported: str | None = None
     signature: str | None = None
 
+    def __post_init__(self) -> None:
+        # A ragged spec's map holds its offset and table roles (UidMap.for_spec),
+        # as its key and its graph do.
+        object.__setattr__(self, "uids", self.uids.for_spec(self.spec))
+
     @property
     def key(self) -> str:
         cached = self.__dict__.get("_key")

@@ -83,7 +83,10 @@ def class_of(spec: GraphSpec, policy: str | None = None) -> GraphSpec:
         return spec
     assert spec.seq_kv is not None
     seq_q = 1 if spec.seq_q == 1 else _length(spec.seq_q)
-    return spec.replace(batch=_pow2(spec.batch), seq_q=seq_q, seq_kv=_length(spec.seq_kv), shapes="class")
+    # A paged spec's seq_kv is its block table's reach, fixed by the engine's
+    # pool and table width, not a length to round: the table serves them all.
+    seq_kv = spec.seq_kv if spec.page_size is not None else _length(spec.seq_kv)
+    return spec.replace(batch=_pow2(spec.batch), seq_q=seq_q, seq_kv=seq_kv, shapes="class")
 
 
 def has_class(spec: GraphSpec) -> bool:

@@ -25,7 +25,7 @@ def key_for(spec: GraphSpec, target: Target, uids: UidMap | None = None) -> str:
     Stable across processes, machines and Python versions (canonical JSON with
     sorted keys and shortest round-trip floats); any field change changes it.
     """
-    uids = uids or UidMap.default()
+    uids = (uids or UidMap.default()).for_spec(spec)
     document = {
         "format": FORMAT_VERSION,
         "recipe": RECIPE_VERSION,

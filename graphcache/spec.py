@@ -9,11 +9,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from graphcache import spec_ragged
 from graphcache.errors import SpecError
 
 DTYPES = ("float16", "bfloat16")
-LAYOUTS = ("bshd", "bhsd")
-MASKS = ("none", "causal", "causal_bottom_right", "sliding_window")
+LAYOUTS = ("bshd", "bhsd", "thd")
+MASKS = ("none", "causal", "causal_bottom_right", "sliding_window", "sliding_window_bottom_right")
 SHAPES = ("exact", "class")
 MAX_HEAD_DIM = 256
 
@@ -36,6 +37,10 @@ class GraphSpec:
     and ``sliding_window``: query i sees key j when
     ``i - window_left <= j <= i + window_right`` (top-left aligned;
     ``window_right`` defaults to 0, a causal window).
+
+    Ragged and paged (``layout="thd"``; ``page_size``, ``num_pages``,
+    ``pages_per_seq``; mask ``sliding_window_bottom_right``): see
+    ``graphcache.spec_ragged``, which holds their rules and descriptors.
 
     Shapes: ``shapes="exact"`` (the default) is a graph of exactly these
     sizes. ``shapes="class"`` is a length class: ``batch``, ``seq_q`` and
@@ -64,10 +69,14 @@ class GraphSpec:
     padding: bool = False
     dropout: float = 0.0
     shapes: str = "exact"
+    page_size: int | None = None
+    num_pages: int | None = None
+    pages_per_seq: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("batch", "heads_q", "seq_q", "head_dim"):
             _positive_int(name, getattr(self, name))
+        spec_ragged.prepare(self)  # paged: seq_kv defaults to the block table's reach
         for name, default in (
             ("heads_kv", self.heads_q),
             ("seq_kv", self.seq_q),
@@ -113,8 +122,11 @@ class GraphSpec:
                 "dropout",
             )
         object.__setattr__(self, "dropout", float(dropout))
+        spec_ragged.check(self)
 
     def _check_window(self) -> None:
+        if spec_ragged.check_window(self):
+            return
         if self.mask == "sliding_window":
             if self.window_left is None:
                 raise SpecError(
@@ -209,6 +221,7 @@ class GraphSpec:
             "padding": {"type": "boolean"},
             "dropout": {"type": "number", "minimum": 0, "exclusiveMaximum": 1},
             "shapes": {"enum": list(SHAPES)},
+            **spec_ragged.json_schema_props(),
         }
         return {
             "type": "object",
@@ -233,6 +246,9 @@ class GraphSpec:
         data = {name: getattr(self, name) for name in _FIELDS}
         if self.shapes == "exact":
             del data["shapes"]
+        for name in spec_ragged.PAGED_FIELDS:  # likewise: only a paged spec has them
+            if data[name] is None:
+                del data[name]
         return data
 
     def canonical_json(self) -> str:
@@ -276,7 +292,13 @@ class GraphSpec:
     # -- derived ---------------------------------------------------------
 
     def dims(self, role: str) -> tuple[int, ...]:
-        """Logical dims (b, h, s, d) of a tensor role, as cuDNN wants them."""
+        """Logical dims (b, h, s, d) of a tensor role, as cuDNN wants them
+        (thd and paged roles: ``spec_ragged.dims``)."""
+        if self.layout == "thd":
+            return spec_ragged.dims(self, role)
+        return self.dense_dims(role)
+
+    def dense_dims(self, role: str) -> tuple[int, ...]:
         b = self.batch
         assert self.heads_kv is not None and self.seq_kv is not None
         assert self.head_dim_v is not None
@@ -298,6 +320,8 @@ class GraphSpec:
         models store them; bhsd: contiguous per head); stats and seq_len
         tensors are always packed.
         """
+        if self.layout == "thd":
+            return spec_ragged.strides(self, role)
         b, h, s, d = self.dims(role)
         if role in ("q", "k", "v", "o") and self.layout == "bshd":
             return (s * h * d, d, h * d, 1)
@@ -318,7 +342,10 @@ class GraphSpec:
         mask = self.mask
         if mask == "sliding_window":
             mask = f"window({self.window_left},{self.window_right})"
+        elif mask == "sliding_window_bottom_right":
+            mask = spec_ragged.mask_text(self)
         parts = [f"b{self.batch}", heads, seq, dim, _SHORT_DTYPE[self.dtype], self.layout, mask]
+        parts += spec_ragged.summary_parts(self)
         if self.padding:
             parts.append("padded")
         if self.generate_stats:

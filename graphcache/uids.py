@@ -21,6 +21,17 @@ _DEFAULT = {
     "dropout_offset": 9,
 }
 REQUIRED_ROLES = ("q", "k", "v", "o")
+# Ragged offsets and page tables: only ragged / paged specs' maps hold them,
+# so a dense spec's map (and so its key) is the one it always had.
+_RAGGED = {
+    "ragged_q": 10,
+    "ragged_k": 11,
+    "ragged_v": 12,
+    "ragged_o": 13,
+    "ragged_stats": 14,
+    "page_table_k": 15,
+    "page_table_v": 16,
+}
 
 
 @dataclass(frozen=True)
@@ -55,6 +66,14 @@ class UidMap:
             return cls(dict(data))
         except ValueError as exc:
             raise CorruptArtifact(f"uid map in header is invalid: {exc}", "bad_header") from exc
+
+    def for_spec(self, spec: Any) -> UidMap:
+        """This map, with the ragged-offset and page-table roles added (at
+        their default UIDs, where this map lacks them) for a thd spec;
+        unchanged for any other. Idempotent."""
+        if getattr(spec, "layout", None) != "thd" or all(role in self.uids for role in _RAGGED):
+            return self
+        return UidMap({**_RAGGED, **self.uids})
 
     def to_dict(self) -> dict[str, int]:
         return dict(self.uids)

@@ -24,22 +24,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from graphcache.spec import GraphSpec
+# The window a thd spec's mask means: graphcache.spec_ragged.window.
 
 # Bytes of float32 scores held at once (per sequence, a group of heads).
 REFERENCE_BUDGET = 1 << 28
-
-
-def window_of(spec: GraphSpec) -> tuple[int, int]:
-    """The ``varlen_attn`` window ``(left, right)`` a ragged spec's mask means
-    (negative: unbounded on that side)."""
-    if spec.mask == "causal_bottom_right":
-        return (-1, 0)
-    if spec.mask == "sliding_window_bottom_right":
-        left = -1 if spec.window_left is None else spec.window_left
-        right = -1 if spec.window_right is None else spec.window_right
-        return (left, right)
-    return (-1, -1)
 
 
 def allowed(lq: int, lk: int, window: tuple[int, int], device: Any = None) -> Any:
