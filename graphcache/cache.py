@@ -7,11 +7,13 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from graphcache.artifact import Artifact
+from graphcache.classes import check_policy, class_of, policy_from_env
 from graphcache.compilers.base import Compiler, LoadedGraph
+from graphcache.counters import Stats
 from graphcache.errors import (
     BuildError,
     CorruptArtifact,
@@ -35,29 +37,6 @@ from graphcache.uids import UidMap
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class Stats:
-    hits: int = 0
-    misses: int = 0
-    builds: int = 0
-    corrupt: int = 0
-    unsupported: int = 0
-    fallbacks: int = 0
-    store_errors: int = 0
-    lease_waits: int = 0
-    rejected: int = 0
-    canary_failures: int = 0
-    build_seconds_saved: float = 0.0
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def bump(self, name: str, amount: float = 1) -> None:
-        with self._lock:
-            setattr(self, name, getattr(self, name) + amount)
-
-    def as_dict(self) -> dict[str, float]:
-        return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
-
-
 @dataclass(frozen=True)
 class PrefetchReport:
     """What ``GraphCache.prefetch`` found: verified artifacts now in the
@@ -79,7 +58,9 @@ class GraphCache:
     machine that only reads). ``signing_key`` signs what this cache builds;
     ``require_signed`` refuses unsigned or wrongly signed artifacts (treated
     as corrupt). ``torch_fallback`` lets ``load`` run torch's SDPA where
-    cuDNN cannot serve a spec here.
+    cuDNN cannot serve a spec here. ``shape_classes`` is the length-class
+    policy ``load`` follows (``pow2`` or ``exact``; default
+    GRAPHCACHE_SHAPE_CLASSES, see graphcache.classes).
     """
 
     def __init__(
@@ -93,6 +74,7 @@ class GraphCache:
         torch_fallback: bool = False,
         lease_ttl: float = 30.0,
         lease_wait: float = 900.0,
+        shape_classes: str | None = None,
     ) -> None:
         if require_signed and not signing_key:
             raise ValueError("require_signed needs a signing_key (GRAPHCACHE_SIGNING_KEY)")
@@ -102,6 +84,7 @@ class GraphCache:
         self.signing_key = signing_key
         self.require_signed = require_signed
         self.torch_fallback = torch_fallback
+        self.shape_classes = policy_from_env() if shape_classes is None else check_policy(shape_classes)
         self._stats = Stats()
         self._lock = threading.Lock()
         self._inflight: dict[str, Future[Artifact]] = {}
@@ -126,7 +109,7 @@ class GraphCache:
             compiler,
             signing_key=settings.signing_key,
             require_signed=settings.require_signed,
-            **options,
+            **{"shape_classes": settings.shape_classes, **options},
         )
 
     # keys and targets ---------------------------------------------------
@@ -300,12 +283,32 @@ class GraphCache:
         a miss raises NotFound instead of building (a worker that must not
         spend its start-up on a build).
 
+        Under a class policy an exact spec gets its class's graph (whose
+        ``execute`` takes real tensors of any shape the class covers; bind it
+        with ``graphcache.compilers.classgraph.bind``) when that is stored or,
+        with ``build``, built; where the class cannot be served on this target
+        (a negative entry, a failed build) or is missing with ``build=False``,
+        the exact graph, as under policy ``exact``.
+
         With ``torch_fallback``, a spec cuDNN cannot serve here (no GPU,
         old GPU or cuDNN, a mask the frontend cannot express, a plan that
         cannot be cached, a plan rejected twice, a build or load this host
         failed) runs on torch's SDPA instead, with a warning and the
         ``fallbacks`` counter.
         """
+        klass = class_of(spec, self.shape_classes)
+        if klass != spec:
+            try:
+                return self._load(klass, target, build, fallback=False)
+            except NotFound:  # build=False: the exact graph's lookup counts this load's miss
+                self._stats.bump("misses", -1)
+            except GraphCacheError as exc:  # the exact graph serves instead
+                log.debug("class %s does not serve %s here: %s", klass.summary(), spec.summary(), exc)
+        return self._load(spec, target, build)
+
+    def _load(self, spec: GraphSpec, target: Target | None, build: bool, fallback: bool = True) -> LoadedGraph:
+        """``spec``'s own graph, no class looked for; ``fallback=False``
+        raises where ``torch_fallback`` would serve torch's SDPA."""
         try:
             if self.compiler is None:
                 raise NoGpu("no compiler configured")
@@ -319,7 +322,7 @@ class GraphCache:
                 self._reject(spec, target, exc)
                 return self.compiler.load(self.get(spec, target, build=build))
         except (NoGpu, UnsupportedGpu, UnsupportedSpec, NotSerializable, PlanRejected, BuildError) as exc:
-            if not self.torch_fallback:
+            if not (self.torch_fallback and fallback):
                 raise
             from graphcache.compilers.torch_sdpa import TorchSdpaGraph
 

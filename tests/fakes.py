@@ -13,7 +13,16 @@ import threading
 import time
 from dataclasses import dataclass
 
-from graphcache import Artifact, GraphSpec, NotSerializable, PlanRejected, Target, TargetMismatch, UidMap
+from graphcache import (
+    Artifact,
+    GraphSpec,
+    NotSerializable,
+    PlanRejected,
+    Target,
+    TargetMismatch,
+    UidMap,
+    UnsupportedSpec,
+)
 
 TARGET = Target.parse("h200-sm90-cudnn9.28.0-fe1.32.0")
 OTHER_TARGET = Target.parse("a100_sxm4_80gb-sm80-cudnn9.28.0-fe1.32.0")
@@ -42,8 +51,12 @@ class FakeCompiler:
         delay: float = 0.0,
         unsupported: set[str] | None = None,
         reject_loads: list[str] | None = None,
+        classes: bool = True,
     ) -> None:
         self._target = target
+        # False: class specs are refused as CudnnCompiler refuses them on a
+        # stack without shape override (UnsupportedSpec, a negative entry).
+        self.classes = classes
         self.size = size
         self.delay = delay
         self.unsupported = unsupported or set()
@@ -63,6 +76,8 @@ class FakeCompiler:
             self.builds += 1
         if self.delay:
             time.sleep(self.delay)
+        if spec.is_class and not self.classes:
+            raise UnsupportedSpec("fake: no execute-time shape override on this target", step="preflight")
         if spec.mask in self.unsupported:
             raise NotSerializable(f"fake: mask {spec.mask} has no serializable plan", step="serialize")
         return make_artifact(spec, target, size=self.size, uids=uids)

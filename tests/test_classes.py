@@ -119,3 +119,52 @@ def test_a_bad_policy_fails_the_cli_at_start_with_the_allowed_values(tmp_path):
     assert out.returncode != 0
     assert "GRAPHCACHE_SHAPE_CLASSES='pow3'" in out.stderr and "pow2" in out.stderr and "exact" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+# -- GraphCache.load under the policy (item 5) ---------------------------------------
+
+
+def test_load_of_an_exact_spec_builds_and_returns_its_class_graph_once_for_the_whole_class(tmp_path):
+    from graphcache import GraphCache
+    from graphcache.stores import DiskStore
+    from tests.fakes import FakeCompiler
+
+    compiler = FakeCompiler(target=TARGET)
+    cache = GraphCache(DiskStore(tmp_path / "s"), compiler, shape_classes="pow2")
+    graphs = [cache.load(decode(seq_kv=n)) for n in (37, 38, 100, 128)]
+    klass = decode(seq_kv=128, shapes="class")
+    assert [g.spec for g in graphs] == [klass] * 4
+    assert compiler.builds == 1 and cache.store.exists(key_for(klass, TARGET))
+    assert not cache.store.exists(key_for(decode(seq_kv=37), TARGET))
+    assert cache.load(decode(seq_kv=129)).spec == decode(seq_kv=256, shapes="class") and compiler.builds == 2
+
+
+def test_a_class_refused_on_the_target_is_remembered_and_the_exact_graph_serves(tmp_path):
+    from graphcache import GraphCache
+    from graphcache.stores import DiskStore
+    from tests.fakes import FakeCompiler
+
+    compiler = FakeCompiler(target=TARGET, classes=False)
+    cache = GraphCache(DiskStore(tmp_path / "s"), compiler, shape_classes="pow2")
+    assert cache.load(decode(seq_kv=37)).spec == decode(seq_kv=37)
+    assert compiler.builds == 2  # the class (refused, stored as a negative entry), then the exact graph
+    assert cache.lookup(decode(seq_kv=128, shapes="class")).unsupported
+    assert cache.load(decode(seq_kv=40)).spec == decode(seq_kv=40)
+    assert compiler.builds == 3, "the negative entry answered: the class was not tried again"
+
+
+def test_build_false_takes_a_stored_class_else_a_stored_exact_graph_and_policy_exact_ignores_classes(tmp_path):
+    from graphcache import GraphCache, NotFound
+    from graphcache.stores import DiskStore
+    from tests.fakes import FakeCompiler
+
+    store = DiskStore(tmp_path / "s")
+    exact_cache = GraphCache(store, FakeCompiler(target=TARGET), shape_classes="exact")
+    assert exact_cache.load(decode(seq_kv=37)).spec == decode(seq_kv=37)
+    classes = GraphCache(store, FakeCompiler(target=TARGET), shape_classes="pow2")
+    assert classes.load(decode(seq_kv=37), build=False).spec == decode(seq_kv=37)  # no class stored yet
+    with pytest.raises(NotFound):
+        classes.load(decode(seq_kv=38), build=False)
+    classes.get(decode(seq_kv=128, shapes="class"))
+    assert classes.load(decode(seq_kv=37), build=False).spec.is_class
+    assert exact_cache.load(decode(seq_kv=38), build=True).spec == decode(seq_kv=38)

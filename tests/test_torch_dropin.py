@@ -169,7 +169,7 @@ def store(tmp_path):
 
 def configure(store, on_miss=None):
     compiler = CpuGraphCompiler()
-    cache = GraphCache(store, compiler)
+    cache = GraphCache(store, compiler, shape_classes="exact")  # exact shapes here: classes in test_classes_torch.py
     gt.configure(cache, device="cpu", on_miss=on_miss)
     return cache, compiler
 
@@ -293,7 +293,7 @@ def test_a_bad_on_miss_value_names_the_variable_and_the_choices(store, monkeypat
 
 def test_a_spec_cudnn_refuses_is_a_fallback_remembered_per_target(store):
     compiler = CpuGraphCompiler(unsupported={"causal"})
-    gt.configure(GraphCache(store, compiler), device="cpu", on_miss="build")
+    gt.configure(GraphCache(store, compiler, shape_classes="exact"), device="cpu", on_miss="build")
     q = bhsd(1, 8, 4, 64)
     for _ in range(3):
         gt.scaled_dot_product_attention(q, q, q, is_causal=True)
