@@ -108,6 +108,30 @@ class StoreUnavailable(StoreError):
     """A remote store (the service, Redis) is down or too slow."""
 
 
+class StoreFull(StoreError):
+    """A store has no room for a write (a full disk): reads still work.
+
+    ``needed`` is the size of the write refused (None when not one entry's),
+    ``free`` the bytes the filesystem has left, ``stored`` and ``entries``
+    what the store holds; any of them None where unknown.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        needed: int | None = None,
+        free: int | None = None,
+        stored: int | None = None,
+        entries: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.needed = needed
+        self.free = free
+        self.stored = stored
+        self.entries = entries
+
+
 class ExecutionError(GraphCacheError, ValueError):
     """Tensors handed to ``LoadedGraph.execute`` do not match the spec."""
 

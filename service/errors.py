@@ -20,6 +20,7 @@ from graphcache.errors import (
     NotSerializable,
     SpecError,
     StoreError,
+    StoreFull,
     TargetError,
     TargetMismatch,
     UnsupportedGpu,
@@ -33,12 +34,20 @@ log = logging.getLogger("graphcache.service")
 class ServiceError(Exception):
     """An error with its HTTP status and short code."""
 
-    def __init__(self, status: int, code: str, detail: str, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        detail: str,
+        headers: dict[str, str] | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__(detail)
         self.status = status
         self.code = code
         self.detail = detail
         self.headers = headers or {}
+        self.extra = extra or {}  # more fields of the JSON body, beside error and detail
 
 
 def from_library(exc: Exception) -> ServiceError:
@@ -60,6 +69,10 @@ def from_library(exc: Exception) -> ServiceError:
         return ServiceError(409, "target_mismatch", str(exc))
     if isinstance(exc, (UnsupportedSpec, NotSerializable)):
         return ServiceError(422, "unsupported", str(exc))
+    if isinstance(exc, StoreFull):
+        # 507 Insufficient Storage: this write did not fit; reads still work.
+        room = {"free_bytes": exc.free, "stored_bytes": exc.stored, "entries": exc.entries, "needed_bytes": exc.needed}
+        return ServiceError(507, "store_full", str(exc), extra={k: v for k, v in room.items() if v is not None})
     if isinstance(exc, StoreError):
         return ServiceError(503, "store_unavailable", str(exc))
     if isinstance(exc, BuildError):
@@ -97,7 +110,10 @@ def json_response(status: int, data: Any, headers: dict[str, str] | None = None)
 
 def error_response(err: ServiceError) -> Response:
     return Response(
-        body(err.code, err.detail), status_code=err.status, media_type="application/json", headers=err.headers or None
+        body(err.code, err.detail, **err.extra),
+        status_code=err.status,
+        media_type="application/json",
+        headers=err.headers or None,
     )
 
 

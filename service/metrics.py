@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import threading
 from bisect import bisect_left
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
@@ -98,5 +98,33 @@ class Metrics:
             "graphcache_verified_entries", "entries whose file identity is remembered as verified", registry=r
         )
 
+    def watch_store(self, unwritable: Callable[[], str | None], bookkeeping_errors: Callable[[], int]) -> None:
+        """Gauges read at each scrape: whether the store takes writes (0 on a
+        full disk) and how many read bookkeeping writes it could not make."""
+        writable = Gauge(
+            "graphcache_store_writable",
+            "1 when an upload would be stored now, 0 when the store is out of space (healthz says why)",
+            registry=self.registry,
+        )
+        writable.set_function(lambda: 0.0 if unwritable() else 1.0)
+        self.registry.register(_Bookkeeping(bookkeeping_errors))
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _Bookkeeping(Collector):
+    """The store's own count of access-time writes that failed (reads went on)."""
+
+    def __init__(self, count: Callable[[], int]) -> None:
+        self.count = count
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        yield CounterMetricFamily(
+            "graphcache_store_bookkeeping_errors",
+            "access-time updates a read could not write (a full disk); the reads were served",
+            value=self.count(),
+        )
+
+    def describe(self) -> Iterator[CounterMetricFamily]:
+        yield CounterMetricFamily("graphcache_store_bookkeeping_errors", "")

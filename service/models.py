@@ -73,6 +73,8 @@ class BuildResult(BaseModel):
 class Health(BaseModel):
     status: str
     store: str
+    writable: bool = Field(description="whether an upload would be stored now (false: the disk is full)")
+    reason: str | None = Field(None, description="why the store is not writable; null when it is")
 
 
 _WHY = {
@@ -87,6 +89,7 @@ _WHY = {
     500: "the build failed on this host (driver, NVRTC, memory, a plan that failed its checks); nothing was stored",
     501: "the store cannot do this",
     503: "the store (or, for builds, a GPU) is unavailable",
+    507: "the store is out of space (detail: how much it holds, what to free); reads still work",
 }
 
 

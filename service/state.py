@@ -3,6 +3,8 @@ the reader, and the build path's controller."""
 
 from __future__ import annotations
 
+import logging
+import sqlite3
 import time
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,7 @@ from service.metrics import Metrics
 from service.reader import ArtifactReader, Served, Unverified
 
 OCTET = b"application/octet-stream"
+log = logging.getLogger("graphcache.service")
 
 
 class State:
@@ -32,6 +35,15 @@ class State:
         if hasattr(store, "path"):
             quarantine = Path(store.path) / "quarantine"
         self.reader = ArtifactReader(store, self.metrics, quarantine, settings.hot_cache_bytes)
+        self.metrics.watch_store(self.unwritable, lambda: int(getattr(store, "bookkeeping_errors", 0)))
+        sweep = getattr(store, "sweep_orphans", None)
+        if sweep is not None:
+            # Value files a crash left behind (a write killed before it was
+            # published) are room a full disk needs.
+            try:
+                sweep()
+            except (OSError, sqlite3.Error) as exc:
+                log.warning("could not sweep orphan files of %r: %s", store, exc)
         self._compiler = compiler
         self._compiler_error: str | None = None
         self._cache: GraphCache | None = None
@@ -42,6 +54,11 @@ class State:
             self.cache_control = f"public, max-age={settings.http_max_age}".encode()
         else:
             self.cache_control = b"private"
+
+    def unwritable(self) -> str | None:
+        """Why the store would refuse an upload now (out of space), or None."""
+        check = getattr(self.store, "unwritable", None)
+        return None if check is None else check()  # type: ignore[no-any-return]
 
     def graph_cache(self) -> GraphCache:
         """The build path's controller; detects a GPU on first use (imports torch)."""

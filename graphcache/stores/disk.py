@@ -12,55 +12,19 @@ from typing import Any
 
 import diskcache
 
-from graphcache.errors import StoreError
+from graphcache.errors import StoreError, StoreFull
 from graphcache.key import is_key
+from graphcache.stores.diskcodec import DiskLeases, NoPickleDisk, read_all
+from graphcache.stores.space import ORPHAN_AGE, RESERVE_BYTES, Reserve, free_bytes, human, is_full, remove_file
+from graphcache.stores.space import sweep_orphans as _sweep
+
+__all__ = ["DEFAULT_SIZE_LIMIT", "PINNED", "DiskLeases", "DiskStore", "NoPickleDisk", "read_all"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_SIZE_LIMIT = 10 * 1024**3
 PINNED = "pinned"
 _PATH_MEMO = 100_000
-
-
-class NoPickleDisk(diskcache.Disk):
-    """diskcache's row codec, without pickle.
-
-    diskcache unpickles a value (or key) whose row says it was pickled
-    (CVE-2025-69872): whoever can write the cache folder could run code in
-    every process that reads it. Here such a row reads as its raw stored bytes
-    (the pickle stream, never loaded), which are not an artifact and fail
-    verification like any corrupt entry: quarantined by the service, counted
-    and removed by GraphCache, shown as corrupt by ``graphcache ls``. Writes
-    of anything but bytes or text are refused, so graphcache never pickles.
-    """
-
-    def fetch(self, mode: int, filename: str | None, value: Any, read: bool) -> Any:
-        if mode == diskcache.core.MODE_RAW:
-            return bytes(value) if type(value) is sqlite3.Binary else value
-        if mode in (diskcache.core.MODE_PICKLE, diskcache.core.MODE_TEXT):
-            log.warning("diskcache row stored in mode %d (not raw bytes): read as bytes, never unpickled", mode)
-            if filename is None:
-                return _as_bytes(value)
-            mode = diskcache.core.MODE_BINARY
-        if mode == diskcache.core.MODE_BINARY and filename is not None:
-            path = os.path.join(self._directory, filename)
-            if read:
-                return open(path, "rb")  # noqa: SIM115 - handed to the caller
-            with open(path, "rb") as reader:
-                return reader.read()
-        return b""
-
-    def get(self, key: Any, raw: bool) -> Any:
-        if raw:
-            return bytes(key) if type(key) is sqlite3.Binary else key
-        # A pickled key: never a graphcache key (those are text); its bytes
-        # are not loaded, and DiskStore.keys() skips anything not text.
-        return bytes(key)
-
-    def store(self, value: Any, read: bool, key: Any = diskcache.core.UNKNOWN) -> Any:
-        if not read and not isinstance(value, (bytes, str)):
-            raise TypeError(f"DiskStore stores bytes or text, not {type(value).__name__} (it never pickles)")
-        return super().store(value, read, key=key)
 
 
 class DiskStore:
@@ -84,13 +48,32 @@ class DiskStore:
         self.touch_interval = touch_interval
         self._touched: dict[str, float] = {}
         self._paths: dict[str, str] = {}
+        self._reserve = Reserve(self.path)
+        self._full_need: int | None = None  # the size of the last put refused for room, until there is room
+        self.bookkeeping_errors = 0  # access-time updates that failed (a full disk): reads went on
+        self._cache = self._open_checked(size_limit)
+
+    def _open_checked(self, size_limit: int) -> diskcache.Cache:
         try:
-            self._cache = self._open_index(size_limit)
+            return self._open_index(size_limit)
         except sqlite3.DatabaseError as exc:
-            raise StoreError(
-                f"{self.path / 'cache.db'} is not a diskcache index ({exc}): "
-                "move the folder aside, or point --cache-dir / GRAPHCACHE_DIR at another one"
-            ) from exc
+            if not is_full(exc, self.path):
+                raise StoreError(
+                    f"{self.path / 'cache.db'} is not a diskcache index ({exc}): "
+                    "move the folder aside, or point --cache-dir / GRAPHCACHE_DIR at another one"
+                ) from exc
+            error = exc
+        # A full disk: SQLite needs room for its journal even to open.
+        if self._reserve.release():
+            try:
+                return self._open_index(size_limit)
+            except sqlite3.DatabaseError as exc:
+                error = exc
+        raise StoreFull(
+            f"the disk holding {self.path} is full: its index cannot be opened ({error}); "
+            f"free at least {human(RESERVE_BYTES)} on that filesystem, then retry",
+            free=free_bytes(self.path),
+        ) from error
 
     def _open_index(self, size_limit: int) -> diskcache.Cache:
         return diskcache.Cache(
@@ -186,7 +169,14 @@ class DiskStore:
         self._touched[key] = now
         if len(self._touched) > 100_000:
             self._touched.clear()
-        self._cache._sql("UPDATE Cache SET access_time = ? WHERE key = ?", (now, key))  # noqa: SLF001
+        try:
+            self._cache._sql("UPDATE Cache SET access_time = ? WHERE key = ?", (now, key))  # noqa: SLF001
+        except sqlite3.Error as exc:
+            # Bookkeeping: a read never fails because its access time could
+            # not be written (a full disk, a read-only folder); LRU order is
+            # a little off for this key.
+            self.bookkeeping_errors += 1
+            log.debug("access time of %s not recorded: %s", key[:12], exc)
 
     def put(self, key: str, data: bytes, *, pin: bool = False) -> bool:
         """Atomic publish; False when identical bytes are already stored.
@@ -199,9 +189,87 @@ class DiskStore:
         if value is not None and value == data and (tag == PINNED or not pin):
             return False
         keep_pin = pin or tag == PINNED
-        self._cache.set(key, bytes(data), tag=PINNED if keep_pin else None, retry=True)
+        # Room first: on a disk full up to the size limit, the least recently
+        # used entries make room before the write, not after it failed.
+        self._evict(keep=key, room=len(data))
+        disk = self._cache.disk
+        disk.written.name = None
+        try:
+            self._cache.set(key, bytes(data), tag=PINNED if keep_pin else None, retry=True)
+        except (OSError, sqlite3.OperationalError) as exc:
+            written, disk.written.name = disk.written.name, None
+            if written is not None:  # the file was written, the index refused the entry
+                remove_file(self.path / written)
+            if is_full(exc, self.path):
+                raise self._no_room(len(data), exc) from exc
+            raise
+        self._full_need = None
         self._evict(keep=key)
+        self._reserve.restore()
         return True
+
+    def _no_room(self, needed: int, exc: BaseException) -> StoreFull:
+        self._full_need = needed
+        self.sweep_orphans()  # what writes that died left behind is room too
+        free = free_bytes(self.path)
+        entries, stored = len(self._cache), self.volume()
+        return StoreFull(
+            f"the store is out of space: no room for {human(needed)} on the disk holding {self.path} "
+            f"({human(free or 0)} free; the store holds {entries} entries, {human(stored)}): {exc}; "
+            "free space with `graphcache rm` or `graphcache purge`, or set GRAPHCACHE_SIZE_LIMIT below "
+            "the disk's size so that LRU eviction makes room",
+            needed=needed,
+            free=free,
+            stored=stored,
+            entries=entries,
+        )
+
+    def unwritable(self) -> str | None:
+        """Why an upload would not fit now, or None: the last one was refused
+        for room and the disk has not had that much free since, or the disk
+        is all but full."""
+        free = free_bytes(self.path)
+        if free is None:
+            return None
+        need = self._full_need
+        if need is not None and free < need:
+            return f"out of space: an upload of {human(need)} did not fit; {human(free)} free on the disk holding {self.path}"
+        self._full_need = None
+        # Without its reserve (used up by the index on a full disk, not yet
+        # put back) the store needs room for the reserve as well.
+        low = RESERVE_BYTES if self._reserve.path.exists() else 2 * RESERVE_BYTES
+        if free < low:
+            return f"out of space: {human(free)} free on the disk holding {self.path}"
+        return None
+
+    def sweep_orphans(self, min_age: float = ORPHAN_AGE) -> tuple[int, int]:
+        """Remove value files no entry names, older than ``min_age`` seconds
+        (left by a process killed mid-write); returns (files, bytes)."""
+        rows = self._cache._sql("SELECT filename FROM Cache WHERE filename IS NOT NULL").fetchall()  # noqa: SLF001
+        return _sweep(self.path, (row[0] for row in rows), min_age)
+
+    def _index_write(self, write: Any, what: str) -> Any:
+        """An index change that must work on a full disk (delete, pin): tried
+        again with the reserve given up; StoreFull saying what to do when even
+        that has no room."""
+        try:
+            return write()
+        except sqlite3.OperationalError as exc:
+            if not is_full(exc, self.path):
+                raise
+            error = exc
+        if self._reserve.release():
+            try:
+                return write()
+            except sqlite3.OperationalError as exc:
+                if not is_full(exc, self.path):
+                    raise
+                error = exc
+        raise StoreFull(
+            f"the disk holding {self.path} is full and its index has no room to {what} ({error}): "
+            f"free at least {human(RESERVE_BYTES)} on that filesystem (outside the store), then retry",
+            free=free_bytes(self.path),
+        ) from error
 
     def pin(self, key: str) -> bool:
         """Exempt a stored entry from eviction; False when absent."""
@@ -215,15 +283,16 @@ class DiskStore:
         return tag == PINNED
 
     def _set_tag(self, key: str, tag: str | None) -> bool:
-        value, _ = self._cache.get(key, default=None, tag=True, retry=True)
-        if value is None:
-            return False
-        self._cache.set(key, value, tag=tag, retry=True)
-        return True
+        # The tag alone: rewriting the value would need its size in free
+        # space again (a pin on a full disk).
+        query = "UPDATE Cache SET tag = ? WHERE key = ? AND raw = 1"
+        cursor = self._index_write(lambda: self._cache._sql(query, (tag, key)), f"pin or unpin {key[:12]}")  # noqa: SLF001
+        return bool(cursor.rowcount)
 
-    def _evict(self, keep: str) -> None:
-        """Remove least-recently-used unpinned entries until under size_limit."""
-        while self._cache.volume() > self.size_limit:
+    def _evict(self, keep: str, room: int = 0) -> None:
+        """Remove least-recently-used unpinned entries until ``room`` more
+        bytes fit under size_limit."""
+        while self._cache.volume() + room > self.size_limit:
             # diskcache has no public "oldest key" query; its SQLite schema
             # (Cache.key, access_time, tag) has been stable since 4.x.
             rows = self._cache._sql(  # noqa: SLF001
@@ -232,14 +301,28 @@ class DiskStore:
             ).fetchall()
             if not rows:
                 return
-            self._cache.delete(rows[0][0], retry=True)
+            self.delete(rows[0][0])
 
     def exists(self, key: str) -> bool:
         return key in self._cache
 
     def delete(self, key: str) -> bool:
+        """Remove; True when something was removed. Works on a full disk
+        (the value's file goes first, then the index has room to record it);
+        StoreFull saying what to do when it cannot."""
         self._paths.pop(key, None)
-        return bool(self._cache.delete(key, retry=True))
+        try:
+            return bool(self._cache.delete(key, retry=True))
+        except sqlite3.OperationalError as exc:
+            if not is_full(exc, self.path):
+                raise
+        # The entry reads as absent once its file is gone (diskcache's get
+        # treats a missing file as a deleted key), before the index says so.
+        rows = self._cache._sql("SELECT filename FROM Cache WHERE key = ? AND raw = 1", (key,)).fetchall()  # noqa: SLF001
+        for (filename,) in rows:
+            if filename:
+                remove_file(self.path / filename)
+        return bool(self._index_write(lambda: self._cache.delete(key, retry=True), f"remove {key[:12]}"))
 
     def keys(self) -> Iterator[str]:
         for key in self._cache.iterkeys():
@@ -276,50 +359,5 @@ class DiskStore:
         return f"DiskStore({str(self.path)!r})"
 
 
-class DiskLeases:
-    """Leases as diskcache entries with an expiry, changed in transactions."""
-
-    def __init__(self, cache: diskcache.Cache) -> None:
-        self._cache = cache
-
-    def try_acquire(self, key: str, owner: str, ttl: float) -> bool:
-        return bool(self._cache.add(f"lease:{key}", owner, expire=ttl, retry=True))
-
-    def renew(self, key: str, owner: str, ttl: float) -> bool:
-        with self._cache.transact(retry=True):
-            if self._cache.get(f"lease:{key}") != owner:
-                return False
-            self._cache.set(f"lease:{key}", owner, expire=ttl)
-            return True
-
-    def release(self, key: str, owner: str) -> None:
-        with self._cache.transact(retry=True):
-            if self._cache.get(f"lease:{key}") == owner:
-                self._cache.delete(f"lease:{key}")
-
-
-def _as_bytes(value: Any) -> bytes:
-    """An inline row's value as bytes, whatever SQLite holds there (a blob,
-    text, a number, NULL)."""
-    if value is None:
-        return b""
-    if isinstance(value, str):
-        return value.encode("utf-8", "surrogateescape")
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return bytes(value)
-    return str(value).encode()
-
-
 def _identity(st: os.stat_result) -> tuple[int, ...]:
     return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
-
-def read_all(handle: Any, size: int) -> bytes:
-    fileno = handle.fileno()
-    data = os.read(fileno, size) if size else b""
-    while len(data) < size:  # short read
-        more = os.read(fileno, size - len(data))
-        if not more:
-            break
-        data += more
-    return data

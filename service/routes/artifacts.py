@@ -6,9 +6,9 @@ import anyio
 from fastapi import FastAPI, Request, Response
 
 from graphcache.artifact import Artifact
-from graphcache.errors import CorruptArtifact, StoreError
+from graphcache.errors import CorruptArtifact, StoreError, StoreFull
 from graphcache.stores.disk import read_all
-from service.errors import ServiceError, json_response
+from service.errors import ServiceError, from_library, json_response
 from service.models import (
     ARTIFACT_HEADERS,
     OCTET_BODY,
@@ -67,7 +67,7 @@ def add_routes(app: FastAPI, state: State) -> None:
         response_model=UploadResult,
         responses={
             200: {"model": UploadResult, "description": "identical artifact already stored"},
-            **error_responses(400, 401, 403, 408, 413, 503),
+            **error_responses(400, 401, 403, 408, 413, 503, 507),
         },
         openapi_extra=OCTET_BODY,
     )
@@ -90,6 +90,9 @@ def add_routes(app: FastAPI, state: State) -> None:
             raise ServiceError(400, exc.reason, f"upload refused: {exc}") from exc
         try:
             created = await anyio.to_thread.run_sync(state.store.put, key, data)
+        except StoreFull as exc:
+            state.metrics.rejected.labels("store_full").inc()
+            raise from_library(exc) from exc
         except StoreError as exc:
             state.metrics.store_errors.inc()
             raise ServiceError(503, "store_unavailable", str(exc)) from exc
@@ -111,7 +114,7 @@ def add_routes(app: FastAPI, state: State) -> None:
         status_code=204,
         response_class=Response,
         summary="Remove an artifact (admin token)",
-        responses={204: {"description": "removed"}, **error_responses(400, 401, 403, 404, 503)},
+        responses={204: {"description": "removed"}, **error_responses(400, 401, 403, 404, 503, 507)},
     )
     async def delete_artifact(key: KeyPath, request: Request) -> Response:
         state.auth.require(request, "admin")

@@ -15,7 +15,12 @@ from service.state import State
 
 
 def add_routes(app: FastAPI, state: State) -> None:
-    @app.get("/healthz", summary="Whether the store answers", response_model=Health, responses=error_responses(503))
+    @app.get(
+        "/healthz",
+        summary="Whether the store answers (200 while reads are served), and whether it takes writes",
+        response_model=Health,
+        responses=error_responses(503),
+    )
     async def healthz() -> Response:
         try:
             with anyio.fail_after(5):
@@ -23,7 +28,10 @@ def add_routes(app: FastAPI, state: State) -> None:
         except (StoreError, OSError, TimeoutError) as exc:
             state.metrics.store_errors.inc()
             return error_response(ServiceError(503, "store_unavailable", f"{state.store!r} did not answer: {exc}"))
-        return json_response(200, {"status": "ok", "store": repr(state.store)})
+        # A full disk still serves every stored entry: healthy, not writable.
+        reason = await anyio.to_thread.run_sync(state.unwritable)
+        body = {"status": "ok", "store": repr(state.store), "writable": reason is None, "reason": reason}
+        return json_response(200, body)
 
     @app.get(
         "/metrics",

@@ -1,0 +1,119 @@
+"""DiskStore's row codec (never unpickles), its build leases, and reading a
+value file whole."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import threading
+from typing import Any
+
+import diskcache
+
+from graphcache.stores.space import remove_file
+
+log = logging.getLogger("graphcache.stores.disk")
+
+
+class NoPickleDisk(diskcache.Disk):
+    """diskcache's row codec, without pickle.
+
+    diskcache unpickles a value (or key) whose row says it was pickled
+    (CVE-2025-69872): whoever can write the cache folder could run code in
+    every process that reads it. Here such a row reads as its raw stored bytes
+    (the pickle stream, never loaded), which are not an artifact and fail
+    verification like any corrupt entry: quarantined by the service, counted
+    and removed by GraphCache, shown as corrupt by ``graphcache ls``. Writes
+    of anything but bytes or text are refused, so graphcache never pickles.
+    """
+
+    def fetch(self, mode: int, filename: str | None, value: Any, read: bool) -> Any:
+        if mode == diskcache.core.MODE_RAW:
+            return bytes(value) if type(value) is sqlite3.Binary else value
+        if mode in (diskcache.core.MODE_PICKLE, diskcache.core.MODE_TEXT):
+            log.warning("diskcache row stored in mode %d (not raw bytes): read as bytes, never unpickled", mode)
+            if filename is None:
+                return _as_bytes(value)
+            mode = diskcache.core.MODE_BINARY
+        if mode == diskcache.core.MODE_BINARY and filename is not None:
+            path = os.path.join(self._directory, filename)
+            if read:
+                return open(path, "rb")  # noqa: SIM115 - handed to the caller
+            with open(path, "rb") as reader:
+                return reader.read()
+        return b""
+
+    def get(self, key: Any, raw: bool) -> Any:
+        if raw:
+            return bytes(key) if type(key) is sqlite3.Binary else key
+        # A pickled key: never a graphcache key (those are text); its bytes
+        # are not loaded, and DiskStore.keys() skips anything not text.
+        return bytes(key)
+
+    def __init__(self, directory: str, **kwargs: Any) -> None:
+        super().__init__(directory, **kwargs)
+        # The value file this thread's last store() wrote: removed by
+        # DiskStore.put when the index then fails to take the entry.
+        self.written = threading.local()
+
+    def store(self, value: Any, read: bool, key: Any = diskcache.core.UNKNOWN) -> Any:
+        if not read and not isinstance(value, (bytes, str)):
+            raise TypeError(f"DiskStore stores bytes or text, not {type(value).__name__} (it never pickles)")
+        stored = super().store(value, read, key=key)
+        self.written.name = stored[2]
+        return stored
+
+    def _write(self, full_path: str, iterator: Any, mode: str, encoding: str | None = None) -> Any:
+        # diskcache leaves what it wrote of a value when the write fails (an
+        # empty or partial file per failed upload on a full disk).
+        try:
+            return super()._write(full_path, iterator, mode, encoding)
+        except OSError:
+            remove_file(full_path)
+            raise
+
+
+class DiskLeases:
+    """Leases as diskcache entries with an expiry, changed in transactions."""
+
+    def __init__(self, cache: diskcache.Cache) -> None:
+        self._cache = cache
+
+    def try_acquire(self, key: str, owner: str, ttl: float) -> bool:
+        return bool(self._cache.add(f"lease:{key}", owner, expire=ttl, retry=True))
+
+    def renew(self, key: str, owner: str, ttl: float) -> bool:
+        with self._cache.transact(retry=True):
+            if self._cache.get(f"lease:{key}") != owner:
+                return False
+            self._cache.set(f"lease:{key}", owner, expire=ttl)
+            return True
+
+    def release(self, key: str, owner: str) -> None:
+        with self._cache.transact(retry=True):
+            if self._cache.get(f"lease:{key}") == owner:
+                self._cache.delete(f"lease:{key}")
+
+
+def _as_bytes(value: Any) -> bytes:
+    """An inline row's value as bytes, whatever SQLite holds there (a blob,
+    text, a number, NULL)."""
+    if value is None:
+        return b""
+    if isinstance(value, str):
+        return value.encode("utf-8", "surrogateescape")
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    return str(value).encode()
+
+
+def read_all(handle: Any, size: int) -> bytes:
+    fileno = handle.fileno()
+    data = os.read(fileno, size) if size else b""
+    while len(data) < size:  # short read
+        more = os.read(fileno, size - len(data))
+        if not more:
+            break
+        data += more
+    return data
