@@ -138,6 +138,34 @@ def test_standin_tables_match_the_real_binding(version):
     )
 
 
+def _table_agrees(described: dict[str, Any]) -> None:
+    """The release table's frontend-only rows against what the binding has."""
+    from graphcache.compilers.cudnn import releases as r
+
+    version, attrs, keywords = described["version"], set(described["attrs"]), set(described["sdpa_keywords"])
+    assert r.available(r.BOTTOM_RIGHT_FLAGS, version) == ("use_causal_mask_bottom_right" in keywords)
+    assert (
+        r.available(r.DIAGONAL_BAND, version) == ("diagonal_alignment" in attrs) == ("diagonal_alignment" in keywords)
+    )
+    assert r.available(r.GENERATE_STATS, version) == ("generate_stats" in keywords)
+    assert r.available(r.BEHAVIOR_NOTE_FILTER, version) == ("behavior_note" in attrs)
+    assert r.available(r.DESERIALIZE_HANDLE, version) == described["deserialize_takes_handle"]
+    assert r.available(r.ENFORCE_PRECOMPILED, version) == described["deserialize_enforce"]
+
+
+@pytest.mark.parametrize("version", FRONTENDS)
+def test_release_table_matches_the_real_binding(version):
+    _table_agrees(_probe(version)["describe"])
+
+
+@pytest.mark.cudnn
+def test_release_table_matches_the_installed_binding():
+    cudnn = pytest.importorskip("cudnn")
+    from tests.frontend_probe import describe
+
+    _table_agrees(describe(cudnn))
+
+
 @pytest.mark.parametrize("mask", MASKS)
 @pytest.mark.parametrize("version", FRONTENDS)
 def test_dialect_chain_in_the_real_binding(version, mask):

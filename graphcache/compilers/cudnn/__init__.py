@@ -21,7 +21,7 @@ from graphcache.compilers.cudnn.build import (
     frontend_version,
     python_engines,
 )
-from graphcache.compilers.cudnn.compiler import MIN_COMPUTE_CAPABILITY, MIN_CUDNN_SERIALIZE, CudnnCompiler
+from graphcache.compilers.cudnn.compiler import CudnnCompiler
 from graphcache.compilers.cudnn.dialects import DIALECTS, KEYWORD_REFUSAL, Dialect, refuses_keywords
 from graphcache.compilers.cudnn.loaded import CudnnGraph
 from graphcache.compilers.cudnn.serialize import (
@@ -40,8 +40,6 @@ __all__ = [
     "DIALECTS",
     "ENVIRONMENT",
     "KEYWORD_REFUSAL",
-    "MIN_COMPUTE_CAPABILITY",
-    "MIN_CUDNN_SERIALIZE",
     "RECIPE_VERSION",
     "TRANSIENT",
     "VERDICT_STEPS",

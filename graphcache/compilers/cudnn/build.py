@@ -210,7 +210,8 @@ def _keep_runtime_compiled(cudnn: Any, graph: Any) -> None:
     """Keep only plans of runtime-compiled engines: the ones cuDNN can
     serialize. Needs plans to exist (a filter set on an empty plan list marks
     nothing), so it runs right after create_execution_plans, before
-    check_support. Frontends without behavior notes (before 1.5) keep all."""
+    check_support. A frontend without behavior notes keeps every plan (each
+    release checked has them: releases.BEHAVIOR_NOTE_FILTER, from 1.3)."""
     notes = getattr(cudnn, "behavior_note", None)
     select = getattr(graph, "select_behavior_notes", None)
     if notes is not None and select is not None and hasattr(notes, "RUNTIME_COMPILATION"):

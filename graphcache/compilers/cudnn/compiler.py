@@ -16,6 +16,7 @@ from typing import Any
 from graphcache.artifact import Artifact
 from graphcache.compilers.cudnn.build import build_graph
 from graphcache.compilers.cudnn.loaded import CudnnGraph, _output
+from graphcache.compilers.cudnn.releases import FUSED_ATTENTION, SERIALIZED_PLANS, missing
 from graphcache.compilers.cudnn.serialize import (
     _behavior_notes,
     _serialize,
@@ -40,9 +41,6 @@ from graphcache.target import Target, runtime_info
 from graphcache.uids import UidMap
 
 log = logging.getLogger(__name__)
-
-MIN_COMPUTE_CAPABILITY = (8, 0)
-MIN_CUDNN_SERIALIZE = 90000  # serialized SDPA plans need cuDNN 9.x
 
 
 class CudnnCompiler:
@@ -103,17 +101,12 @@ class CudnnCompiler:
         import torch
 
         target = self.target()
-        major, minor = (int(x) for x in target.compute_capability.split("."))
-        if (major, minor) < MIN_COMPUTE_CAPABILITY:
-            raise UnsupportedGpu(
-                f"cuDNN fused attention needs a GPU with compute capability >= 8.0; found "
-                f"{target.compute_capability} ({torch.cuda.get_device_name(self.device)})"
-            )
-        version = int(self.cudnn().backend_version())
-        if version < MIN_CUDNN_SERIALIZE:
-            raise UnsupportedGpu(
-                f"serialized SDPA plans need cuDNN >= 9.0; found {target.cudnn}: install nvidia-cudnn-cu12 9.x"
-            )
+        gpu = missing(FUSED_ATTENTION, cc=target.compute_capability)
+        if gpu:
+            raise UnsupportedGpu(f"{gpu} ({torch.cuda.get_device_name(self.device)})")
+        runtime = missing(SERIALIZED_PLANS, cudnn=int(self.cudnn().backend_version()))
+        if runtime:
+            raise UnsupportedGpu(f"{runtime}: install nvidia-cudnn-cu12 9.x")
 
     def handle(self) -> Any:
         """The handle, bound to the current CUDA stream of this device.

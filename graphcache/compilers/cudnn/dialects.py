@@ -6,7 +6,12 @@ and falls back when the frontend lacks a name the dialect needs or refuses
 one of its sdpa() keywords, each dialect expressing the spec's mask exactly
 or declining: a causal mask is never dropped to make an old frontend happy.
 
-May import: graphcache.spec. Nothing else of the compiler imports here.
+A dialect is chosen by probing the module (``requires``) and by the
+frontend's refusal, never by comparing version numbers: stand-ins and odd
+builds are asked what they have. The names probed and the releases in the
+labels come from the release table (releases.py).
+
+May import: releases, graphcache.spec.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from graphcache.compilers.cudnn.releases import BOTTOM_RIGHT_FLAGS, DIAGONAL_BAND, GENERATE_STATS, feature, frontends
 from graphcache.spec import GraphSpec
 
 
@@ -84,10 +90,12 @@ class Dialect:
         return [attr for attr in self.requires if not hasattr(cudnn, attr)]
 
 
+_BAND_NAMES = feature(DIAGONAL_BAND).attributes
+
 DIALECTS: tuple[Dialect, ...] = (
-    Dialect("diagonal_band", "1.13+", _newest, requires=("diagonal_alignment",)),
-    Dialect("diagonal_band_is_inference", "1.10-1.12", _band_is_inference, requires=("diagonal_alignment",)),
-    Dialect("causal_flags", "1.5-1.9", _causal_flags),
+    Dialect("diagonal_band", frontends(GENERATE_STATS), _newest, requires=_BAND_NAMES),
+    Dialect("diagonal_band_is_inference", frontends(DIAGONAL_BAND, GENERATE_STATS), _band_is_inference, _BAND_NAMES),
+    Dialect("causal_flags", frontends(BOTTOM_RIGHT_FLAGS, DIAGONAL_BAND), _causal_flags),
 )
 
 # pybind11's overload failure for the C++ sdpa(): raised at the call by

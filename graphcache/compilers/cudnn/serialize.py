@@ -2,7 +2,9 @@
 frontend's ``serialize``/``deserialize`` take, which plans may be stored, and
 what a failed serialize or deserialize means.
 
-May import: build (failure words), graphcache.artifact/spec/errors.
+Which form a frontend takes is the release table's answer (releases.py).
+
+May import: build (failure words), releases, graphcache.artifact/spec/errors.
 """
 
 from __future__ import annotations
@@ -11,6 +13,13 @@ from typing import Any
 
 from graphcache.artifact import Artifact
 from graphcache.compilers.cudnn.build import ENVIRONMENT, _first_line
+from graphcache.compilers.cudnn.releases import (
+    BYTES_PAYLOAD,
+    DESERIALIZE_HANDLE,
+    ENFORCE_PRECOMPILED,
+    PYTHON_ENGINE_BLOBS,
+    available,
+)
 from graphcache.errors import BuildError, NotSerializable, PlanRejected
 from graphcache.spec import GraphSpec
 
@@ -26,19 +35,11 @@ def payload_bytes(serialized: Any) -> bytes:
     raise NotSerializable(f"serialize() returned {type(serialized).__name__}, not bytes or a list of ints")
 
 
-def _version_tuple(frontend: str) -> tuple[int, int]:
-    try:
-        major, minor = (int(p) for p in frontend.split("+")[0].split(".")[:2])
-    except ValueError:
-        return (0, 0)
-    return major, minor
-
-
 def payload_for_frontend(payload: bytes, frontend: str) -> Any:
     """What this frontend's ``deserialize`` takes: bytes from 1.32 (where it
     avoids building a list), a list of ints before (1.23 refuses bytes)."""
     payload = bytes(payload)
-    return payload if _version_tuple(frontend) >= (1, 32) else list(payload)
+    return payload if available(BYTES_PAYLOAD, frontend) else list(payload)
 
 
 def deserialize_into(graph: Any, handle: Any, payload: bytes, frontend: str) -> None:
@@ -46,10 +47,9 @@ def deserialize_into(graph: Any, handle: Any, payload: bytes, frontend: str) -> 
     1.14, ``enforce_precompiled=True`` from 1.26 (a blob that would need
     NVRTC to recompile fails instead of recompiling behind the cache's back)."""
     data = payload_for_frontend(payload, frontend)
-    version = _version_tuple(frontend)
-    if version >= (1, 26):
+    if available(ENFORCE_PRECOMPILED, frontend):
         graph.deserialize(handle, data, enforce_precompiled=True)
-    elif version >= (1, 14):
+    elif available(DESERIALIZE_HANDLE, frontend):
         graph.deserialize(handle, data)
     else:
         graph.deserialize(data)
@@ -80,7 +80,7 @@ def serialization_refusal(engine: str, frontend: str) -> str | None:
     """
     if engine == "cudnn-backend":
         return None
-    if _version_tuple(frontend) < (1, 32):
+    if not available(PYTHON_ENGINE_BLOBS, frontend):
         return (
             f"cuDNN chose the Python engine {engine}, whose plans cudnn-frontend {frontend} cannot serialize: "
             "not cacheable with this frontend"
@@ -139,7 +139,7 @@ def _serialize(graph: Any, frontend: str) -> Any:
     # 1.32 adds as_bytes; before it serialize() takes no argument. Decided by
     # version, not by catching TypeError: 1.32's serializer raises a
     # TypeError subclass for a plan it cannot represent.
-    if _version_tuple(frontend) >= (1, 32):
+    if available(BYTES_PAYLOAD, frontend):
         return graph.serialize(as_bytes=True)
     return graph.serialize()
 
