@@ -16,7 +16,10 @@ from tests.fakes import TARGET  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
-def fresh_runtime():
+def fresh_runtime(monkeypatch):
+    # Exact specs here (the CLI's subprocesses inherit it); length classes
+    # are recorded in tests/test_classes_llama.py and test_classes_ops.py.
+    monkeypatch.setenv("GRAPHCACHE_SHAPE_CLASSES", "exact")
     gt.reset()
     yield
     gt.reset()

@@ -261,14 +261,22 @@ def explain_cmd(ctx: Context, spec_file: str, target: str, server: str | None) -
     default=None,
     help="Record every spec in this dtype (a float32 CPU run records what the GPU will run).",
 )
+@click.option(
+    "--shape-classes",
+    type=click.Choice(["pow2", "exact"]),
+    default=None,
+    help="Write the calls' length classes (pow2) or their exact specs (default: $GRAPHCACHE_SHAPE_CLASSES, else pow2).",
+)
 @click.argument("script", type=click.Path(exists=True, dir_okay=False))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def record_cmd(output: str, dtype: str | None, script: str, args: tuple[str, ...]) -> None:
+def record_cmd(output: str, dtype: str | None, shape_classes: str | None, script: str, args: tuple[str, ...]) -> None:
     """Run SCRIPT [ARGS...] as python would, and write the manifest of its SDPA calls.
 
     Every torch scaled_dot_product_attention call the script makes (directly,
     through nn.MultiheadAttention, or a model library's "sdpa" attention) is
     noted; the manifest is what 'graphcache warm' reads. Runs on a CPU host.
+    Under length classes (the default) it names one graph per class, with
+    the exact shapes each serves in comments.
     """
     try:
         from graphcache.torch.recording import run_script
@@ -277,7 +285,7 @@ def record_cmd(output: str, dtype: str | None, script: str, args: tuple[str, ...
             f"graphcache record needs torch ({exc}): pip install torch (a CPU build is enough)"
         ) from exc
     try:
-        recorder = run_script(script, args, output, dtype)
+        recorder = run_script(script, args, output, dtype, shape_classes)
     except SystemExit as exc:
         status = exc.code
         if not isinstance(status, int):
@@ -288,8 +296,15 @@ def record_cmd(output: str, dtype: str | None, script: str, args: tuple[str, ...
             Text.assemble(("error:", "red"), f" {script} exited with status {status}; no manifest written")
         )
         sys.exit(status)
+    graphs = len(recorder.graphs())
     console.print(
-        f"wrote {output}: {len(recorder.specs)} spec(s) from {recorder.calls()} SDPA call(s)", highlight=False
+        f"wrote {output}: {len(recorder.specs)} spec(s) from {recorder.calls()} SDPA call(s)"
+        + (
+            f", {graphs} graph(s) under shape classes {recorder.shape_classes}"
+            if recorder.shape_classes != "exact"
+            else ""
+        ),
+        highlight=False,
     )
     for (code, message), count in sorted(recorder.ineligible.items()):
         console.print(f"  not a cuDNN graph ({code}, {count} call(s)): {message}", highlight=False)

@@ -1,5 +1,8 @@
 """Recording manifests from a real run: every distinct SDPA spec a model
-makes, written as a manifest ``graphcache warm`` reads unchanged."""
+makes, written as a manifest ``graphcache warm`` reads unchanged. Under a
+class policy (GRAPHCACHE_SHAPE_CLASSES, default pow2) the manifest names
+the class specs that serve the calls, each with the exact shapes it served
+and their call counts in comments; ``exact`` writes the exact specs."""
 
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from typing import Any
 
 import torch
 
+from graphcache.classes import check_policy, class_of, policy_from_env
 from graphcache.errors import ManifestError, SpecError, UnsupportedCall
 from graphcache.spec import DTYPES, GraphSpec
 from graphcache.torch.derive import _DTYPE_NAMES, derive_args
@@ -28,9 +32,12 @@ class Recorder:
     """Counts the calls of each distinct spec, and of each reason a call could
     not be a cuDNN graph. Thread-safe."""
 
-    def __init__(self, dtype: str | None = None) -> None:
+    def __init__(self, dtype: str | None = None, shape_classes: str | None = None) -> None:
         self.dtype = dtype
-        self.specs: dict[GraphSpec, int] = {}
+        self.shape_classes = (
+            policy_from_env() if shape_classes is None else check_policy(shape_classes, "shape_classes")
+        )
+        self.specs: dict[GraphSpec, int] = {}  # exact call specs and their call counts
         self.ineligible: dict[tuple[str, str], int] = {}
         self._memo: dict[tuple[Any, ...], GraphSpec | tuple[str, str]] = {}
         self._lock = threading.Lock()
@@ -59,15 +66,26 @@ class Recorder:
     def calls(self) -> int:
         return sum(self.specs.values()) + sum(self.ineligible.values())
 
+    def graphs(self) -> dict[GraphSpec, dict[GraphSpec, int]]:
+        """The specs the manifest names (the calls' classes under the
+        policy, else the exact specs), each with the exact specs it serves
+        and their call counts."""
+        groups: dict[GraphSpec, dict[GraphSpec, int]] = {}
+        for spec, count in self.specs.items():
+            groups.setdefault(class_of(spec, self.shape_classes), {})[spec] = count
+        return groups
+
     def manifest_text(self, source: str = "") -> str:
         """The manifest: ``defaults:`` (fields every spec shares) and one
-        ``graphs:`` entry per spec, with the call counts and the calls that
+        ``graphs:`` entry per spec (per class under a class policy), with the
+        call counts, the exact shapes each class serves, and the calls that
         cannot be graphs in comments."""
         import yaml
 
         if not self.specs:
             raise ManifestError(self._nothing_message())
-        rows = [_fields(spec) for spec in self.specs]
+        groups = self.graphs()
+        rows = [_fields(spec) for spec in groups]
         shared = {
             name: value for name, value in rows[0].items() if all(name in r and r[name] == value for r in rows[1:])
         }
@@ -75,16 +93,22 @@ class Recorder:
             shared = {"dtype": rows[0]["dtype"]}
         names: set[str] = set()
         graphs = []
+        classes = sum(spec.is_class for spec in groups)
         lines = [
             f"# Recorded by graphcache.torch.record{' from ' + source if source else ''} on "
             f"{_dt.datetime.now(_dt.timezone.utc).isoformat(timespec='seconds')}:",
-            f"# {self.calls()} SDPA call(s); {len(self.specs)} distinct cuDNN graph spec(s).",
+            f"# {self.calls()} SDPA call(s); {len(self.specs)} distinct cuDNN graph spec(s)"
+            + (f", served by {len(groups)} graph(s) under shape classes {self.shape_classes}." if classes else "."),
         ]
         if self.dtype:
             lines.append(f"# Specs are recorded as {self.dtype}, whatever dtype the recording run used.")
-        for spec, count in self.specs.items():
+        for spec, served in groups.items():
             name = _name(spec, names)
-            lines.append(f"#   {name}: {count} call(s)")
+            lines.append(f"#   {name}: {sum(served.values())} call(s)")
+            if spec.is_class:
+                runs = _runs(served)
+                lines.append(f"#     serves {len(served)} exact shape(s) (calls each):")
+                lines += ["#       " + ", ".join(runs[i : i + 6]) for i in range(0, len(runs), 6)]
             graphs.append({"name": name, **{k: v for k, v in _fields(spec).items() if k not in shared}})
         if self.ineligible:
             lines.append("# Calls that cannot be cuDNN graphs (they run torch's SDPA), by reason:")
@@ -126,6 +150,20 @@ def _fields(spec: GraphSpec) -> dict[str, Any]:
     return out
 
 
+def _runs(served: dict[GraphSpec, int]) -> list[str]:
+    """Exact shapes as text, consecutive seq_kv of one (batch, seq_q, calls)
+    folded into a range: a decode run reads ``b1 q1 kv38-100 x2``."""
+    rows = sorted((s.batch, s.seq_q, s.seq_kv or 0, n) for s, n in served.items())
+    runs: list[list[int]] = []
+    for b, q, kv, n in rows:
+        last = runs[-1] if runs else None
+        if last is not None and (last[0], last[1], last[4]) == (b, q, n) and last[3] == kv - 1:
+            last[3] = kv
+        else:
+            runs.append([b, q, kv, kv, n])
+    return [f"b{b} q{q} kv{lo}" + (f"-{hi}" if hi != lo else "") + f" x{n}" for b, q, lo, hi, n in runs]
+
+
 def _name(spec: GraphSpec, taken: set[str]) -> str:
     """A readable unique name: ``b1-h8kv2-q1kv21-d32-bf16-bhsd-none``."""
     parts = [
@@ -157,19 +195,23 @@ def _dtype_name(dtype: Any) -> str | None:
 
 
 @contextmanager
-def record(path: str | os.PathLike[str], dtype: Any = None) -> Iterator[Recorder]:
+def record(path: str | os.PathLike[str], dtype: Any = None, shape_classes: str | None = None) -> Iterator[Recorder]:
     """Patch torch's SDPA (see patch()), note every call's spec and, when the
     block ends without an exception, write the manifest to ``path``.
 
     ``dtype`` ("float16" / "bfloat16") records every spec in that dtype: a
-    float32 run on a CPU records what the GPU will run. Raises ManifestError
-    (and writes nothing) when no call could be a cuDNN graph.
+    float32 run on a CPU records what the GPU will run. ``shape_classes``
+    (``pow2`` / ``exact``; default GRAPHCACHE_SHAPE_CLASSES) decides whether
+    the manifest names the calls' classes or their exact specs. Raises
+    ManifestError (and writes nothing) when no call could be a cuDNN graph,
+    SettingsError for an unknown policy.
     """
     name = _dtype_name(dtype)
+    policy = policy_from_env() if shape_classes is None else check_policy(shape_classes, "shape_classes")
     target = Path(path)
     if not target.parent.is_dir():
         raise ManifestError(f"{target}: the folder {target.parent} does not exist; create it or pick another path")
-    recorder = Recorder(name)
+    recorder = Recorder(name, policy)
     with patch():
         RUNTIME.recorders.append(recorder)
         try:
@@ -180,7 +222,9 @@ def record(path: str | os.PathLike[str], dtype: Any = None) -> Iterator[Recorder
     recorder.write(target)
 
 
-def run_script(script: str, args: Sequence[str], output: str, dtype: str | None = None) -> Recorder:
+def run_script(
+    script: str, args: Sequence[str], output: str, dtype: str | None = None, shape_classes: str | None = None
+) -> Recorder:
     """Run ``script`` as ``python SCRIPT ARGS`` would, under record(output).
 
     A script that exits non-zero (or raises) writes no manifest: its exit
@@ -191,7 +235,7 @@ def run_script(script: str, args: Sequence[str], output: str, dtype: str | None 
     sys.argv = [script, *args]  # argv[0] as given, as python SCRIPT leaves it
     sys.path.insert(0, str(path.resolve().parent))  # as python SCRIPT puts the script's folder first
     try:
-        with record(output, dtype) as recorder:
+        with record(output, dtype, shape_classes) as recorder:
             try:
                 # __file__ absolute, as python 3.9+ sets it for a script.
                 runpy.run_path(str(path.resolve()), run_name="__main__")

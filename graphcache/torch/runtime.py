@@ -3,7 +3,12 @@ shapes to what to do, the counters, and what happens on a miss.
 
 A call pays a key built from its tensors' shapes, strides, dtypes and
 devices and one dict lookup; everything else (deriving the spec, asking the
-store, loading the graph) happens once per distinct call shape.
+store, loading the graph) happens once per distinct call shape. Under a
+class policy (GRAPHCACHE_SHAPE_CLASSES, the cache's ``shape_classes``) each
+call shape maps to its class: the class graph is loaded once, and the memo
+entry of each call shape holds it bound to that shape (for cuDNN, the
+override lists and seq-len tensors made once), so a decode step whose
+``seq_kv`` is new costs one derive and no store access.
 """
 
 from __future__ import annotations
@@ -19,7 +24,9 @@ from typing import Any
 import torch
 
 from graphcache.cache import GraphCache
+from graphcache.classes import class_of
 from graphcache.compilers.base import LoadedGraph
+from graphcache.compilers.classgraph import bind
 from graphcache.compilers.torch_sdpa import _run_views
 from graphcache.errors import GraphCacheError, NoGpu, NotFound, UnsupportedCall, UnsupportedGpu, UnsupportedSpec
 from graphcache.settings import SettingsError
@@ -86,7 +93,9 @@ class Runtime:
             self._device: torch.device | None = None
             self._on_miss: str | None = None
             self._memo: dict[tuple[Any, ...], Plan] = {}
-            self._graphs: dict[GraphSpec, LoadedGraph] = {}
+            self._graphs: dict[GraphSpec, LoadedGraph] = {}  # by the graph's own spec (a class or an exact one)
+            self._classless: set[GraphSpec] = set()  # classes that did not serve here: exact graphs instead
+            self._served: set[GraphSpec] = set()  # the exact call specs loaded graphs serve
             self._missed: dict[GraphSpec, int] = {}
             self._hits = 0
             self._misses = 0
@@ -111,6 +120,8 @@ class Runtime:
         with self._lock:
             self._memo.clear()
             self._graphs.clear()
+            self._classless.clear()
+            self._served.clear()
             self._missed.clear()
             self._cache = cache
             self._device = where
@@ -242,12 +253,19 @@ class Runtime:
         if cache is None:
             where = f"{self._device}" if self._device is not None else "a CUDA GPU"
             return Plan(spec, None, "device", f"tensors are on {device}; the graphs run on {where}")
-        graph = self._graphs.get(spec)
+        klass = class_of(spec, cache.shape_classes)
+        graph = self._graphs.get(klass) if klass not in self._classless else None
+        if graph is None:
+            graph = self._graphs.get(spec)
         if graph is None:
             graph, reason, message = self._load(cache, spec)
             if graph is None:
                 return Plan(spec, None, reason, message)
-            self._graphs[spec] = graph
+            self._graphs[graph.spec] = graph
+            if klass != spec and graph.spec != klass:
+                self._classless.add(klass)
+        graph = bind(graph, spec)
+        self._served.add(spec)
         views = callable(getattr(graph, "run_views", None)) and not (
             spec.dropout or spec.padding or spec.generate_stats
         )
@@ -284,7 +302,8 @@ class Runtime:
     # counters ---------------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
-        """calls, hits, misses, fallbacks by reason, graphs loaded, and the specs that missed."""
+        """calls, hits, misses, fallbacks by reason, graphs loaded, the
+        distinct call shapes (exact specs) they served, and the specs that missed."""
         with self._count_lock:
             fallbacks = dict(self._fallbacks)
             return {
@@ -293,6 +312,7 @@ class Runtime:
                 "misses": self._misses,
                 "fallbacks": fallbacks,
                 "graphs_loaded": len(self._graphs),
+                "shapes_served": len(self._served),
                 "missed_specs": [{"spec": s.to_dict(), "calls": n} for s, n in self._missed.items()],
             }
 
