@@ -1,0 +1,46 @@
+"""The cuDNN compiler's rooms keep the import rules docs/architecture.md
+gives them ("The cuDNN compiler"): read from the source, every import at the
+top or inside a function, so a room that starts reaching into another shows
+up here before it becomes a cycle."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).parent.parent / "graphcache" / "compilers" / "cudnn"
+PREFIX = "graphcache.compilers.cudnn."
+# The rooms of the package each module may import (docs/architecture.md).
+MAY_IMPORT = {
+    "releases": set(),
+    "dialects": {"releases"},
+    "graph": {"releases"},
+    "build": {"dialects", "graph", "releases"},
+    "serialize": {"build", "releases"},
+    "loaded": {"compiler"},  # for its type only, under TYPE_CHECKING
+    "compiler": {"build", "loaded", "releases", "serialize"},
+}
+
+
+def rooms(path: Path) -> set[str]:
+    """The package's modules that ``path`` imports (``import`` or ``from``, anywhere in it)."""
+    nodes = list(ast.walk(ast.parse(path.read_text(), str(path))))
+    names = [a.name for n in nodes if isinstance(n, ast.Import) for a in n.names]
+    names += [n.module for n in nodes if isinstance(n, ast.ImportFrom) and n.module]
+    return {name[len(PREFIX) :].split(".")[0] for name in names if name.startswith(PREFIX)}
+
+
+def test_the_rooms_are_the_package():
+    assert sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__") == sorted(MAY_IMPORT)
+
+
+@pytest.mark.parametrize("module", sorted(MAY_IMPORT))
+def test_a_room_imports_only_what_it_may(module):
+    assert rooms(PACKAGE / f"{module}.py") <= MAY_IMPORT[module]
+
+
+@pytest.mark.parametrize("path", sorted(PACKAGE.glob("*.py")), ids=lambda p: p.name)
+def test_every_room_stays_small(path):
+    assert len(path.read_text().splitlines()) <= 400
