@@ -341,6 +341,16 @@ class TorchSdpaGraph:
             return o, stats
         return o
 
+    def run_varlen(
+        self, q: Any, k: Any, v: Any, cu_seq_q: Any, cu_seq_k: Any, seqused_k: Any = None, block_table: Any = None
+    ) -> tuple[Any, Any]:
+        """A thd (ragged / paged) spec's call with ``varlen_attn``'s tensors:
+        ``(out, lse or None)`` from the float32 reference
+        (``graphcache.compilers.varlen_ref.run_spec``, which says what it raises)."""
+        from graphcache.compilers.varlen_ref import run_spec
+
+        return run_spec(self.spec, q, k, v, cu_seq_q, cu_seq_k, seqused_k, block_table)
+
     def run_views(self, q: Any, k: Any, v: Any) -> Any:
         """(b, h, s, d) views of tensors in the spec's layout, as torch's SDPA
         takes them; returns the output the same way. For specs without

@@ -142,3 +142,38 @@ def defined_rows(cu_seq_q: Any, cu_seq_k: Any, window: tuple[int, int], seqused_
         if lq and lk:
             keep[sq : sq + lq] = allowed(lq, lk, window).any(dim=1)
     return keep
+
+
+def run_spec(
+    spec: Any,
+    q: Any,
+    k: Any,
+    v: Any,
+    cu_seq_q: Any,
+    cu_seq_k: Any,
+    seqused_k: Any = None,
+    block_table: Any = None,
+) -> tuple[Any, Any]:
+    """A thd spec's graph run by this reference (``TorchSdpaGraph.run_varlen``):
+    the call checked against the spec as a cuDNN graph checks it, then
+    ``(out in q's dtype, lse (H_q, T_q) float32 or None without generate_stats)``.
+
+    Raises ExecutionError for a call the spec does not serve, including a
+    sequence longer than the spec's ``seq_q`` / ``seq_kv``.
+    """
+    from graphcache.compilers.varlen_args import check_call
+    from graphcache.errors import ExecutionError
+    from graphcache.spec_ragged import window
+
+    check_call(spec, q, k, v, cu_seq_q, cu_seq_k, seqused_k, block_table)
+    _, lens_q, _, lens_k = lengths(cu_seq_q, cu_seq_k, seqused_k)
+    if max(lens_q) > spec.seq_q or max(lens_k) > spec.seq_kv or min(lens_q + lens_k) < 0:
+        raise ExecutionError(
+            f"sequence lengths up to {max(lens_q)} queries / {max(lens_k)} keys; {spec.summary()} serves "
+            f"at most {spec.seq_q} / {spec.seq_kv}"
+        )
+    out, lse = varlen_reference(
+        q, k, v, cu_seq_q, cu_seq_k, scale=spec.attn_scale, window=window(spec),
+        seqused_k=seqused_k, block_table=block_table,
+    )  # fmt: skip
+    return out.to(q.dtype), (lse if spec.generate_stats else None)

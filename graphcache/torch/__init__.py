@@ -36,6 +36,7 @@ from graphcache.torch.derive import spec_for
 from graphcache.torch.patching import RUNTIME, disable, enable, enabled, patch, scaled_dot_product_attention
 from graphcache.torch.recording import Recorder, record
 from graphcache.torch.runtime import ON_MISS, ON_MISS_VAR
+from graphcache.torch.varlen import varlen_attn
 
 __all__ = [
     "ON_MISS",
@@ -52,6 +53,7 @@ __all__ = [
     "scaled_dot_product_attention",
     "spec_for",
     "stats",
+    "varlen_attn",
 ]
 
 

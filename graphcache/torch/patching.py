@@ -95,27 +95,39 @@ def scaled_dot_product_attention(
 
 _patch_lock = threading.Lock()
 _depth = 0
-_saved: tuple[Any, bool] | None = None
+_saved: tuple[Any, bool, Any] | None = None
 
 
 def enable() -> None:
     """Route ``torch.nn.functional.scaled_dot_product_attention`` through
     graphcache, and turn off nn.MultiheadAttention's / TransformerEncoderLayer's
-    fused inference fast path (which never calls it). Counted: each enable()
-    needs one disable()."""
+    fused inference fast path (which never calls it); route
+    ``torch.nn.attention.varlen.varlen_attn`` through
+    ``graphcache.torch.varlen_attn``. Counted: each enable() needs one disable()."""
     global _depth, _saved
+    import torch.nn.attention.varlen as torch_varlen
+
+    from graphcache.torch.varlen import varlen_attn  # it imports this module's RUNTIME
+
     RUNTIME.on_miss()  # a bad GRAPHCACHE_SDPA_ON_MISS fails here, not silently at the first miss
     with _patch_lock:
         if _depth == 0:
-            _saved = (F.scaled_dot_product_attention, torch.backends.mha.get_fastpath_enabled())
+            _saved = (
+                F.scaled_dot_product_attention,
+                torch.backends.mha.get_fastpath_enabled(),
+                torch_varlen.varlen_attn,
+            )
             F.scaled_dot_product_attention = scaled_dot_product_attention
             torch.backends.mha.set_fastpath_enabled(False)
+            torch_varlen.varlen_attn = varlen_attn
         _depth += 1
 
 
 def disable() -> None:
     """Undo one enable(); the last one puts back exactly what was there
-    (the function object and the fast-path setting). A no-op when not enabled."""
+    (the function objects and the fast-path setting). A no-op when not enabled."""
+    import torch.nn.attention.varlen as torch_varlen
+
     global _depth, _saved
     with _patch_lock:
         if _depth == 0:
@@ -123,9 +135,10 @@ def disable() -> None:
         _depth -= 1
         if _depth == 0:
             assert _saved is not None
-            original, fastpath = _saved
+            original, fastpath, varlen = _saved
             F.scaled_dot_product_attention = original
             torch.backends.mha.set_fastpath_enabled(fastpath)
+            torch_varlen.varlen_attn = varlen
             _saved = None
 
 

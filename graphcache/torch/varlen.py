@@ -1,0 +1,210 @@
+"""A drop-in for ``torch.nn.attention.varlen.varlen_attn``: ragged (THD)
+and paged-KV attention served by cached graphs.
+
+Same signature, semantics and results as torch's (flash-attention's
+bottom-right masks per sequence, GQA, ``seqused_k``, ``block_table``, the
+log-sum-exp in (H_q, T_q)). A call pays one memo lookup (a key of shapes,
+strides, dtypes, devices and the call's ints and flags) and, in the cached
+graph, the offset arithmetic on the device: nothing reads a tensor's values
+on the host.
+
+A call no graph serves (``num_splits`` other than None/1, autograd, a dtype
+or head dim cuDNN does not take, a miss under GRAPHCACHE_SDPA_ON_MISS=torch,
+...) runs torch's own varlen kernel, counted under its reason in
+``graphcache.torch.stats()``; on a machine where torch has none (a CPU:
+``aten::_flash_attention_forward`` is CUDA-only) it runs graphcache's
+float32 reference (``graphcache.compilers.varlen_ref``) instead, with the
+same semantics.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.attention.varlen as _torch_varlen  # registers torch_attn::_varlen_attn
+
+from graphcache.compilers.classgraph import BoundGraph
+from graphcache.compilers.varlen_ref import varlen_reference
+from graphcache.errors import UnsupportedCall
+from graphcache.spec import GraphSpec
+from graphcache.torch.derive import Derived
+from graphcache.torch.patching import RUNTIME
+from graphcache.torch.runtime import Plan
+from graphcache.torch.varlen_derive import effective_window, varlen_spec
+
+# torch's own op, captured at import: the fallback never calls a patched
+# torch.nn.attention.varlen.varlen_attn (ours, or another library's).
+TORCH_VARLEN: Any = torch.ops.torch_attn._varlen_attn
+TORCH_VARLEN_ATTN: Any = _torch_varlen.varlen_attn  # the public function patch() swaps
+
+_AUTOGRAD = Plan(None, None, "autograd", "an input requires grad: varlen graphs are inference-only")
+_MEMO_TAG = "varlen"  # varlen memo keys share the runtime's memo (configure/reset clear them), never its keys
+
+
+def varlen_attn(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cu_seq_q: torch.Tensor,
+    cu_seq_k: torch.Tensor | None,
+    max_q: int,
+    max_k: int,
+    *,
+    return_aux: Any = None,
+    scale: float | None = None,
+    window_size: tuple[int, int] = (-1, -1),
+    enable_gqa: bool = False,
+    seqused_k: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
+    num_splits: int | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """``torch.nn.attention.varlen.varlen_attn`` through graphcache: returns
+    ``out`` (T_q, H_q, D_v), or ``(out, lse)`` with ``return_aux.lse``
+    (lse (H_q, T_q) float32). Raises ValueError for mismatched heads as
+    torch does; query tokens past ``cu_seq_q[-1]`` are undefined, as in torch."""
+    heads_q = query.size(1)
+    heads_k = key.size(2) if block_table is not None else key.size(1)
+    if not enable_gqa and heads_q != heads_k:
+        raise ValueError(
+            f"Expect query and key/value to have the same number of heads but got Hq={heads_q} and "
+            f"Hkv={heads_k}. Try setting enable_gqa=True for GQA."
+        )
+    if enable_gqa and heads_q % heads_k != 0:
+        raise ValueError(
+            f"Expect number of query heads to be a multiple of kv heads for GQA but got Hq={heads_q} and Hkv={heads_k}."
+        )
+    want_lse = return_aux is not None and bool(return_aux.lse)
+    args = (query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, want_lse, scale, window_size, enable_gqa)
+    extra = (seqused_k, block_table, num_splits)
+    out, lse = call(args, extra)
+    return (out, lse) if want_lse else out
+
+
+def call(args: tuple[Any, ...], extra: tuple[Any, ...]) -> tuple[Any, Any]:
+    """One call: the cached graph where its plan has one, else the fallback."""
+    query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, want_lse, scale, window_size, enable_gqa = args
+    seqused_k, block_table, num_splits = extra
+    try:
+        memo_key: tuple[Any, ...] | None = (
+            _MEMO_TAG,
+            query.shape[1:],
+            query.stride(),
+            key.shape if block_table is not None else key.shape[1:],
+            key.stride(),
+            value.shape if block_table is not None else value.shape[1:],
+            value.stride(),
+            query.dtype,
+            key.dtype,
+            value.dtype,
+            query.device,
+            key.device,
+            cu_seq_q.shape,
+            cu_seq_q.dtype,
+            None if cu_seq_k is None else cu_seq_k.dtype,
+            max_q,
+            max_k,
+            want_lse,
+            scale,
+            tuple(window_size),
+            enable_gqa,
+            None if seqused_k is None else seqused_k.dtype,
+            None if block_table is None else (block_table.shape, block_table.stride(), block_table.dtype),
+            num_splits,
+            type(query),
+            type(key),
+            type(value),
+        )
+    except (AttributeError, RuntimeError, TypeError):  # not tensors: derive says why
+        memo_key = None
+    if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (query, key, value)):
+        plan = _AUTOGRAD
+    elif memo_key is None:
+        plan = _plan(None, args, extra)
+    else:
+        plan = RUNTIME._memo.get(memo_key) or _plan(memo_key, args, extra)
+    if plan.graph is not None:
+        graph: Any = plan.graph  # a thd graph: TorchSdpaGraph or CudnnGraph, both have run_varlen
+        out, lse = graph.run_varlen(query, key, value, cu_seq_q, cu_seq_k, seqused_k, block_table)
+        with RUNTIME._count_lock:
+            RUNTIME._hits += 1
+    else:
+        out, lse = fallback(args, extra)
+        with RUNTIME._count_lock:
+            RUNTIME._fallbacks[plan.reason] += 1
+            if plan.reason == "miss":
+                assert plan.spec is not None
+                RUNTIME._misses += 1
+                RUNTIME._missed[plan.spec] = RUNTIME._missed.get(plan.spec, 0) + 1
+    for recorder in list(RUNTIME.recorders):
+        note(recorder, args, extra)
+    return out, lse
+
+
+def _plan(memo_key: tuple[Any, ...] | None, args: tuple[Any, ...], extra: tuple[Any, ...]) -> Plan:
+    with RUNTIME._lock:
+        plan = RUNTIME._memo.get(memo_key) if memo_key is not None else None
+        if plan is not None:
+            return plan
+        try:
+            spec = derive(args, extra)
+        except UnsupportedCall as exc:
+            plan = Plan(None, None, exc.reason, str(exc))
+        else:
+            plan = RUNTIME._plan_for(Derived(spec, False), args[0].device)
+            if isinstance(plan.graph, BoundGraph):  # a class graph takes every call its class covers
+                plan = Plan(plan.spec, plan.graph.graph, "")
+        if memo_key is not None:
+            RUNTIME._memo[memo_key] = plan
+        return plan
+
+
+def derive(args: tuple[Any, ...], extra: tuple[Any, ...], dtype: str | None = None) -> GraphSpec:
+    """The exact spec of a call (``varlen_spec``); raises UnsupportedCall."""
+    query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, want_lse, scale, window_size, enable_gqa = args
+    seqused_k, block_table, num_splits = extra
+    return varlen_spec(
+        query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, want_lse=want_lse, scale=scale,
+        window_size=window_size, enable_gqa=enable_gqa, seqused_k=seqused_k, block_table=block_table,
+        num_splits=num_splits, dtype=dtype,
+    )  # fmt: skip
+
+
+def fallback(args: tuple[Any, ...], extra: tuple[Any, ...]) -> tuple[Any, Any]:
+    """torch's own varlen kernel on a GPU; graphcache's float32 reference
+    (cast to the query's dtype) where torch has none."""
+    query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, want_lse, scale, window_size, enable_gqa = args
+    seqused_k, block_table, num_splits = extra
+    if query.is_cuda:
+        out, lse, _ = TORCH_VARLEN(
+            query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, tuple(window_size) == (-1, 0), scale,
+            list(window_size), enable_gqa, seqused_k, block_table, num_splits,
+        )  # fmt: skip
+        return out, lse
+    out, lse = varlen_reference(
+        query, key, value, cu_seq_q, cu_seq_k,
+        scale=1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale),
+        window=effective_window(window_size, max_k), seqused_k=seqused_k, block_table=block_table,
+    )  # fmt: skip
+    return out.to(query.dtype), lse
+
+
+def note(recorder: Any, args: tuple[Any, ...], extra: tuple[Any, ...]) -> None:
+    """Count a call in ``recorder`` (graphcache.torch.record) as its spec, or
+    as the reason it cannot be one."""
+    query, key, value = args[:3]
+    found: GraphSpec | tuple[str, str]
+    if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (query, key, value)):
+        found = ("autograd", "an input requires grad: varlen graphs are inference-only")
+    else:
+        try:
+            found = derive(args, extra, recorder.dtype)
+        except UnsupportedCall as exc:
+            found = (exc.reason, str(exc))
+    # What Recorder.note does with an SDPA call's spec or reason.
+    with recorder._lock:
+        if isinstance(found, GraphSpec):
+            recorder.specs[found] = recorder.specs.get(found, 0) + 1
+        else:
+            recorder.ineligible[found] = recorder.ineligible.get(found, 0) + 1
