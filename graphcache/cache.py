@@ -352,7 +352,10 @@ class GraphCache:
         follow read the local tier only. Through a TieredStore (a worker with
         GRAPHCACHE_SERVER) the local tier is filled. Each artifact is verified
         as ``lookup`` verifies it; a corrupt one is removed and counted
-        missing. ``progress(key)`` is called as each key is answered."""
+        missing. ``progress(key)`` is called as each key is answered.
+
+        Raises StoreUnavailable when the remote tier failed (down, or its
+        store unavailable): what it holds is unknown, not missing."""
         from graphcache.stores.base import get_many
 
         start = time.perf_counter()
@@ -360,7 +363,11 @@ class GraphCache:
         wanted: dict[str, GraphSpec] = {}
         for spec in specs:
             wanted.setdefault(key_for(spec, target, self.uids), spec)
+        failures = getattr(self.store, "remote_errors", 0)
         found = get_many(self.store, list(wanted), progress)
+        if getattr(self.store, "remote_errors", 0) != failures:
+            error = getattr(self.store, "remote_error", None)
+            raise StoreUnavailable(f"prefetch failed: {error}") from error
         present = size = corrupt = 0
         missing: list[GraphSpec] = []
         for key, spec in wanted.items():

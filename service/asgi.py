@@ -59,6 +59,9 @@ class ArtifactFastPath:
             status, served = err.status, None
             out = [(b"content-type", JSON), (b"content-length", str(len(data)).encode())]
             out += [(k.encode(), v.encode()) for k, v in err.headers.items()]
+            if method == "HEAD":
+                # A HEAD answer has no body: the header says why (warm --check reads it).
+                out.append((b"x-graphcache-error", _header_text(f"{err.code}: {err.detail}")))
             payload = data if method == "GET" else b""
         counter = self._counters.get((method, status))
         if counter is None:
@@ -71,6 +74,12 @@ class ArtifactFastPath:
             return
         with served.handle as fh:
             await stream_file(fh, served.size, send)
+
+
+def _header_text(text: str, limit: int = 300) -> bytes:
+    """``text`` as a header value: printable ASCII, one line, bounded."""
+    clean = "".join(c if " " <= c <= "~" else "?" for c in text)
+    return clean[:limit].encode("ascii")
 
 
 async def stream_file(fh: Any, size: int, send: Any) -> None:

@@ -6,13 +6,14 @@ from __future__ import annotations
 import logging
 import sqlite3
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 
 from graphcache.cache import GraphCache
-from graphcache.errors import GraphCacheError, NoGpu, StoreError
+from graphcache.errors import GraphCacheError, NoGpu, StoreError, StoreFull
 from graphcache.key import is_key
 from graphcache.settings import Settings
 from graphcache.stores import Store
@@ -23,6 +24,11 @@ from service.reader import ArtifactReader, Served, Unverified
 
 OCTET = b"application/octet-stream"
 log = logging.getLogger("graphcache.service")
+T = TypeVar("T")
+# Threads for store calls, apart from anyio's default pool (verification,
+# builds): calls to a hung store that time out keep their thread until the
+# store's own timeout ends them, and must not starve the rest.
+STORE_THREADS = 64
 
 
 class State:
@@ -44,6 +50,10 @@ class State:
                 sweep()
             except (OSError, sqlite3.Error) as exc:
                 log.warning("could not sweep orphan files of %r: %s", store, exc)
+        # DiskStore is read on the event loop (an open() and a read of a
+        # local file, the fast path); any other store only from threads.
+        self.local = hasattr(store, "open")
+        self._store_threads: anyio.CapacityLimiter | None = None
         self._compiler = compiler
         self._compiler_error: str | None = None
         self._cache: GraphCache | None = None
@@ -54,6 +64,32 @@ class State:
             self.cache_control = f"public, max-age={settings.http_max_age}".encode()
         else:
             self.cache_control = b"private"
+
+    async def store_call(self, fn: Callable[..., T], *args: Any, bounded: bool = True) -> T:
+        """``fn(*args)`` (a store call) in a thread, never on the event loop.
+
+        ``bounded``: answered within GRAPHCACHE_TIMEOUT, else a 503 at once,
+        however many requests wait on the same hung store (the thread is left
+        to the store's own timeout). Store errors count in store_errors.
+        """
+        if self._store_threads is None:
+            self._store_threads = anyio.CapacityLimiter(STORE_THREADS)
+        limit = self.settings.timeout
+        try:
+            if not bounded:
+                return await anyio.to_thread.run_sync(fn, *args, limiter=self._store_threads)
+            with anyio.fail_after(limit):
+                return await anyio.to_thread.run_sync(fn, *args, limiter=self._store_threads, abandon_on_cancel=True)
+        except TimeoutError:
+            self.metrics.store_errors.inc()
+            raise ServiceError(
+                503, "store_unavailable", f"{self.store!r} did not answer within {limit:g}s (GRAPHCACHE_TIMEOUT)"
+            ) from None
+        except StoreFull:
+            raise
+        except StoreError:
+            self.metrics.store_errors.inc()
+            raise
 
     def unwritable(self) -> str | None:
         """Why the store would refuse an upload now (out of space), or None."""
@@ -93,7 +129,7 @@ class State:
                 400, "invalid_key", "a key is 64 lowercase hex characters (sha256 of the spec and target)"
             )
         try:
-            found = self.reader.lookup(key)
+            found = self.reader.lookup(key) if self.local else await self.store_call(self.reader.lookup, key)
         except (StoreError, OSError) as exc:
             self.metrics.store_errors.inc()
             raise ServiceError(503, "store_unavailable", f"the store did not answer: {exc}") from exc

@@ -273,6 +273,9 @@ class HttpStore:
 
 
 def _detail(response: httpx.Response) -> str:
+    if not response.content:
+        # A HEAD answer (exists) has no body; the service says why in a header.
+        return response.headers.get("x-graphcache-error") or f"{response.reason_phrase} (no body)"
     try:
         return str(response.json().get("detail", response.text[:200]))
     except ValueError:

@@ -89,12 +89,13 @@ def add_routes(app: FastAPI, state: State) -> None:
             state.metrics.rejected.labels(exc.reason).inc()
             raise ServiceError(400, exc.reason, f"upload refused: {exc}") from exc
         try:
-            created = await anyio.to_thread.run_sync(state.store.put, key, data)
+            # A local disk's write is not cut short (it would go on and land
+            # after a 503); a remote store's is bounded by GRAPHCACHE_TIMEOUT.
+            created = await state.store_call(state.store.put, key, data, bounded=not state.local)
         except StoreFull as exc:
             state.metrics.rejected.labels("store_full").inc()
             raise from_library(exc) from exc
         except StoreError as exc:
-            state.metrics.store_errors.inc()
             raise ServiceError(503, "store_unavailable", str(exc)) from exc
         state.reader.forget(key)
         state.metrics.uploads.labels("created" if created else "identical").inc()
@@ -118,7 +119,7 @@ def add_routes(app: FastAPI, state: State) -> None:
     )
     async def delete_artifact(key: KeyPath, request: Request) -> Response:
         state.auth.require(request, "admin")
-        removed = await anyio.to_thread.run_sync(state.store.delete, key)
+        removed = await state.store_call(state.store.delete, key, bounded=not state.local)
         state.reader.forget(key)
         if not removed:
             raise ServiceError(404, "not_found", f"no artifact stored for key {key}")
@@ -150,7 +151,7 @@ async def _set_pin(state: State, request: Request, key: str, *, pinned: bool) ->
         raise ServiceError(
             501, "not_supported", f"{state.store!r} cannot {'pin' if pinned else 'pin or unpin'} entries"
         )
-    if not await anyio.to_thread.run_sync(change, key):
+    if not await state.store_call(change, key, bounded=not state.local):
         raise ServiceError(404, "not_found", f"no artifact stored for key {key}")
     return json_response(200, {"key": key, "pinned": pinned})
 

@@ -21,7 +21,7 @@ from starlette.responses import StreamingResponse
 from graphcache.batch import ABSENT, ENVELOPE, MAGIC, MEDIA_TYPE, end_record, record, record_head
 from graphcache.errors import StoreError
 from graphcache.key import is_key
-from service.errors import ServiceError, send_error
+from service.errors import ServiceError, body, send_error
 from service.models import ErrorBody, error_responses
 from service.reader import Served, Unverified, file_chunks
 from service.state import State
@@ -58,7 +58,7 @@ def add_routes(app: FastAPI, state: State) -> None:
                 "(layout in graphcache/batch.py)",
             },
             413: {"model": ErrorBody, "description": "more keys than GRAPHCACHE_MAX_BATCH"},
-            **error_responses(400, 401, 403, 422),
+            **error_responses(400, 401, 403, 422, 503),
         },
     )
     async def batch(request: Request, payload: BatchRequest) -> Response:
@@ -151,8 +151,11 @@ class BatchFastPath:
             await self.fallback(scope, _replay(data, receive), send)
             return
         state.metrics.batches.inc()
-        self.counter.inc()
-        await send_batch(state, list(dict.fromkeys(keys)), scope, receive, send)
+        status = await send_batch(state, list(dict.fromkeys(keys)), scope, receive, send)
+        if status == 200:
+            self.counter.inc()
+        else:
+            state.metrics.requests.labels("/v1/batch", "POST", str(status)).inc()
 
     async def _refuse(self, send: Any, status: int, code: str, detail: str) -> None:
         self.state.metrics.requests.labels("/v1/batch", "POST", str(status)).inc()
@@ -207,8 +210,13 @@ class BatchResponse(Response):
         await send_batch(self.state, self.keys, scope, receive, send)
 
 
-async def send_batch(state: State, keys: list[str], scope: Any, receive: Any, send: Any) -> None:
-    """The batch answer, sent the cheapest way the entries allow.
+async def send_batch(state: State, keys: list[str], scope: Any, receive: Any, send: Any) -> int:
+    """The batch answer, sent the cheapest way the entries allow; returns
+    the status sent.
+
+    A store that fails before the status line is sent makes the answer a 503
+    (what it holds is unknown, not absent); one that fails later cuts the
+    answer short, without its end record, which clients read as a failure.
 
     First the entries are resolved (looked up, verified where needed) while
     the bytes they hold stay under ``HELD_MAX`` and none needs its file
@@ -228,29 +236,36 @@ async def send_batch(state: State, keys: list[str], scope: Any, receive: Any, se
     served_list: list[Served] = []
     rest = 0
     carried: Served | None = None  # resolved at the budget's edge: streamed first, not resolved again
-    for rest, key in enumerate(keys):  # noqa: B007 - rest: where streaming resumes
-        # Hot entries resolve here without a context switch; only an entry
-        # to verify (hashing) goes to a thread.
-        served, absence = _lookup(state, key)
-        if isinstance(served, Unverified):
-            served, absence = await _verify(state, key, served)
-        if served is not None and (served.handle is not None or held + served.size > HELD_MAX):
-            if served.handle is not None:
-                served.handle.close()  # reopened (and checked again) when its turn comes
-            else:
-                carried = served
-            break
-        if served is None:
-            pieces.append(record(ABSENT, key, absence))
-            absent += 1
-            continue
-        assert served.data is not None
-        pieces += (record_head(ENVELOPE, key, served.size), served.data)
-        held += served.size
-        found += 1
-        served_list.append(served)
-    else:
-        rest = len(keys)
+    try:
+        for rest, key in enumerate(keys):  # noqa: B007 - rest: where streaming resumes
+            # Hot entries of a DiskStore resolve here without a context
+            # switch; an entry to verify (hashing) goes to a thread.
+            served, absence = await _lookup(state, key)
+            if isinstance(served, Unverified):
+                served, absence = await _verify(state, key, served)
+            if served is not None and (served.handle is not None or held + served.size > HELD_MAX):
+                if served.handle is not None:
+                    served.handle.close()  # reopened (and checked again) when its turn comes
+                else:
+                    carried = served
+                break
+            if served is None:
+                pieces.append(record(ABSENT, key, absence))
+                absent += 1
+                continue
+            assert served.data is not None
+            pieces += (record_head(ENVELOPE, key, served.size), served.data)
+            held += served.size
+            found += 1
+            served_list.append(served)
+        else:
+            rest = len(keys)
+    except ServiceError as err:
+        data = body(err.code, err.detail)
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+        await send({"type": "http.response.start", "status": err.status, "headers": headers})
+        await send({"type": "http.response.body", "body": data})
+        return err.status
     _count(state, served_list, absent)
     if rest == len(keys):
         pieces.append(end_record(found, absent))
@@ -259,11 +274,11 @@ async def send_batch(state: State, keys: list[str], scope: Any, receive: Any, se
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         if EXTENSION in scope.get("extensions", ()):
             await send({"type": PIECES, "pieces": pieces, "more_body": False})
-            return
+            return 200
         for piece in _in_writes(pieces):
             await send({"type": "http.response.body", "body": piece, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
-        return
+        return 200
     stream = _stream(state, b"".join(pieces), keys[rest:], found, absent, carried)
     try:
         # StreamingResponse also stops the generator when the client goes away.
@@ -271,6 +286,7 @@ async def send_batch(state: State, keys: list[str], scope: Any, receive: Any, se
         await StreamingResponse(stream, headers=headers_)(scope, receive, send)
     finally:
         await stream.aclose()
+    return 200
 
 
 def _in_writes(pieces: list[bytes]) -> list[bytes]:
@@ -288,15 +304,16 @@ def _in_writes(pieces: list[bytes]) -> list[bytes]:
     return out
 
 
-def _lookup(state: State, key: str) -> tuple[Served | Unverified | None, bytes]:
+async def _lookup(state: State, key: str) -> tuple[Served | Unverified | None, bytes]:
     """The entry of ``key`` as far as it is known without hashing, or None
-    and why it is absent."""
+    and why it is absent. Raises ServiceError (503) when the store fails:
+    an entry it could not look up is unknown, never reported absent."""
     try:
-        entry = state.reader.lookup(key)
+        entry = state.reader.lookup(key) if state.local else await state.store_call(state.reader.lookup, key)
     except (StoreError, OSError) as exc:
-        # The status line may be sent: this key is reported, the others still served.
-        state.metrics.store_errors.inc()
-        return None, f"unavailable: {exc}".encode()
+        if isinstance(exc, OSError):
+            state.metrics.store_errors.inc()  # store_call counted a StoreError
+        raise ServiceError(503, "store_unavailable", f"the store did not answer for key {key}: {exc}") from exc
     return (entry, b"") if entry is not None else (None, b"absent")
 
 
@@ -309,7 +326,7 @@ async def _verify(state: State, key: str, entry: Unverified) -> tuple[Served | N
 
 async def _resolve(state: State, key: str) -> tuple[Served | None, bytes]:
     """The verified entry of ``key``, or None and why it is absent."""
-    entry, absence = _lookup(state, key)
+    entry, absence = await _lookup(state, key)
     if isinstance(entry, Unverified):
         return await _verify(state, key, entry)
     return entry, absence
@@ -340,7 +357,14 @@ async def _stream(
         if index == 0 and carried is not None:
             served, absence = carried, b""
         else:
-            served, absence = await _resolve(state, key)
+            try:
+                served, absence = await _resolve(state, key)
+            except ServiceError as err:
+                # The status line is sent: the answer ends here without its
+                # end record, so the client reports it cut short.
+                log.warning("batch cut short at key %s: %s", key[:12], err.detail)
+                yield b"".join(pending)
+                return
         if served is None:
             _count(state, [], 1)
             pending.append(record(ABSENT, key, absence))

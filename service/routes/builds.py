@@ -28,7 +28,7 @@ def add_routes(app: FastAPI, state: State) -> None:
         spec = GraphSpec.from_dict(payload.spec)
         target = Target.parse(payload.target)
         key = key_for(spec, target)
-        present = await anyio.to_thread.run_sync(state.store.exists, key)
+        present = await state.store_call(state.store.exists, key)
         return json_response(200, {"key": key, "present": present, "target": str(target), "spec": spec.to_dict()})
 
     @app.post(

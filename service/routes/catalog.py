@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-import anyio
 from fastapi import FastAPI, Query, Request, Response
 
 from graphcache.errors import CorruptArtifact
@@ -36,8 +35,9 @@ def add_routes(app: FastAPI, state: State) -> None:
         if target is None and not unsupported:
             raise ServiceError(400, "bad_request", "give target=TARGET, unsupported=true, or both")
         tgt = None if target is None else Target.parse(target)
-        removed = await anyio.to_thread.run_sync(
-            lambda: purge_entries(state.store, tgt, unsupported=unsupported, dry_run=dry_run)
+        # Many store calls, each bounded by the store's own timeout.
+        removed = await state.store_call(
+            lambda: purge_entries(state.store, tgt, unsupported=unsupported, dry_run=dry_run), bounded=False
         )
         for key in removed:
             state.reader.forget(key)
@@ -58,7 +58,7 @@ def add_routes(app: FastAPI, state: State) -> None:
         keys_only: bool = False,
     ) -> Response:
         state.auth.require(request, "read")
-        items, next_cursor = await anyio.to_thread.run_sync(_page, state.store, target, limit, cursor, keys_only)
+        items, next_cursor = await state.store_call(_page, state.store, target, limit, cursor, keys_only, bounded=False)
         return json_response(200, {"items": items, "next_cursor": next_cursor})
 
 

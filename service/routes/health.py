@@ -23,10 +23,12 @@ def add_routes(app: FastAPI, state: State) -> None:
     )
     async def healthz() -> Response:
         try:
-            with anyio.fail_after(5):
-                await anyio.to_thread.run_sync(_ping, state.store)
-        except (StoreError, OSError, TimeoutError) as exc:
-            state.metrics.store_errors.inc()
+            await state.store_call(_ping, state.store)
+        except ServiceError as exc:  # no answer within GRAPHCACHE_TIMEOUT
+            return error_response(exc)
+        except (StoreError, OSError) as exc:
+            if isinstance(exc, OSError):
+                state.metrics.store_errors.inc()  # store_call counted a StoreError
             return error_response(ServiceError(503, "store_unavailable", f"{state.store!r} did not answer: {exc}"))
         # A full disk still serves every stored entry: healthy, not writable.
         reason = await anyio.to_thread.run_sync(state.unwritable)

@@ -1,0 +1,134 @@
+"""A hung Redis (issue 20): `graphcache serve --store redis://...` as a user
+starts it, over a private redis-server that the test pauses with SIGSTOP.
+Everything talks to 127.0.0.1; each test is bounded by GRAPHCACHE_TIMEOUT."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from graphcache import GraphCache
+from graphcache.errors import StoreUnavailable
+from graphcache.stores import DiskStore, HttpStore, TieredStore
+from tests.clirun import cli
+from tests.fakes import TARGET, make_artifact, spec
+from tests.servers import free_port, wait_for_server
+
+ROOT = Path(__file__).resolve().parents[1]
+TIMEOUT = 2.0  # GRAPHCACHE_TIMEOUT of the server under test
+WRITE = "w-token"
+
+
+@pytest.fixture
+def hung(private_redis) -> Iterator[tuple[str, list[str], int]]:
+    """The served URL, keys stored before Redis hung, and redis-server's pid
+    (stopped; continued and stopped after the test)."""
+    redis_srv = private_redis()
+    port = free_port()
+    env = {**os.environ, "GRAPHCACHE_TIMEOUT": str(TIMEOUT), "GRAPHCACHE_WRITE_TOKENS": WRITE}
+    cmd = [sys.executable, "-m", "graphcache", "serve", "--port", str(port), "--workers", "2"]
+    cmd += ["--store", redis_srv.url, "--log-level", "critical"]
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for_server(url, proc, healthy=True)
+        keys = []
+        for batch in range(1, 4):
+            art = make_artifact(spec(batch=batch), size=20_000)
+            put = httpx.put(
+                f"{url}/v1/artifacts/{art.key}", content=art.encode(), headers={"authorization": f"Bearer {WRITE}"}
+            )
+            assert put.status_code == 201, put.text
+            keys.append(art.key)
+        os.kill(redis_srv.proc.pid, signal.SIGSTOP)
+        try:
+            yield url, keys, redis_srv.proc.pid
+        finally:
+            os.kill(redis_srv.proc.pid, signal.SIGCONT)
+    finally:
+        proc.terminate()
+        proc.wait(15)
+
+
+def timed(fn, *args, **kwargs) -> tuple[float, httpx.Response]:  # noqa: ANN001, ANN002, ANN003
+    start = time.monotonic()
+    response = fn(*args, **kwargs)
+    return time.monotonic() - start, response
+
+
+def test_concurrent_reads_of_a_hung_redis_time_out_together_and_the_rest_answers_at_once(hung):
+    url, keys, _ = hung
+    results: list[tuple[float, httpx.Response]] = []
+
+    def get(key: str) -> None:
+        results.append(timed(httpx.get, f"{url}/v1/artifacts/{key}", timeout=30))
+
+    # Six concurrent GETs over two workers: each answered 503 within the
+    # timeout, not one after another (they were 2, 4, 6 s with the calls on
+    # the event loop).
+    threads = [threading.Thread(target=get, args=(keys[i % 3],)) for i in range(6)]
+    start = time.monotonic()
+    for t in threads:
+        t.start()
+    time.sleep(0.3)  # the GETs are waiting on Redis now
+    # Routes that need no store answer at once, whatever the store does.
+    for path in ("/openapi.json", "/metrics", "/docs"):
+        took, answer = timed(httpx.get, f"{url}{path}", timeout=30)
+        assert answer.status_code == 200 and took < 1.0, (path, took)
+    for t in threads:
+        t.join(30)
+    total = time.monotonic() - start
+    assert len(results) == 6
+    for took, answer in results:
+        assert answer.status_code == 503 and answer.json()["error"] == "store_unavailable", answer.text
+        assert "GRAPHCACHE_TIMEOUT" in answer.json()["detail"]
+        assert took < TIMEOUT + 1.5, took
+    assert total < TIMEOUT + 1.5, total
+    took, health = timed(httpx.get, f"{url}/healthz", timeout=30)
+    assert health.status_code == 503 and took < TIMEOUT + 1.5
+
+
+def test_a_batch_from_a_hung_redis_is_503_and_prefetch_fails_in_one_line(hung, tmp_path):
+    url, keys, _ = hung
+    got = httpx.post(f"{url}/v1/batch", json={"keys": keys}, timeout=30)
+    assert got.status_code == 503, got.text[:300]
+    assert got.json()["error"] == "store_unavailable"
+    # The route (a body the fast path hands on) answers the same.
+    routed = httpx.post(
+        f"{url}/v1/batch",
+        content=f'{{"keys": {keys!r}}}'.replace("'", '"'),
+        timeout=30,
+        headers={"content-type": "application/json; charset=utf-8", "x-pad": "1"},
+    )
+    assert routed.status_code == 503
+
+    # GraphCache.prefetch: an error, not a report of everything missing.
+    local = DiskStore(tmp_path / "local")
+    cache = GraphCache(TieredStore(local, HttpStore(url, timeout=10)))
+    with pytest.raises(StoreUnavailable, match="503"):
+        cache.prefetch([spec(batch=b) for b in range(1, 4)], TARGET)
+
+    manifest = tmp_path / "m.yaml"
+    manifest.write_text(
+        "graphs:\n  - name: m\n    batch: [1, 2, 3]\n    heads_q: 8\n    seq_q: 128\n    head_dim: 64\n    mask: causal\n"
+    )
+    env = {"GRAPHCACHE_DIR": str(tmp_path / "worker"), "GRAPHCACHE_TIMEOUT": "10"}
+    out = cli("prefetch", str(manifest), "--server", url, "--target", str(TARGET), env=env, timeout=60)
+    assert out.returncode != 0, out.stdout
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "503" in lines[0] and "did not answer" in lines[0], out.stderr
+    assert "missing" not in out.stdout
+
+    # warm --check against the 503: says why.
+    out = cli("warm", str(manifest), "--check", "--target", str(TARGET), "--server", url, env=env, timeout=60)
+    assert out.returncode != 0
+    assert "did not answer" in out.stderr and "GRAPHCACHE_TIMEOUT" in out.stderr, out.stderr
