@@ -7,13 +7,12 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Any
 
 from graphcache.artifact import Artifact
 from graphcache.classes import check_policy, class_of, policy_from_env
 from graphcache.compilers.base import Compiler, LoadedGraph
-from graphcache.counters import Stats
+from graphcache.counters import PrefetchReport, Stats
 from graphcache.errors import (
     BuildError,
     CorruptArtifact,
@@ -35,20 +34,6 @@ from graphcache.target import Target
 from graphcache.uids import UidMap
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class PrefetchReport:
-    """What ``GraphCache.prefetch`` found: verified artifacts now in the
-    store (``present``, negative entries among them), the specs with none
-    (``missing``), the bytes they hold, and the seconds the prefetch took."""
-
-    present: int
-    missing: tuple[GraphSpec, ...]
-    bytes: int
-    seconds: float
-    target: Target
-    corrupt: int = 0
 
 
 class GraphCache:
@@ -361,16 +346,34 @@ class GraphCache:
         start = time.perf_counter()
         target = self.target(target)
         wanted: dict[str, GraphSpec] = {}
+        classes: dict[str, GraphSpec] = {}  # the class key of each exact spec under the policy
         for spec in specs:
-            wanted.setdefault(key_for(spec, target, self.uids), spec)
+            key = key_for(spec, target, self.uids)
+            wanted.setdefault(key, spec)
+            klass = class_of(spec, self.shape_classes)
+            if klass != spec:
+                classes[key] = klass
+        class_keys = {key_for(k, target, self.uids): k for k in classes.values()}
         failures = getattr(self.store, "remote_errors", 0)
-        found = get_many(self.store, list(wanted), progress)
+        found = get_many(self.store, list(wanted) + [k for k in class_keys if k not in wanted], progress)
         if getattr(self.store, "remote_errors", 0) != failures:
             error = getattr(self.store, "remote_error", None)
             raise StoreUnavailable(f"prefetch failed: {error}") from error
         present = size = corrupt = 0
         missing: list[GraphSpec] = []
+        serving: set[GraphSpec] = set()  # classes stored as graphs (not negative entries)
+        for key, klass in class_keys.items():
+            data = found.get(key)
+            artifact = self._decoded(key, data) if data is not None else None
+            if artifact is not None and not artifact.unsupported:
+                serving.add(klass)
+                size += len(data or b"") if key not in wanted else 0
+        served_by: dict[GraphSpec, GraphSpec] = {}
         for key, spec in wanted.items():
+            if classes.get(key) in serving:
+                present += 1
+                served_by[spec] = classes[key]
+                continue
             data = found.get(key)
             if data is not None and self._decoded(key, data) is not None:
                 present += 1
@@ -378,7 +381,7 @@ class GraphCache:
                 continue
             corrupt += data is not None
             missing.append(spec)
-        return PrefetchReport(present, tuple(missing), size, time.perf_counter() - start, target, corrupt)
+        return PrefetchReport(present, tuple(missing), size, time.perf_counter() - start, target, corrupt, served_by)
 
     def stats(self) -> dict[str, Any]:
         """Counters: hits, misses, builds, corrupt, unsupported, fallbacks,

@@ -1,9 +1,13 @@
-"""The counters a GraphCache keeps (``GraphCache.stats()``)."""
+"""What a GraphCache reports: its counters (``GraphCache.stats()``) and
+what a prefetch found."""
 
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+
+from graphcache.spec import GraphSpec
+from graphcache.target import Target
 
 
 @dataclass
@@ -27,3 +31,20 @@ class Stats:
 
     def as_dict(self) -> dict[str, float]:
         return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
+
+
+@dataclass(frozen=True)
+class PrefetchReport:
+    """What ``GraphCache.prefetch`` found: verified artifacts now in the
+    store (``present``, negative entries among them), the specs with none
+    (``missing``), the bytes they hold, and the seconds the prefetch took.
+    ``served_by`` names, for each exact spec counted present through its
+    class, that class spec."""
+
+    present: int
+    missing: tuple[GraphSpec, ...]
+    bytes: int
+    seconds: float
+    target: Target
+    corrupt: int = 0
+    served_by: dict[GraphSpec, GraphSpec] = field(default_factory=dict)  # exact spec -> the stored class serving it

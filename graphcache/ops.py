@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from graphcache.cache import GraphCache
+from graphcache.classes import class_of, policy_from_env
 from graphcache.errors import CorruptArtifact, GraphCacheError, SpecError, TargetError, UnsupportedSpec
 from graphcache.key import key_for
 from graphcache.spec import GraphSpec
@@ -27,6 +28,7 @@ class WarmRow:
     status: str  # present | built | unsupported | failed
     detail: str = ""
     seconds: float = 0.0
+    serves: tuple[GraphSpec, ...] = ()  # the manifest's exact specs this class graph serves
 
 
 def warm(
@@ -39,12 +41,20 @@ def warm(
 ) -> list[WarmRow]:
     """Build what is missing for this host's target and store it.
 
-    Specs already stored are ``present``; a spec cuDNN cannot cache here is
-    ``unsupported`` (recorded once as a negative entry, so the next run
-    reports it without rebuilding); any other error is ``failed`` with its
-    reason. Warmed entries are pinned where the store can pin.
+    Under the cache's class policy each class is built once, for all the
+    manifest's specs it covers (a class spec in the manifest is its own
+    class); where a class is unsupported on this target, the exact specs it
+    would have served are warmed instead, after it. Specs already stored are
+    ``present``; a spec cuDNN cannot cache here is ``unsupported`` (recorded
+    once as a negative entry, so the next run reports it without
+    rebuilding); any other error is ``failed`` with its reason. Warmed
+    entries are pinned where the store can pin. ``progress`` is called once
+    per row.
     """
     target = cache.target()
+    groups: dict[GraphSpec, list[GraphSpec]] = {}
+    for spec in specs:
+        groups.setdefault(class_of(spec, cache.shape_classes), []).append(spec)
 
     def one(spec: GraphSpec) -> WarmRow:
         key = key_for(spec, target, cache.uids)
@@ -62,11 +72,17 @@ def warm(
             row = WarmRow(spec, key, "failed", f"{type(exc).__name__}: {exc}")
         except Exception as exc:  # noqa: BLE001 - one bad spec must not stop the deploy's warm
             row = WarmRow(spec, key, "failed", f"{type(exc).__name__}: {exc}")
+        row.serves = tuple(s for s in groups.get(spec, ()) if s != spec)
+        if row.serves and row.status in ("built", "present"):
+            row.detail = f"{row.detail}; " if row.detail else ""
+            row.detail += f"serves {len(row.serves)} spec(s) of the manifest"
         if progress:
             progress()
         return row
 
-    return list(_map(one, specs, jobs))
+    rows = list(_map(one, list(groups), jobs))
+    refused = [s for row in rows if row.status == "unsupported" for s in row.serves]
+    return rows + list(_map(one, refused, jobs))
 
 
 @dataclass
@@ -74,21 +90,49 @@ class CheckRow:
     spec: GraphSpec
     key: str
     present: bool
+    served_by: GraphSpec | None = None  # the class whose stored graph serves this exact spec
 
 
 def check(
-    specs: list[GraphSpec], target: Target, store: Store, *, jobs: int = 8, progress: Progress | None = None
+    specs: list[GraphSpec],
+    target: Target,
+    store: Store,
+    *,
+    jobs: int = 8,
+    progress: Progress | None = None,
+    shape_classes: str | None = None,
 ) -> list[CheckRow]:
-    """Coverage of ``specs`` on ``target`` in ``store``; needs no GPU."""
+    """Coverage of ``specs`` on ``target`` in ``store``; needs no GPU.
+
+    Under the class policy (``shape_classes``, default
+    GRAPHCACHE_SHAPE_CLASSES) an exact spec is present when its class's graph
+    is stored and not a negative entry (``served_by`` names the class, as
+    ``GraphCache.load`` would pick it), else when its own entry is stored."""
+    policy = policy_from_env() if shape_classes is None else shape_classes
 
     def one(spec: GraphSpec) -> CheckRow:
         key = key_for(spec, target)
-        row = CheckRow(spec, key, store.exists(key))
+        klass = class_of(spec, policy)
+        if klass != spec and _serves(store, key_for(klass, target)):
+            row = CheckRow(spec, key, True, klass)
+        else:
+            row = CheckRow(spec, key, store.exists(key))
         if progress:
             progress()
         return row
 
     return list(_map(one, specs, jobs))
+
+
+def _serves(store: Store, key: str) -> bool:
+    """Whether ``key`` is stored and is a graph (not a negative entry)."""
+    if not store.exists(key):
+        return False
+    try:
+        header = stored_header(store, key)
+    except CorruptArtifact:
+        return False
+    return header is not None and not header.get("unsupported")
 
 
 def _map(fn: Callable[[GraphSpec], Any], items: list[GraphSpec], jobs: int) -> Iterator[Any]:
@@ -151,21 +195,36 @@ class Explanation:
     present: bool
     nearest: list[Candidate]
     scanned: int
+    klass: GraphSpec | None = None  # the class the spec falls in under the policy (None: no class)
+    class_key: str = ""
+    class_present: bool = False  # that class's graph is stored (not a negative entry): it serves the spec
 
 
 def explain(
-    spec: GraphSpec, target: Target, store: Store, headers: Iterable[dict[str, Any]] | None = None, *, top: int = 5
+    spec: GraphSpec,
+    target: Target,
+    store: Store,
+    headers: Iterable[dict[str, Any]] | None = None,
+    *,
+    top: int = 5,
+    shape_classes: str | None = None,
 ) -> Explanation:
-    """Why ``spec`` misses on ``target``: the nearest stored entries and
-    exactly which spec or target fields differ.
+    """Why ``spec`` misses on ``target``: the class it falls in under the
+    policy (``shape_classes``, default GRAPHCACHE_SHAPE_CLASSES) and whether
+    that is stored, else the nearest stored entries and exactly which spec
+    or target fields differ.
 
     ``headers`` are stored headers to compare with (default: read every
     entry of ``store``).
     """
     key = key_for(spec, target)
-    if store.exists(key):
-        return Explanation(key, True, [], 0)
-    wanted_spec = spec.to_dict()
+    found = class_of(spec, policy_from_env() if shape_classes is None else shape_classes)
+    klass = found if found != spec else None
+    class_key = key_for(klass, target) if klass is not None else ""
+    served = klass is not None and _serves(store, class_key)
+    if served or store.exists(key):
+        return Explanation(key, store.exists(key), [], 0, klass, class_key, served)
+    wanted_spec = _all_fields(spec)
     wanted_target = target.to_dict()
     candidates = []
     scanned = 0
@@ -178,7 +237,7 @@ def explain(
             continue
         diffs = [
             f"spec.{name}: stored {value!r}, asked {wanted_spec[name]!r}"
-            for name, value in stored.to_dict().items()
+            for name, value in _all_fields(stored).items()
             if value != wanted_spec[name]
         ]
         diffs += [
@@ -190,7 +249,12 @@ def explain(
             diffs.append("uids: the stored entry uses another tensor UID map")
         candidates.append(Candidate(header.get("key", "?"), str(stored_target), stored, diffs))
     candidates.sort(key=lambda c: (len(c.differences), c.key))
-    return Explanation(key, False, candidates[:top], scanned)
+    return Explanation(key, False, candidates[:top], scanned, klass, class_key)
+
+
+def _all_fields(spec: GraphSpec) -> dict[str, Any]:
+    """Every field, those to_dict leaves out (an exact spec's shapes) included."""
+    return {name: getattr(spec, name) for name in GraphSpec.field_names()}
 
 
 def _default_uids() -> dict[str, int]:

@@ -22,6 +22,13 @@ graphs:
 """
 
 
+@pytest.fixture(autouse=True)
+def exact_shapes(monkeypatch):
+    """Exact-shape warm, check and explain here (the CLI's subprocesses
+    inherit it); under length classes they are tests/test_classes_ops.py's."""
+    monkeypatch.setenv("GRAPHCACHE_SHAPE_CLASSES", "exact")
+
+
 @pytest.fixture
 def manifest_file(tmp_path):
     path = tmp_path / "m.yaml"

@@ -91,17 +91,23 @@ def warm_cmd(
 
     specs = manifest_mod.load(manifest)
     store = server_store(ctx, server)
+    policy = ctx.settings.shape_classes
     if check_only:
         if not target:
             raise click.UsageError("--check needs --target (the serving GPUs' target, e.g. from 'graphcache doctor')")
         tgt = Target.parse(target)
         with progress_bar(f"checking {tgt}") as bar:
             task = bar.add_task("check", total=len(specs))
-            rows = ops.check(specs, tgt, store, jobs=max(jobs, 8), progress=lambda: bar.advance(task))
-        table = Table("spec", "key", "status")
+            rows = ops.check(
+                specs, tgt, store, jobs=max(jobs, 8), progress=lambda: bar.advance(task), shape_classes=policy
+            )
+        table = Table("spec", "key", "status", "served by")
         for row in rows:
             table.add_row(
-                row.spec.summary(), row.key[:12], Text("present", "green") if row.present else Text("missing", "red")
+                row.spec.summary(),
+                row.key[:12],
+                Text("present", "green") if row.present else Text("missing", "red"),
+                f"class {row.served_by.summary()}" if row.served_by else "",
             )
         console.print(table)
         missing = sum(not r.present for r in rows)
@@ -111,7 +117,15 @@ def warm_cmd(
                 json.dumps(
                     {
                         "target": str(tgt),
-                        "rows": [{"spec": r.spec.to_dict(), "key": r.key, "present": r.present} for r in rows],
+                        "rows": [
+                            {
+                                "spec": r.spec.to_dict(),
+                                "key": r.key,
+                                "present": r.present,
+                                "served_by": r.served_by.to_dict() if r.served_by else None,
+                            }
+                            for r in rows
+                        ],
                     },
                     indent=2,
                 )
@@ -126,9 +140,11 @@ def warm_cmd(
     here = compiler.target()  # NoGpu here, before the progress bar, with a clear message
     if target and Target.parse(target) != here:
         raise click.UsageError(f"--target {target} is not this machine ({here}); warm builds for this machine only")
-    cache = GraphCache(store, compiler, signing_key=ctx.settings.signing_key)
+    cache = GraphCache(store, compiler, signing_key=ctx.settings.signing_key, shape_classes=policy)
+    from graphcache.classes import class_of
+
     with progress_bar(f"warming {compiler.target()}") as bar:
-        task = bar.add_task("warm", total=len(specs))
+        task = bar.add_task("warm", total=len({class_of(s, policy) for s in specs}))  # one row per class
         built_rows = ops.warm(specs, cache, jobs=jobs, pin=not no_pin, progress=lambda: bar.advance(task))
     table = Table("spec", "key", "status", "detail")
     colour = {"present": "green", "built": "cyan", "unsupported": "yellow", "failed": "red"}
@@ -187,7 +203,12 @@ def prefetch_cmd(ctx: Context, manifest: str, target: str | None, server: str | 
 
         tgt = CudnnCompiler().target()  # NoGpu with a clear message: then give --target
     tiered = TieredStore(local, remote)
-    cache = GraphCache(tiered, signing_key=ctx.settings.signing_key, require_signed=ctx.settings.require_signed)
+    cache = GraphCache(
+        tiered,
+        signing_key=ctx.settings.signing_key,
+        require_signed=ctx.settings.require_signed,
+        shape_classes=ctx.settings.shape_classes,
+    )
     with progress_bar(f"prefetching {tgt}") as bar:
         task = bar.add_task("prefetch", total=len(specs))  # manifest.load drops duplicate specs
         report = cache.prefetch(specs, tgt, progress=lambda key: bar.advance(task))
@@ -213,6 +234,13 @@ def prefetch_cmd(ctx: Context, manifest: str, target: str | None, server: str | 
         # one line and a failure, not a table of specs "missing".
         raise StoreError(f"prefetch from {url} failed: {tiered.remote_error}")
     console.print(summary)
+    if report.served_by:
+        classes: dict[Any, int] = {}
+        for klass in report.served_by.values():
+            classes[klass] = classes.get(klass, 0) + 1
+        console.print(f"{len(report.served_by)} spec(s) present through their length class:", highlight=False)
+        for klass, n in classes.items():
+            console.print(f"  class {klass.summary()} serves {n}", highlight=False)
     if strict and report.missing:
         fail(f"prefetch incomplete: {len(report.missing)} spec(s) missing on {url}")
 
@@ -230,7 +258,16 @@ def explain_cmd(ctx: Context, spec_file: str, target: str, server: str | None) -
 
     spec = load_spec_file(spec_file)
     tgt = Target.parse(target)
-    result = ops.explain(spec, tgt, server_store(ctx, server, read_only=True))
+    result = ops.explain(spec, tgt, server_store(ctx, server, read_only=True), shape_classes=ctx.settings.shape_classes)
+    if result.klass is not None:
+        state = "stored" if result.class_present else "not stored (or refused on this target)"
+        console.print(
+            f"class: {spec.summary()} falls in {result.klass.summary()} (key {result.class_key[:12]}), {state}",
+            highlight=False,
+        )
+    if result.class_present:
+        console.print(f"present: {spec.summary()} on {tgt} is served by its class's graph {result.class_key}")
+        return
     if result.present:
         console.print(f"present: {spec.summary()} on {tgt} is stored as {result.key}")
         return

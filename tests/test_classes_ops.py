@@ -1,0 +1,112 @@
+"""Ops under length classes (issue 18, item 7): warm builds one graph per
+class, warm --check and prefetch count an exact spec present through its
+stored class and say which, explain names the class."""
+
+from __future__ import annotations
+
+import json
+
+from graphcache import GraphCache, GraphSpec, key_for, manifest, ops
+from graphcache.classes import class_of
+from graphcache.settings import Settings
+from graphcache.stores import DiskStore, HttpStore
+from service.app import create_app
+from tests.clirun import cli
+from tests.fakes import TARGET, FakeCompiler, make_artifact
+from tests.servers import ServerThread
+
+# A decode loop's exact specs: seq_kv 38..45 (one class, kv128) and 130 (kv256).
+MANIFEST = """
+defaults: {batch: 1, heads_q: 8, heads_kv: 2, head_dim: 64, seq_q: 1, dtype: bfloat16, layout: bhsd}
+graphs:
+  - {name: decode, seq_kv: [38, 39, 40, 41, 42, 43, 44, 45, 130]}
+"""
+CLASS_128 = GraphSpec(
+    batch=1, heads_q=8, heads_kv=2, seq_q=1, seq_kv=128, head_dim=64, dtype="bfloat16", layout="bhsd", shapes="class"
+)
+CLASS_256 = CLASS_128.replace(seq_kv=256)
+
+
+def specs(tmp_path):  # noqa: ANN001, ANN201
+    path = tmp_path / "m.yaml"
+    path.write_text(MANIFEST)
+    return path, manifest.load(path)
+
+
+def test_warm_builds_one_graph_per_class_and_the_exact_specs_where_a_class_is_refused(tmp_path):
+    _, exact = specs(tmp_path)
+    compiler = FakeCompiler()
+    rows = ops.warm(exact, GraphCache(DiskStore(tmp_path / "a"), compiler, shape_classes="pow2"))
+    assert [(r.spec, r.status) for r in rows] == [(CLASS_128, "built"), (CLASS_256, "built")]
+    assert compiler.builds == 2 and len(rows[0].serves) == 8 and "serves 8 spec(s)" in rows[0].detail
+
+    refusing = FakeCompiler(classes=False)
+    rows = ops.warm(exact, GraphCache(DiskStore(tmp_path / "b"), refusing, shape_classes="pow2"))
+    assert [r.status for r in rows[:2]] == ["unsupported", "unsupported"]
+    assert [(r.spec, r.status) for r in rows[2:]] == [(s, "built") for s in exact]
+    again = ops.warm(exact, GraphCache(DiskStore(tmp_path / "b"), refusing, shape_classes="pow2"))
+    assert refusing.builds == 2 + len(exact), "the negative entries and exact graphs answered the second warm"
+    assert {r.status for r in again[2:]} == {"present"}
+
+
+def test_check_counts_an_exact_spec_present_through_its_stored_class_but_not_through_a_negative_entry(tmp_path):
+    _, exact = specs(tmp_path)
+    store = DiskStore(tmp_path / "s")
+    store.put(key_for(CLASS_128, TARGET), make_artifact(CLASS_128).encode())
+    rows = ops.check(exact, TARGET, store, shape_classes="pow2")
+    assert [r.present for r in rows] == [True] * 8 + [False]
+    assert {r.served_by for r in rows[:8]} == {CLASS_128} and rows[8].served_by is None
+    assert not any(r.present for r in ops.check(exact, TARGET, store, shape_classes="exact"))
+    # A class refused on the target serves nothing: the exact entry must be there.
+    cache = GraphCache(store, FakeCompiler(classes=False), shape_classes="pow2")
+    cache.load(exact[8])  # the class is refused (negative entry), the exact graph is built
+    assert cache.lookup(CLASS_256).unsupported
+    last = ops.check(exact, TARGET, store, shape_classes="pow2")[8]
+    assert last.present and last.served_by is None
+
+
+def test_prefetch_fetches_the_classes_and_counts_the_exact_specs_they_serve(tmp_path):
+    _, exact = specs(tmp_path)
+    server = DiskStore(tmp_path / "server")
+    for klass in (CLASS_128,):
+        server.put(key_for(klass, TARGET), make_artifact(klass).encode())
+    report = GraphCache(server, shape_classes="pow2").prefetch(exact, TARGET)
+    assert report.present == 8 and report.missing == (exact[8],)
+    assert report.served_by == {s: CLASS_128 for s in exact[:8]}
+    assert report.bytes == len(server.get(key_for(CLASS_128, TARGET)))
+    plain = GraphCache(server, shape_classes="exact").prefetch(exact, TARGET)
+    assert plain.present == 0 and not plain.served_by
+
+
+def test_the_cli_check_prefetch_and_explain_name_the_class_over_a_real_server(tmp_path):
+    path, exact = specs(tmp_path)
+    server_store = DiskStore(tmp_path / "server")
+    server_store.put(key_for(CLASS_128, TARGET), make_artifact(CLASS_128).encode())
+    app = create_app(Settings(cache_dir=server_store.path, write_tokens=("w",)), store=server_store)
+    with ServerThread(app) as srv:
+        env = {"GRAPHCACHE_TOKEN": "w", "GRAPHCACHE_DIR": str(tmp_path / "local")}
+        json_path = tmp_path / "r.json"
+        args = ("warm", str(path), "--check", "--target", str(TARGET), "--server", srv.url, "--json", str(json_path))
+        out = cli(*args, env=env)
+        assert out.returncode == 1 and "8/9 present" in out.stdout
+        assert f"class {CLASS_128.summary()}" in out.stdout
+        rows = json.loads(json_path.read_text())["rows"]
+        assert [r["served_by"] == CLASS_128.to_dict() for r in rows] == [True] * 8 + [False]
+        out = cli(*args, env={**env, "GRAPHCACHE_SHAPE_CLASSES": "exact"})
+        assert out.returncode == 1 and "0/9 present" in out.stdout
+
+        out = cli("prefetch", str(path), "--target", str(TARGET), "--server", srv.url, env=env)
+        assert out.returncode == 0, out.stderr
+        assert "8 spec(s) present through their length class" in out.stdout
+        assert f"class {CLASS_128.summary()} serves 8" in out.stdout
+        assert DiskStore(tmp_path / "local").exists(key_for(CLASS_128, TARGET)), "the class landed in the local store"
+
+        asked = tmp_path / "asked.json"
+        asked.write_text(json.dumps(exact[0].to_dict()))
+        out = cli("explain", str(asked), "--target", str(TARGET), "--server", srv.url, env=env)
+        assert out.returncode == 0, out.stdout
+        assert f"falls in {CLASS_128.summary()}" in out.stdout and "served by its class's graph" in out.stdout
+        asked.write_text(json.dumps(exact[8].to_dict()))
+        out = cli("explain", str(asked), "--target", str(TARGET), "--server", srv.url, env=env)
+        assert out.returncode == 1
+        assert f"falls in {class_of(exact[8], 'pow2').summary()}" in out.stdout and "not stored" in out.stdout
