@@ -15,6 +15,14 @@ seq_kv 128, head_dim 64, bfloat16, on the CPU):
   tensors.
 - op: the same hit through the ``graphcache::sdpa`` custom op (what a
   torch.compile'd graph calls), against the direct graph.
+- class: a decode loop whose ``seq_kv`` changes on every call (129..256,
+  one class, kv256): the drop-in serves each call from the class graph bound
+  to that call shape (GRAPHCACHE_SHAPE_CLASSES=pow2), against calling the
+  class graph's ``execute`` directly on the same rotating tensors. The memo
+  holds every shape after the first pass (a decode loop's layers after the
+  first, and every later request, find them there).
+- class new shape: the first call of each of 256 new shapes (kv 257..512,
+  class kv512, already loaded): derive, class, bind, memo entry.
 
     python scripts/bench_torch_dropin.py [--calls 20000] [--rounds 7]
 """
@@ -22,6 +30,7 @@ seq_kv 128, head_dim 64, bfloat16, on the CPU):
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import sys
 import tempfile
@@ -118,6 +127,37 @@ def main() -> None:
                     lambda g=graph, a=(qs, ks, vs): g.execute(*a),
                     lambda a=(q, k, v): torch.ops.graphcache.sdpa(*a, None, 0.0, False, None, False),
                 )
+        klass_cache = GraphCache(DiskStore(Path(tmp) / "classes"), NullCompiler(), shape_classes="pow2")  # type: ignore[arg-type]
+        gt.configure(klass_cache, device="cpu", on_miss="build")
+        q1 = torch.randn(1, 8, 1, 64, dtype=torch.bfloat16)
+        steps = [
+            (q1, torch.randn(1, 8, n, 64, dtype=torch.bfloat16), torch.randn(1, 8, n, 64, dtype=torch.bfloat16))
+            for n in range(129, 257)
+        ]
+        for step in steps:  # the first pass: the class graph is built and loaded once, each shape bound once
+            gt.scaled_dot_product_attention(*step)
+        klass_graph = klass_cache.load(gt.spec_for(*steps[0]))
+        assert klass_graph.spec.is_class, klass_graph.spec
+        direct, ours = itertools.cycle(steps), itertools.cycle(steps)
+        cases["class decode kv129-256"] = (
+            lambda g=klass_graph, it=direct: g.execute(*next(it)),
+            lambda it=ours: gt.scaled_dot_product_attention(*next(it)),
+        )
+        fresh = [
+            (q1, torch.randn(1, 8, n, 64, dtype=torch.bfloat16), torch.randn(1, 8, n, 64, dtype=torch.bfloat16))
+            for n in range(257, 513)
+        ]
+        gt.scaled_dot_product_attention(*fresh.pop())  # loads the kv512 class
+        t0 = time.perf_counter()
+        for step in fresh:
+            gt.scaled_dot_product_attention(*step)
+        new_shape_us = (time.perf_counter() - t0) / len(fresh) * 1e6
+        t0 = time.perf_counter()
+        for step in fresh:
+            klass_graph.execute(*step)
+        new_shape_base_us = (time.perf_counter() - t0) / len(fresh) * 1e6
+        class_stats = gt.stats()
+        gt.configure(cache, device="cpu", on_miss="build")
         q, k, v = tensors("bhsd")
         # Float32 on the CPU: cuDNN would not take it, so the drop-in runs torch's SDPA.
         qf, kf, vf = (t.float() for t in (q, k, v))
@@ -141,6 +181,7 @@ def main() -> None:
         "hit": "graph.execute() direct",
         "op": "graph.execute() direct",
         "fallback": "F.scaled_dot_product_attention",
+        "class": "class graph.execute() direct",
     }
     for name in cases:
         base, ours = rows[name + " base"], rows[name + " ours"]
@@ -149,7 +190,15 @@ def main() -> None:
             f"{name:22} {statistics.median(base):12.2f} {statistics.median(ours):11.2f} "
             f"{statistics.median(added):9.2f} {min(added):10.2f}  {baselines[name.split()[0]]}"
         )
+    print(
+        f"{'class new shape':22} {new_shape_base_us:12.2f} {new_shape_us:11.2f} {new_shape_us - new_shape_base_us:9.2f} "
+        f"{'':>10}  first call of each of {len(fresh)} new shapes (one pass)"
+    )
     print(f"drop-in stats: hits {stats['hits']}, fallbacks {stats['fallbacks']}, graphs {stats['graphs_loaded']}")
+    print(
+        f"class run: graphs {class_stats['graphs_loaded']}, call shapes served {class_stats['shapes_served']}, "
+        f"hits {class_stats['hits']}"
+    )
 
 
 if __name__ == "__main__":

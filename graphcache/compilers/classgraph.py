@@ -9,6 +9,7 @@ seq-len tensors) is done once, so the drop-in pays it once per call shape.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from graphcache.errors import ExecutionError
@@ -66,11 +67,12 @@ class BoundGraph:
         self.spec = spec
         self.backend = graph.backend
         self.class_spec: GraphSpec = graph.spec
+        # The class graph's own methods, not wrappers: a hit pays no extra call.
+        self.execute: Callable[..., Any] = graph.execute
+        own_views = getattr(graph, "run_views", None)
+        self.run_views: Callable[..., Any] = own_views if callable(own_views) else self._views
 
-    def execute(self, q: Any, k: Any, v: Any, **kwargs: Any) -> Any:
-        return self.graph.execute(q, k, v, **kwargs)
-
-    def run_views(self, q: Any, k: Any, v: Any) -> Any:
+    def _views(self, q: Any, k: Any, v: Any) -> Any:
         from graphcache.compilers.torch_sdpa import _run_views
 
         return _run_views(self, q, k, v)
