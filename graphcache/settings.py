@@ -10,6 +10,7 @@ from pathlib import Path
 from graphcache.errors import GraphCacheError
 
 MiB = 1024**2
+DEFAULT_HEADER_TIMEOUT = 10.0
 
 
 class SettingsError(GraphCacheError, ValueError):
@@ -37,8 +38,9 @@ class Settings:
     require_signed   GRAPHCACHE_REQUIRE_SIGNED clients refuse unsigned artifacts (1/0)
     server           GRAPHCACHE_SERVER         service URL the CLI and workers use
     token            GRAPHCACHE_TOKEN          bearer token the CLI and workers send
-    timeout          GRAPHCACHE_TIMEOUT        client timeout in seconds
+    timeout          GRAPHCACHE_TIMEOUT        client timeout in seconds; the server's bound on each store call
     upload_timeout   GRAPHCACHE_UPLOAD_TIMEOUT seconds a client may take to send an upload or a batch body (then 408)
+    header_timeout   GRAPHCACHE_HEADER_TIMEOUT seconds a connection may take to send a request head (then closed)
     canary           GRAPHCACHE_CANARY         run each loaded cuDNN plan once on the canary input (1/0, default 1)
     max_batch        GRAPHCACHE_MAX_BATCH      most keys one POST /v1/batch may ask for (then 413)
     http_max_age     GRAPHCACHE_HTTP_MAX_AGE   seconds HTTP caches may keep an artifact when reads are open
@@ -59,6 +61,7 @@ class Settings:
     token: str | None = None
     timeout: float = 5.0
     upload_timeout: float = 60.0
+    header_timeout: float = DEFAULT_HEADER_TIMEOUT
     build: bool = True
     canary: bool = True
     max_batch: int = 1024
@@ -103,12 +106,14 @@ class Settings:
             values["server"] = v.rstrip("/")
         if (v := get("TOKEN")) is not None:
             values["token"] = v
-        for name in ("TIMEOUT", "UPLOAD_TIMEOUT"):
+        for name in ("TIMEOUT", "UPLOAD_TIMEOUT", "HEADER_TIMEOUT"):
             if (v := get(name)) is not None:
                 try:
                     values[name.lower()] = float(v)
                 except ValueError:
                     raise SettingsError(f"GRAPHCACHE_{name}={v!r} must be seconds, e.g. 5") from None
+                if not float(v) > 0:
+                    raise SettingsError(f"GRAPHCACHE_{name}={v!r} must be more than 0 seconds, e.g. 5")
         # Checked here, at start, so a typo fails the worker before its first call.
         from graphcache.classes import policy_from_env
 

@@ -134,8 +134,12 @@ def install_handlers(app: FastAPI) -> None:
             return error_response(ServiceError(400, "invalid_key", "a key is 64 lowercase hex characters"))
         errors = list(exc.errors())
         bad_json = next((e for e in errors if e.get("type") == "json_invalid"), None)
-        if bad_json is not None:
-            why = (bad_json.get("ctx") or {}).get("error", "")
+        why = "" if bad_json is None else (bad_json.get("ctx") or {}).get("error", "")
+        if bad_json is None and isinstance(exc.body, (bytes, bytearray)) and exc.body:
+            # Sent under another Content-Type, the body reached validation as
+            # bytes; what is not JSON is bad_json whatever the header said.
+            why = _not_json(bytes(exc.body))
+        if bad_json is not None or why:
             return error_response(
                 ServiceError(
                     400,
@@ -163,6 +167,15 @@ def install_handlers(app: FastAPI) -> None:
     async def _unexpected(request: Request, exc: Exception) -> Response:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         return error_response(from_library(exc))
+
+
+def _not_json(data: bytes) -> str:
+    """Why ``data`` is not JSON ('' when it is)."""
+    try:
+        json.loads(data)
+    except ValueError as exc:
+        return str(exc).split(":")[0]
+    return ""
 
 
 def _problem(error: Any) -> str:

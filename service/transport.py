@@ -26,13 +26,26 @@ It leans on uvicorn's ``RequestResponseCycle`` (its ``transport``, ``flow``
 and response state) and the protocol's ``_start_asgi_task`` (uvicorn 0.45 on); where either is
 missing (a uvicorn this was not written against), ``PROTOCOL`` is uvicorn's
 own httptools and the app takes its ordinary path.
+
+The protocol is also where connections are policed before the app sees a
+request: one that has not sent a complete request head within
+GRAPHCACHE_HEADER_TIMEOUT seconds is closed (408 when it had begun one), so
+idle sockets cannot use up the concurrency limit; and the answers uvicorn
+itself gives (400 for a malformed request, 503 over the concurrency limit,
+500 when the app fails before answering) are the API's JSON error bodies.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
 from typing import Any
 
+from uvicorn.protocols.http import httptools_impl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+
+from graphcache.settings import DEFAULT_HEADER_TIMEOUT
 
 EXTENSION = "graphcache.body_pieces"
 PIECES = "graphcache.response.body_pieces"
@@ -47,8 +60,50 @@ _CYCLE_STATE = (
 )
 
 
+def _error(status: int, code: str, detail: str, *, close: bool = True, retry_after: int | None = None) -> bytes:
+    """A whole HTTP/1.1 error answer with the API's JSON body."""
+    data = json.dumps({"error": code, "detail": detail}).encode()
+    head = httptools_impl.STATUS_LINE[status] + b"content-type: application/json\r\n"
+    head += b"content-length: %d\r\n" % len(data)
+    if retry_after is not None:
+        head += b"retry-after: %d\r\n" % retry_after
+    if close:
+        head += b"connection: close\r\n"
+    return head + b"\r\n" + data
+
+
+async def over_limit(scope: Any, receive: Any, send: Any) -> None:
+    """The answer past --limit-concurrency (uvicorn's own is plain text)."""
+    data = json.dumps(
+        {
+            "error": "overloaded",
+            "detail": "the server is at its concurrency limit (graphcache serve --limit-concurrency); retry shortly",
+        }
+    ).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+    await send({"type": "http.response.start", "status": 503, "headers": [*headers, (b"retry-after", b"1")]})
+    await send({"type": "http.response.body", "body": data})
+
+
+def header_timeout() -> float:
+    """GRAPHCACHE_HEADER_TIMEOUT (checked by Settings when the app starts)."""
+    try:
+        value = float(os.environ.get("GRAPHCACHE_HEADER_TIMEOUT") or DEFAULT_HEADER_TIMEOUT)
+    except ValueError:
+        return DEFAULT_HEADER_TIMEOUT
+    return value if value > 0 else DEFAULT_HEADER_TIMEOUT
+
+
 class PiecesCycle(RequestResponseCycle):
     """uvicorn's request/response cycle, plus the body-pieces message."""
+
+    async def send_500_response(self) -> None:
+        data = json.dumps({"error": "internal", "detail": "internal error; see the server log"}).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+        await self.send(
+            {"type": "http.response.start", "status": 500, "headers": [*headers, (b"connection", b"close")]}
+        )
+        await self.send({"type": "http.response.body", "body": data, "more_body": False})
 
     async def send(self, message: Any) -> None:
         if message["type"] != PIECES:
@@ -72,9 +127,64 @@ class PiecesCycle(RequestResponseCycle):
 
 
 class GraphcacheHttpProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol whose requests get ``PiecesCycle``."""
+    """uvicorn's httptools protocol whose requests get ``PiecesCycle``, with
+    a deadline for each request head and JSON bodies for its own errors."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.header_timeout = header_timeout()
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._head_begun = False
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_head_timer()
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._head_begun = True
+        if self._head_timer is None:  # a keep-alive connection's next request
+            self._arm_head_timer()
+
+    def on_headers_complete(self) -> None:
+        self._disarm_head_timer()
+        self._head_begun = False
+        super().on_headers_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm_head_timer()
+        super().connection_lost(exc)
+
+    def _arm_head_timer(self) -> None:
+        self._head_timer = self.loop.call_later(self.header_timeout, self._head_timed_out)
+
+    def _disarm_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if self.transport.is_closing():
+            return
+        if self.cycle is not None and not self.cycle.response_complete:
+            # A request still being answered (its next one pipelined behind
+            # it): its own deadlines apply; look again later.
+            self._arm_head_timer()
+            return
+        if self._head_begun:
+            detail = f"no complete request head within {self.header_timeout:g}s (GRAPHCACHE_HEADER_TIMEOUT)"
+            self.transport.write(_error(408, "timeout", detail))
+        self.transport.close()
+
+    def send_400_response(self, msg: str) -> None:
+        detail = f"malformed HTTP request ({msg.rstrip('.')}): send HTTP/1.1 with a valid request line and headers"
+        self.transport.write(_error(400, "bad_request", detail))
+        self.transport.close()
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        if app is httptools_impl.service_unavailable:
+            app = over_limit
         cycle.__class__ = PiecesCycle  # same state, one more message type
         cycle.scope.setdefault("extensions", {})[EXTENSION] = {}  # type: ignore[index]
         super()._start_asgi_task(cycle, app)
@@ -82,7 +192,13 @@ class GraphcacheHttpProtocol(HttpToolsProtocol):
 
 def _compatible() -> bool:
     probe = RequestResponseCycle.__init__.__code__.co_names
-    return hasattr(HttpToolsProtocol, "_start_asgi_task") and all(name in probe for name in _CYCLE_STATE)
+    hooks = ("_start_asgi_task", "send_400_response", "on_message_begin", "on_headers_complete")
+    return (
+        all(hasattr(HttpToolsProtocol, name) for name in hooks)
+        and hasattr(httptools_impl, "service_unavailable")
+        and hasattr(httptools_impl, "STATUS_LINE")
+        and all(name in probe for name in _CYCLE_STATE)
+    )
 
 
 # What service.server gives uvicorn as its HTTP protocol.

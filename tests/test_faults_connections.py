@@ -1,0 +1,141 @@
+"""Connections (issue 20): sockets that send nothing, half a request head or
+garbage, idle keep-alive, the concurrency limit, and bodies that are not
+JSON, against `graphcache serve` as a user starts it, on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.fakes import TARGET, spec
+from tests.servers import ServerThread, free_port, wait_for_server
+
+ROOT = Path(__file__).resolve().parents[1]
+HEAD_TIMEOUT = 1.0
+LIMIT = 6
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory) -> Iterator[tuple[int, str]]:
+    folder = tmp_path_factory.mktemp("conn") / "cache"
+    port = free_port()
+    env = {**os.environ, "GRAPHCACHE_HEADER_TIMEOUT": str(HEAD_TIMEOUT)}
+    cmd = [sys.executable, "-m", "graphcache", "serve", "--port", str(port), "--cache-dir", str(folder)]
+    cmd += ["--workers", "1", "--timeout-keep-alive", "1", "--limit-concurrency", str(LIMIT), "--log-level", "critical"]
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for_server(url, proc)
+        yield port, url
+    finally:
+        proc.terminate()
+        proc.wait(15)
+
+
+def read_all(sock: socket.socket, within: float) -> tuple[bytes, float]:
+    """What the server sends until it closes the connection, and when it closed."""
+    start = time.monotonic()
+    sock.settimeout(within)
+    data = b""
+    try:
+        while chunk := sock.recv(65536):
+            data += chunk
+    except TimeoutError:
+        raise AssertionError(f"the server kept the connection open for {within}s") from None
+    return data, time.monotonic() - start
+
+
+def split(answer: bytes) -> tuple[int, dict[str, str], bytes]:
+    head, _, body = answer.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    headers = dict(line.lower().split(": ", 1) for line in lines[1:])
+    return int(lines[0].split()[1]), headers, body
+
+
+def test_a_connection_that_sends_nothing_is_closed_after_the_header_timeout(server):
+    port, _ = server
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        data, took = read_all(sock, HEAD_TIMEOUT + 4)
+    assert data == b"" and took >= HEAD_TIMEOUT * 0.9
+
+
+def test_half_a_request_head_gets_408_json_and_is_closed(server):
+    port, _ = server
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\nX-Slow: ")
+        data, _ = read_all(sock, HEAD_TIMEOUT + 4)
+    status, headers, body = split(data)
+    assert status == 408 and headers["content-type"] == "application/json"
+    assert json.loads(body)["error"] == "timeout" and "GRAPHCACHE_HEADER_TIMEOUT" in json.loads(body)["detail"]
+
+
+def test_an_idle_keep_alive_connection_is_closed(server):
+    port, _ = server
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
+        data, took = read_all(sock, 5)
+    assert data.startswith(b"HTTP/1.1 200") and took < 4  # --timeout-keep-alive 1
+
+
+def test_a_malformed_request_gets_uvicorns_400_as_json(server):
+    port, _ = server
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost t\r\n\r\n")  # no colon
+        data, _ = read_all(sock, 5)
+    status, headers, body = split(data)
+    assert status == 400 and headers["content-type"] == "application/json"
+    assert json.loads(body)["error"] == "bad_request"
+
+
+def test_idle_sockets_hold_the_concurrency_limit_only_until_the_header_timeout(server):
+    port, url = server
+    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(LIMIT)]
+    try:
+        time.sleep(0.2)
+        over = httpx.get(f"{url}/healthz", timeout=10)
+        assert over.status_code == 503 and over.headers["content-type"] == "application/json"
+        assert over.json()["error"] == "overloaded" and "--limit-concurrency" in over.json()["detail"]
+        time.sleep(HEAD_TIMEOUT + 0.5)  # the idle ones are closed by now
+        assert httpx.get(f"{url}/healthz", timeout=10).status_code == 200
+    finally:
+        for sock in idle:
+            sock.close()
+
+
+@pytest.mark.parametrize("ctype", ["text/plain", "application/x-www-form-urlencoded", None, "application/json"])
+def test_a_body_that_is_not_json_is_400_bad_json_whatever_its_content_type(server, ctype):
+    _, url = server
+    headers = {} if ctype is None else {"content-type": ctype}
+    for path in ("/v1/resolve", "/v1/batch"):
+        got = httpx.post(f"{url}{path}", content=b"spec=1&target=2", headers=headers, timeout=10)
+        assert got.status_code == 400, (path, ctype, got.text)
+        assert got.json()["error"] == "bad_json", (path, ctype, got.text)
+    # JSON under another Content-Type is still judged as a request, not as bad JSON.
+    good = json.dumps({"spec": spec().to_dict(), "target": str(TARGET)}).encode()
+    assert httpx.post(f"{url}/v1/resolve", content=good, headers=headers, timeout=10).status_code in (200, 422)
+
+
+def test_an_app_that_fails_before_answering_gets_a_json_500():
+    async def broken(scope, receive, send):  # noqa: ANN001, ANN202
+        if scope["type"] == "lifespan":
+            message = await receive()
+            while message["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+                message = await receive()
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        raise RuntimeError("boom")
+
+    with ServerThread(broken) as srv:
+        got = httpx.get(f"{srv.url}/x", timeout=10)
+    assert got.status_code == 500 and got.headers["content-type"] == "application/json"
+    assert got.json()["error"] == "internal"
