@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from graphcache.artifact import Artifact
+from graphcache.compilers.cudnn import ragged
 from graphcache.compilers.cudnn.build import build_graph
 from graphcache.compilers.cudnn.loaded import CudnnGraph, _output
 from graphcache.compilers.cudnn.releases import FUSED_ATTENTION, SERIALIZED_PLANS, missing
@@ -149,6 +150,8 @@ class CudnnCompiler:
         if target is not None and target != here:
             raise TargetMismatch(f"cannot build for {target} on this machine ({here}); run the build there")
         self.preflight()
+        if spec.layout == "thd":  # paged >= 9.5, ragged over pages >= 9.7, ragged on SM8x >= 9.18.1
+            ragged.check_target(spec, here.frontend, here.cudnn, here.compute_capability)
         cudnn = self.cudnn()
         start = time.perf_counter()
         built = build_graph(cudnn, spec, uids, self.handle())
@@ -205,6 +208,8 @@ class CudnnCompiler:
         from graphcache.compilers.torch_sdpa import TOLERANCE, reference_error, within_tolerance
 
         spec = artifact.spec
+        if spec.layout == "thd":
+            return _checked_ragged(artifact, loaded)
         if spec.dropout:
             # Dropout draws from cuDNN's random stream, which torch cannot
             # reproduce: there is nothing to compare, so nothing is claimed.
@@ -278,3 +283,27 @@ class CudnnCompiler:
                 f"the stored plan {artifact.key[:12]} for {spec.summary()} failed its numerical canary: {problem}",
                 "canary_mismatch",
             )
+
+
+def _checked_ragged(artifact: Artifact, loaded: CudnnGraph) -> Artifact:
+    """The build-time check of a ragged / paged graph (``varlen_check``):
+    unequal lengths with 1- and 0-token sequences, off-tile lengths and
+    NaN-poisoned slack, against the float32 reference, the log-sum-exp too
+    where it is asked for. No canary is recorded yet for these graphs (the
+    canary's summaries are of dense outputs): a load does not re-check them."""
+    from graphcache.compilers import varlen_check
+    from graphcache.compilers.torch_sdpa import TOLERANCE, within_tolerance
+
+    spec = artifact.spec
+    error, lse_error = varlen_check.errors(spec, loaded, varlen_check.inputs(spec, str(loaded.device)))
+    for what, value in (("output", error), ("log-sum-exp", lse_error)):
+        if value is not None and not within_tolerance(spec, value):
+            raise BuildError(
+                f"cuDNN {what} for {spec.summary()} (engine {artifact.runtime.get('engine')}) differs from the "
+                f"float32 reference on unequal, 1- and 0-token sequences: relative error {value:.2e}, tolerance "
+                f"{TOLERANCE[spec.dtype]:.0e}; not caching this plan"
+            )
+    runtime = {**artifact.runtime, "validation": "ragged check; no canary recorded for ragged graphs yet"}
+    if lse_error is not None:
+        runtime["lse_error"] = lse_error
+    return dataclasses.replace(artifact, validation_error=error, canary=None, runtime=runtime)

@@ -37,6 +37,13 @@ def _band(cudnn: Any, spec: GraphSpec) -> dict[str, Any]:
         return {"diagonal_alignment": align.TOP_LEFT, "diagonal_band_right_bound": 0}
     if spec.mask == "causal_bottom_right":
         return {"diagonal_alignment": align.BOTTOM_RIGHT, "diagonal_band_right_bound": 0}
+    if spec.mask == "sliding_window_bottom_right":
+        # varlen_attn's window: bottom-right per sequence; left L is cuDNN's
+        # left bound L + 1 (it counts the diagonal); None: unbounded left.
+        band = {"diagonal_alignment": align.BOTTOM_RIGHT, "diagonal_band_right_bound": spec.window_right}
+        if spec.window_left is not None:
+            band["diagonal_band_left_bound"] = spec.window_left + 1
+        return band
     # sliding_window: cuDNN's left bound counts the diagonal, so it is >= 1.
     assert spec.window_left is not None
     return {
@@ -62,6 +69,8 @@ def _causal_flags(cudnn: Any, spec: GraphSpec) -> dict[str, Any] | None:
         return {**base, "use_causal_mask": True}
     if spec.mask == "causal_bottom_right":
         return {**base, "use_causal_mask_bottom_right": True}
+    if spec.mask == "sliding_window_bottom_right":
+        return None  # sliding_window_length is top-left: these frontends cannot say it
     # sliding_window_length is a causal window: it cannot look right.
     assert spec.window_left is not None
     if spec.window_right:

@@ -30,6 +30,10 @@ def declare(
     UID ``uids`` gives it. Raises UnsupportedSpec when the frontend returns no
     stats tensor for a spec that asks for one; whatever the frontend raises
     (a refused keyword's TypeError included) passes through."""
+    if spec.layout == "thd":  # ragged offsets and page tables: their own declaration
+        from graphcache.compilers.cudnn import ragged
+
+        return ragged.declare(cudnn, spec, uids, handle, mask_kwargs)
     dt = cudnn.data_type
     io_type = getattr(dt, _IO_TYPES[spec.dtype])
     graph_kwargs: dict[str, Any] = {

@@ -1,7 +1,7 @@
 """A loaded (deserialized) plan: its per-stream workspaces and execution.
 
-May import: graphcache.artifact/spec/errors, torch_sdpa (input checks); the
-compiler only for its type.
+May import: graphcache.artifact/spec/errors, torch_sdpa (input checks),
+ragged (a thd call's variant pack); the compiler only for its type.
 """
 
 from __future__ import annotations
@@ -104,6 +104,26 @@ class CudnnGraph:
             # stream's workspace were allocated and the caller's kernels run.
             self._graph.execute(pack, self.workspace, handle=self._compiler.handle())
         return (out, stats) if spec.generate_stats else out
+
+    def run_varlen(
+        self, q: Any, k: Any, v: Any, cu_seq_q: Any, cu_seq_k: Any, seqused_k: Any = None, block_table: Any = None
+    ) -> tuple[Any, Any]:
+        """A thd (ragged / paged) graph's call with ``varlen_attn``'s tensors:
+        ``(out (T_q, H_q, D_v), lse (H_q, T_q) float32 or None)``. The
+        offsets, lengths and tables are computed on the GPU
+        (``ragged.variant_pack``): no host synchronisation. The caller
+        (graphcache.torch's memo) has matched shapes, dtypes and device to
+        the spec; ``varlen_args.check_call`` is the checked form."""
+        import torch
+
+        from graphcache.compilers.cudnn.ragged import variant_pack
+
+        with torch.cuda.device(self.device), self._compiler._lock:
+            pack, out, stats = variant_pack(self.spec, self.uids, q, k, v, cu_seq_q, cu_seq_k, seqused_k, block_table)
+            self._graph.execute(pack, self.workspace, handle=self._compiler.handle())
+        # cuDNN's ragged stats are token-major (T, H); varlen_attn's lse is (H, T).
+        lse = None if stats is None else stats[: q.shape[0]].t().contiguous()
+        return out, lse
 
     def run_views(self, q: Any, k: Any, v: Any) -> Any:
         """The per-call path of graphcache.torch: ``q``, ``k``, ``v`` are the

@@ -1,0 +1,125 @@
+"""The build-time check of a ragged / paged graph: the graph (the blob,
+round-tripped) runs on a call built to catch what such graphs get wrong,
+and must agree with the float32 reference (``varlen_ref``).
+
+The call has sequences of unequal lengths, including 1 and 0 tokens, and
+lengths off a 64-row tile (63, 65, ...); every token the graph must not
+read is NaN: query, key and value slack past the last sequence, and, paged,
+the pages no sequence owns and the slots past each sequence's ``seqused_k``
+in its last page. A graph that reads one of them (or reads a neighbour's
+tokens) gives NaN or a wrong row, so the relative error is inf or large.
+Where the spec asks for stats, the log-sum-exp is compared too (cuDNN
+9.26-9.27 write it wrong for single-token GQA rows with ragged stats,
+cudnn-frontend#1083: this check finds that on the GPU that has it).
+Only rows that see at least one key are compared (``varlen_ref.defined_rows``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from graphcache.spec import GraphSpec
+
+SLACK = 8  # NaN tokens past the last sequence
+
+
+def lengths_for(spec: GraphSpec) -> tuple[list[int], list[int]]:
+    """Query and key lengths of the check's ``spec.batch`` sequences."""
+    assert spec.seq_kv is not None
+    sq, skv = spec.seq_q, spec.seq_kv
+    q_pattern = [1] if sq == 1 else [sq, 1, 63, 65, sq // 2 + 1, 2]
+    kv_pattern = [skv, 65, 63, 1, max(1, skv // 3), skv - 1 or 1]  # the 1-token query sees 65 keys
+    lens_q = [min(sq, q_pattern[b % len(q_pattern)]) for b in range(spec.batch)]
+    lens_k = [min(skv, kv_pattern[b % len(kv_pattern)]) for b in range(spec.batch)]
+    if spec.batch >= 2:
+        lens_q[-1] = 0  # a sequence of 0 tokens (after the 1-token one where there are 3 or more)
+    return lens_q, lens_k
+
+
+def inputs(spec: GraphSpec, device: str, seed: int = 0) -> dict[str, Any]:
+    """The check's call as ``run_varlen`` takes it (keyword arguments)."""
+    import torch
+
+    from graphcache.compilers.torch_sdpa import torch_dtype
+
+    assert spec.heads_kv is not None and spec.head_dim_v is not None
+    gen = torch.Generator().manual_seed(seed)
+    dtype = torch_dtype(spec)
+    lens_q, lens_k = lengths_for(spec)
+
+    def draw(*shape: int) -> Any:
+        return torch.randn(*shape, generator=gen).mul_(0.5).to(dtype)
+
+    def cumulative(lens: list[int]) -> Any:
+        return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+
+    nan = float("nan")
+    total_q = sum(lens_q)
+    q = draw(total_q + SLACK, spec.heads_q, spec.head_dim)
+    q[total_q:] = nan
+    feed: dict[str, Any] = {"q": q, "cu_seq_q": cumulative(lens_q)}
+    if spec.page_size is None:
+        total_k = sum(lens_k)
+        k = draw(total_k + SLACK, spec.heads_kv, spec.head_dim)
+        v = draw(total_k + SLACK, spec.heads_kv, spec.head_dim_v)
+        k[total_k:] = nan
+        v[total_k:] = nan
+        feed.update(k=k, v=v, cu_seq_k=cumulative(lens_k), seqused_k=None, block_table=None)
+    else:
+        assert spec.num_pages is not None and spec.pages_per_seq is not None
+        page = spec.page_size
+        k = torch.full((spec.num_pages, page, spec.heads_kv, spec.head_dim), nan).to(dtype)
+        v = torch.full((spec.num_pages, page, spec.heads_kv, spec.head_dim_v), nan).to(dtype)
+        order = torch.randperm(spec.num_pages, generator=gen).tolist()
+        table = torch.zeros(spec.batch, spec.pages_per_seq, dtype=torch.int32)
+        free = iter(order)
+        for b, lk in enumerate(lens_k):
+            for p in range(spec.pages_per_seq):
+                if p * page < lk:
+                    page_id = next(free, None)
+                    if page_id is None:  # a pool too small for the check's lengths: reuse the last
+                        page_id = order[-1]
+                    n = min(page, lk - p * page)
+                    k[page_id, :n] = draw(n, spec.heads_kv, spec.head_dim)
+                    v[page_id, :n] = draw(n, spec.heads_kv, spec.head_dim_v)
+                    table[b, p] = page_id
+                else:
+                    table[b, p] = order[-1]  # past the sequence: a page it must not read
+        feed.update(k=k, v=v, cu_seq_k=None, seqused_k=torch.tensor(lens_k, dtype=torch.int32), block_table=table)
+    return {name: (t.to(device) if hasattr(t, "to") else t) for name, t in feed.items()}
+
+
+def errors(spec: GraphSpec, graph: Any, feed: dict[str, Any]) -> tuple[float, float | None]:
+    """``(output error, lse error or None)``: relative errors of the graph's
+    ``run_varlen`` on ``feed`` against the reference, over the rows that
+    see a key (inf for NaN/inf there)."""
+    from graphcache.compilers.torch_sdpa import relative_error
+    from graphcache.compilers.varlen_ref import defined_rows, varlen_reference
+    from graphcache.spec_ragged import window
+
+    assert spec.attn_scale is not None
+    out, lse = graph.run_varlen(**feed)
+    # The reference runs where the call ran (a GPU at build time): a class's
+    # longest sequences make score matrices a CPU would take minutes over.
+    ref, ref_lse = varlen_reference(
+        feed["q"], feed["k"], feed["v"], feed["cu_seq_q"], feed["cu_seq_k"], scale=spec.attn_scale,
+        window=window(spec), seqused_k=feed["seqused_k"], block_table=feed["block_table"],
+    )  # fmt: skip
+    rows = defined_rows(feed["cu_seq_q"], feed["cu_seq_k"], window(spec), feed["seqused_k"], feed["q"].shape[0])
+    rows = rows.to(out.device)
+    error = relative_error(out.float()[rows], ref[rows])
+    lse_error = None
+    if spec.generate_stats:
+        lse_error = float("inf") if lse is None else lse_difference(lse[:, rows], ref_lse[:, rows])
+    return error, lse_error
+
+
+def lse_difference(lse: Any, ref: Any) -> float:
+    """The largest ``|lse - ref| / (1 + |ref|)`` (inf for NaN/inf): per
+    element, so that one wrong row among many is not averaged away."""
+    import torch
+
+    if lse.numel() == 0:
+        return 0.0
+    diff = (lse.float() - ref.float()).abs() / (1.0 + ref.float().abs())
+    return float(diff.max()) if bool(torch.isfinite(diff).all()) else float("inf")
