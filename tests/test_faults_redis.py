@@ -132,3 +132,78 @@ def test_a_batch_from_a_hung_redis_is_503_and_prefetch_fails_in_one_line(hung, t
     out = cli("warm", str(manifest), "--check", "--target", str(TARGET), "--server", url, env=env, timeout=60)
     assert out.returncode != 0
     assert "did not answer" in out.stderr and "GRAPHCACHE_TIMEOUT" in out.stderr, out.stderr
+
+
+# -- persistence ---------------------------------------------------------------------------
+
+
+def shipped_redis_args(data_dir: Path) -> list[str]:
+    """docker/compose.yaml's redis-server arguments, as shipped, with its
+    data folder pointed at ``data_dir``."""
+    import yaml
+
+    compose = yaml.safe_load((ROOT / "docker" / "compose.yaml").read_text())
+    command = list(compose["services"]["redis"]["command"])
+    assert command[0] == "redis-server"
+    args = command[1:]
+    if "--dir" in args:
+        at = args.index("--dir")
+        del args[at : at + 2]
+    return [*args, "--dir", str(data_dir)]
+
+
+def start_redis(args: list[str]) -> tuple[subprocess.Popen[bytes], str]:
+    import shutil
+
+    import redis
+
+    port = free_port()
+    binary = shutil.which("redis-server") or "/usr/bin/redis-server"
+    proc = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    client = redis.Redis.from_url(url, socket_timeout=1)
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            if client.ping():
+                return proc, url
+        except redis.exceptions.BusyLoadingError:
+            pass
+        except redis.ConnectionError:
+            if proc.poll() is not None:
+                raise RuntimeError(f"redis-server exited with {proc.returncode}") from None
+        assert time.monotonic() < deadline, "redis-server did not start"
+        time.sleep(0.05)
+
+
+def test_redis_restarted_with_the_shipped_settings_keeps_every_entry_pinned_ones_included(tmp_path):
+    import shutil
+
+    from graphcache.stores.redis import RedisStore
+
+    if not (shutil.which("redis-server") or os.path.exists("/usr/bin/redis-server")):
+        pytest.skip("needs redis-server (Debian package redis-server; scripts/test.sh installs it)")
+    args = shipped_redis_args(tmp_path)
+    proc, url = start_redis(args)
+    try:
+        store = RedisStore(url)
+        arts = [make_artifact(spec(batch=b), size=30_000) for b in range(1, 9)]
+        for i, art in enumerate(arts):
+            store.put(art.key, art.encode(), pin=i % 2 == 0)
+        store.close()
+        time.sleep(1.5)  # appendfsync everysec: what a crash may lose is the last second
+        proc.send_signal(signal.SIGKILL)  # a crash, not a clean shutdown
+        proc.wait(10)
+        proc, url = start_redis(args)
+        store = RedisStore(url)
+        for i, art in enumerate(arts):
+            assert store.get(art.key) == art.encode(), i
+            assert store.pinned(art.key) == (i % 2 == 0), i
+        store.close()
+    finally:
+        proc.kill()
+        proc.wait(10)
