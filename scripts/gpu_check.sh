@@ -41,15 +41,15 @@ echo "target: $has_gpu"
 
 if [[ "$has_gpu" == none:* ]]; then
   echo "== no GPU here: the GPU tests and the cold/warm benchmark need one. Running the CPU part."
-  "$PY" -m pytest -q tests/test_compiler_cudnn.py tests/test_cudnn_build.py tests/test_torch_sdpa.py tests/test_gpu.py tests/test_torch_gpu.py -rs 2>&1 | tail -n 15
+  "$PY" -m pytest -q tests/test_compiler_cudnn.py tests/test_cudnn_build.py tests/test_torch_sdpa.py tests/test_cudnn_ragged.py tests/test_gpu.py tests/test_torch_gpu.py tests/test_varlen_gpu.py -rs 2>&1 | tail -n 15
   exit 0
 fi
 
 echo "== GPU tests"
-"$PY" -m pytest -v -rs -s -m gpu tests/test_gpu.py tests/test_torch_gpu.py 2>&1 | tee "$OUT_DIR/gpu-tests.txt"
+"$PY" -m pytest -v -rs -s -m gpu tests/test_gpu.py tests/test_torch_gpu.py tests/test_varlen_gpu.py 2>&1 | tee "$OUT_DIR/gpu-tests.txt"
 gpu_rc=${PIPESTATUS[0]}
 echo "== CPU compiler tests (on this machine)"
-"$PY" -m pytest -q tests/test_compiler_cudnn.py tests/test_cudnn_build.py tests/test_torch_sdpa.py 2>&1 | tail -n 5
+"$PY" -m pytest -q tests/test_compiler_cudnn.py tests/test_cudnn_build.py tests/test_torch_sdpa.py tests/test_cudnn_ragged.py 2>&1 | tail -n 5
 cpu_rc=${PIPESTATUS[0]}
 
 echo "== cold vs warm (fresh process per sample)"
