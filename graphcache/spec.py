@@ -122,6 +122,8 @@ class GraphSpec:
                 "dropout",
             )
         object.__setattr__(self, "dropout", float(dropout))
+        if self.shapes == "class" and self.dropout:  # graphcache.classes.has_class says why
+            raise SpecError("shapes='class' is not supported with dropout: use shapes='exact'", "shapes")
         spec_ragged.check(self)
 
     def _check_window(self) -> None:

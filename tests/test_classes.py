@@ -168,3 +168,9 @@ def test_build_false_takes_a_stored_class_else_a_stored_exact_graph_and_policy_e
     classes.get(decode(seq_kv=128, shapes="class"))
     assert classes.load(decode(seq_kv=37), build=False).spec.is_class
     assert exact_cache.load(decode(seq_kv=38), build=True).spec == decode(seq_kv=38)
+
+
+def test_a_class_spec_with_dropout_is_refused_naming_shapes():
+    with pytest.raises(SpecError, match="shapes='class' is not supported with dropout") as err:
+        decode(shapes="class", dropout=0.1)
+    assert err.value.field == "shapes"

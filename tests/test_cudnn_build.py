@@ -24,6 +24,13 @@ def make(**changes) -> GraphSpec:
     return GraphSpec.from_dict({"batch": 2, "heads_q": 8, "seq_q": 128, "head_dim": 64, "mask": "causal", **changes})
 
 
+@pytest.fixture(autouse=True)
+def exact_shapes(monkeypatch):
+    """GraphCache.load of exact specs here, as under policy exact: the class
+    path of load is tests/test_classes.py's."""
+    monkeypatch.setenv("GRAPHCACHE_SHAPE_CLASSES", "exact")
+
+
 @pytest.fixture
 def cudnn():
     module = pytest.importorskip("cudnn", reason="needs nvidia-cudnn-frontend (1.32 runs its graph code on a CPU)")

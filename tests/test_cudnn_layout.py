@@ -20,8 +20,9 @@ MAY_IMPORT = {
     "ragged": {"releases"},
     "build": {"dialects", "graph", "releases"},
     "serialize": {"build", "releases"},
-    "loaded": {"compiler", "ragged"},  # compiler for its type only, under TYPE_CHECKING
-    "compiler": {"build", "loaded", "ragged", "releases", "serialize"},
+    "override": {"releases", "loaded"},  # loaded for its type only, under TYPE_CHECKING
+    "loaded": {"compiler", "override", "ragged"},  # compiler for its type only, under TYPE_CHECKING
+    "compiler": {"build", "loaded", "override", "ragged", "releases", "serialize"},
 }
 
 

@@ -43,6 +43,8 @@ def declare(
     }
     if handle is not None:
         graph_kwargs["handle"] = handle
+    if spec.is_class:  # declared at the class's maxima, run at real shapes (override.py)
+        graph_kwargs["is_override_shape_enabled"] = True
     graph = cudnn.pygraph(**graph_kwargs)
     tensors: dict[str, Any] = {}
 
@@ -55,7 +57,9 @@ def declare(
     for role in ("q", "k", "v"):
         add(role, spec.dims(role), spec.strides(role), io_type)
     kwargs: dict[str, Any] = {"attn_scale": spec.attn_scale, **mask_kwargs}
-    if spec.padding:
+    # A class graph always masks past the real lengths: overrides off the
+    # 64-row tile without a padding mask gave wrong output (cudnn-frontend#1148).
+    if spec.padding or spec.is_class:
         kwargs["use_padding_mask"] = True
         for role in ("seq_len_q", "seq_len_kv"):
             kwargs[role] = add(role, spec.dims(role), spec.strides(role), dt.INT32)

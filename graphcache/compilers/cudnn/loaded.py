@@ -79,6 +79,10 @@ class CudnnGraph:
         from graphcache.compilers.torch_sdpa import check_inputs
 
         spec = self.spec
+        if spec.is_class:  # real tensors of any shape the class covers
+            from graphcache.compilers.cudnn.override import execute_class
+
+            return execute_class(self, q, k, v, out, seq_len_q, seq_len_kv)
         tensors = {"q": q, "k": k, "v": v, "o": out, "seq_len_q": seq_len_q, "seq_len_kv": seq_len_kv}
         check_inputs(spec, tensors, device_type="cuda")
         if q.device != self.device:
@@ -124,6 +128,14 @@ class CudnnGraph:
         # cuDNN's ragged stats are token-major (T, H); varlen_attn's lse is (H, T).
         lse = None if stats is None else stats[: q.shape[0]].t().contiguous()
         return out, lse
+
+    def bind(self, spec: GraphSpec) -> Any:
+        """This class graph at one exact spec of its class, its override
+        lists made once (``override.ClassRun``). Raises ExecutionError for a
+        spec the class does not cover."""
+        from graphcache.compilers.cudnn.override import ClassRun
+
+        return ClassRun(self, spec)
 
     def run_views(self, q: Any, k: Any, v: Any) -> Any:
         """The per-call path of graphcache.torch: ``q``, ``k``, ``v`` are the

@@ -1,0 +1,279 @@
+"""Length classes in cuDNN: a class spec's graph run at real shapes through
+execute-time shape override (notes/shape-classes.md).
+
+A class graph is declared at its class's maxima with
+``pygraph(is_override_shape_enabled=True)`` and always the padding mask
+(``graph.py``), so rows and keys past the real lengths are masked. Each call
+passes ``override_uids`` / ``override_shapes`` / ``override_strides`` for
+every tensor whose extent involves b or s, in the graph's declared axis
+order (b, h, s, d), with the strides of the real buffers, and seq lens equal
+to the real lengths. ``ClassRun`` is a class graph bound to one exact spec,
+with its lists and seq-len tensors made once (what the drop-in memo holds).
+``check_class`` is the build-time guard: nobody has published whether a
+deserialized plan honours overrides, or whether SM90's engines do.
+
+May import: releases, graphcache.spec/uids/errors (torch and torch_sdpa lazily).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING, Any
+
+from graphcache.compilers.cudnn.releases import OVERRIDE_WORKSPACE, SHAPE_OVERRIDE, available, missing
+from graphcache.errors import ExecutionError, UnsupportedSpec
+from graphcache.spec import GraphSpec
+from graphcache.uids import UidMap
+
+if TYPE_CHECKING:
+    from graphcache.compilers.cudnn.loaded import CudnnGraph
+
+# Every tensor whose extent involves b or s, in the order they are passed.
+OVERRIDDEN = ("q", "k", "v", "o", "stats", "seq_len_q", "seq_len_kv")
+_LAYOUT_ROLES = ("q", "k", "v", "o")
+
+
+def check_target(spec: GraphSpec, frontend: str, cudnn: str | int) -> None:
+    """Raise UnsupportedSpec (a negative entry: callers use exact specs on
+    this target) where this stack cannot run a class graph: cuDNN < 9.21, or
+    a frontend whose Python ``execute()`` drops the override lists (< 1.24)."""
+    problem = missing(SHAPE_OVERRIDE, frontend, cudnn)
+    if problem:
+        raise UnsupportedSpec(
+            f"{spec.summary()} is a length class, and {problem}: exact specs serve this target "
+            "(GraphCache falls back to them; GRAPHCACHE_SHAPE_CLASSES=exact records them)",
+            step="preflight",
+        )
+
+
+def roles(spec: GraphSpec) -> tuple[str, ...]:
+    """The overridden roles a class graph declares (stats only with generate_stats)."""
+    return tuple(r for r in OVERRIDDEN if r != "stats" or spec.generate_stats)
+
+
+def lists_for(spec: GraphSpec, uids: UidMap) -> dict[str, list[Any]]:
+    """The override keywords for the real (exact) ``spec`` with packed
+    tensors in its layout: what torch's tensors of that call shape have
+    (the drop-in's memo key has matched their shapes and strides)."""
+    names = roles(spec)
+    return {
+        "override_uids": [uids[r] for r in names],
+        "override_shapes": [list(spec.dims(r)) for r in names],
+        "override_strides": [list(spec.strides(r)) for r in names],
+    }
+
+
+def lists_of(uids: UidMap, views: dict[str, Any]) -> dict[str, list[Any]]:
+    """The override keywords read off real tensors: ``views`` maps roles to
+    (b, h, s, d)-ordered tensors (any strides)."""
+    names = [r for r in OVERRIDDEN if r in views]
+    return {
+        "override_uids": [uids[r] for r in names],
+        "override_shapes": [list(views[r].shape) for r in names],
+        "override_strides": [list(views[r].stride()) for r in names],
+    }
+
+
+def workspace_size(graph: CudnnGraph, lists: dict[str, list[Any]]) -> int:
+    """The workspace a real shape needs: the override-aware query where
+    cuDNN >= 9.23 and frontend >= 1.24 have it, else the declared shape's."""
+    target = graph.artifact.target
+    if not available(OVERRIDE_WORKSPACE, target.frontend, target.cudnn):
+        return graph.workspace_size
+    queried = int(graph._graph.get_workspace_size(graph._compiler.handle(), **lists))
+    return max(queried, graph.workspace_size)
+
+
+def workspace(graph: CudnnGraph, size: int) -> Any:
+    """The current stream's workspace, grown to ``size`` bytes if it is smaller."""
+    import torch
+
+    current = graph.workspace
+    if current.numel() >= size:
+        return current
+    stream = torch.cuda.current_stream(graph.device)
+    with _on(graph.device):
+        grown = torch.empty(size, device=graph.device, dtype=torch.uint8)
+    graph._workspaces[stream.cuda_stream] = grown
+    return grown
+
+
+def _on(device: Any) -> Any:
+    """The GPU's context (a CPU stand-in of the frontend graph, in tests, needs none)."""
+    import torch
+
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
+def _lengths(spec: GraphSpec, device: Any) -> tuple[Any, Any]:
+    import torch
+
+    shape = (spec.batch, 1, 1, 1)
+    return (
+        torch.full(shape, spec.seq_q, dtype=torch.int32, device=device),
+        torch.full(shape, spec.seq_kv or spec.seq_q, dtype=torch.int32, device=device),
+    )
+
+
+def execute_class(graph: CudnnGraph, q: Any, k: Any, v: Any, out: Any, seq_len_q: Any, seq_len_kv: Any) -> Any:
+    """``CudnnGraph.execute`` of a class graph: real tensors of any shape the
+    class covers, in its layout, any strides with a packed last dim (a view
+    into a larger buffer included). Raises ExecutionError otherwise."""
+    import torch
+
+    from graphcache.compilers.classgraph import real_spec
+    from graphcache.compilers.torch_sdpa import to_bhsd, torch_dtype
+
+    spec = real_spec(graph.spec, q, k)
+    given = {"q": q, "k": k, "v": v, "o": out}
+    for role, t in given.items():
+        if t is None:
+            continue
+        if tuple(t.shape) != spec.storage_shape(role):
+            raise ExecutionError(
+                f"{role} has shape {tuple(t.shape)}; {spec.summary()} needs {spec.storage_shape(role)}"
+            )
+        if t.dtype != torch_dtype(spec) or t.device != graph.device or t.stride(-1) != 1:
+            raise ExecutionError(
+                f"{role} must be {torch_dtype(spec)} on {graph.device} with a packed last dim "
+                f"(got {t.dtype} on {t.device}, strides {tuple(t.stride())})"
+            )
+    if spec.padding != (seq_len_q is not None) or spec.padding != (seq_len_kv is not None):
+        raise ExecutionError(f"seq_len_q and seq_len_kv are {'needed' if spec.padding else 'not taken'} here")
+    with _on(graph.device), graph._compiler._lock:
+        if out is None:
+            out = torch.empty(spec.storage_shape("o"), dtype=q.dtype, device=q.device)
+        if seq_len_q is None:
+            seq_len_q, seq_len_kv = _lengths(spec, q.device)  # the padding mask at the real lengths
+        views = {r: to_bhsd(spec, t) for r, t in (("q", q), ("k", k), ("v", v), ("o", out))}
+        views.update(seq_len_q=seq_len_q, seq_len_kv=seq_len_kv)
+        stats = None
+        if spec.generate_stats:
+            stats = views["stats"] = torch.empty(spec.dims("stats"), dtype=torch.float32, device=q.device)
+        lists = lists_of(graph.uids, views)
+        _run(graph, {graph.uids[r]: t for r, t in views.items()}, lists, workspace_size(graph, lists))
+    return (out, stats) if spec.generate_stats else out
+
+
+def _run(graph: CudnnGraph, pack: dict[int, Any], lists: dict[str, list[Any]], size: int) -> None:
+    """One execute with the override keywords (the lock held)."""
+    graph._graph.execute(pack, workspace(graph, size), handle=graph._compiler.handle(), **lists)
+
+
+class ClassRun:
+    """A class graph bound to one exact spec of its class: the override
+    lists, seq-len tensors and workspace size are made once, here, so a
+    drop-in hit pays a dict lookup and the launch."""
+
+    backend = "cudnn"
+
+    def __init__(self, graph: CudnnGraph, spec: GraphSpec) -> None:
+        from graphcache.compilers.classgraph import check_covered
+
+        check_covered(graph.spec, spec)
+        self.graph = graph
+        self.spec = spec
+        self.class_spec = graph.spec
+        self.lists = lists_for(spec, graph.uids)
+        self.seq_lens = None if spec.padding else _lengths(spec, graph.device)
+        with graph._compiler._lock:
+            self.workspace_size = workspace_size(graph, self.lists)
+        self._out = (tuple(spec.dims("o")), tuple(spec.strides("o")))
+
+    def execute(self, q: Any, k: Any, v: Any, **kwargs: Any) -> Any:
+        """The checked path: ``CudnnGraph.execute`` of the class graph."""
+        return self.graph.execute(q, k, v, **kwargs)
+
+    def run_views(self, q: Any, k: Any, v: Any) -> Any:
+        """The drop-in's per-call path (as ``CudnnGraph.run_views``): torch's
+        (b, h, s, d) views of packed tensors of this exact shape in, such a
+        view out. For specs without padding or stats."""
+        import torch
+
+        graph, uids = self.graph, self.graph.uids
+        shape, strides = self._out
+        assert self.seq_lens is not None
+        with _on(graph.device), graph._compiler._lock:
+            out = torch.empty_strided(shape, strides, dtype=q.dtype, device=q.device)
+            pack = {uids["q"]: q, uids["k"]: k, uids["v"]: v, uids["o"]: out}
+            pack[uids["seq_len_q"]], pack[uids["seq_len_kv"]] = self.seq_lens
+            _run(graph, pack, self.lists, self.workspace_size)
+        return out
+
+
+# -- the build-time check ------------------------------------------------------------
+
+
+def check_shapes(klass: GraphSpec) -> list[GraphSpec]:
+    """The real shapes a class graph is checked at: the declared maximum, the
+    smallest, lengths off the 64-row tile (1 and 33 keys; 96 and 160 rows, of
+    queries or, for decode, of keys, where they fit), at full and at one batch."""
+    assert klass.seq_kv is not None
+    decode = klass.seq_q == 1
+    big_b = klass.batch
+    shapes = [(big_b, klass.seq_q, klass.seq_kv), (1, 1 if decode else 2, 1)]
+    for keys in (1, 33):
+        shapes.append((big_b, 1 if decode else min(klass.seq_q, max(2, keys)), keys))
+    for rows in (96, 160):
+        if decode and rows <= klass.seq_kv:
+            shapes.append((max(1, big_b - 1), 1, rows))
+        elif not decode and rows <= klass.seq_q and rows <= klass.seq_kv:
+            shapes.append((max(1, big_b - 1), rows, rows))
+    return [klass.at(b, q, kv) for b, q, kv in dict.fromkeys(shapes)]
+
+
+def canary_spec(spec: GraphSpec) -> GraphSpec:
+    """The real shape a class graph's canary runs at (not the declared one:
+    that alone would not show a plan that ignores the override); an exact
+    spec's own."""
+    if not spec.is_class:
+        return spec
+    assert spec.seq_kv is not None
+    seq_q = 1 if spec.seq_q == 1 else spec.seq_q - 29
+    return spec.at(max(1, spec.batch // 2), seq_q, spec.seq_kv - 29)
+
+
+def _poisoned(real: Any, pad: tuple[int, ...]) -> Any:
+    """``real``'s values as a view into a larger NaN-filled buffer (each dim
+    ``pad`` longer), so a plan that reads or writes past the real extent
+    shows as non-finite output."""
+    import torch
+
+    big = torch.full(
+        [n + p for n, p in zip(real.shape, pad, strict=True)], float("nan"), dtype=real.dtype, device=real.device
+    )
+    view = big[tuple(slice(0, n) for n in real.shape)]
+    view.copy_(real)
+    return view
+
+
+def check_class(graph: CudnnGraph) -> float:
+    """Run the (round-tripped) class graph at every ``check_shapes`` shape,
+    each tensor a view into a NaN-filled buffer, against the float32
+    reference. Returns the largest error; raises UnsupportedSpec naming the
+    shapes whose output disagreed (recorded for this target: callers use
+    exact specs there)."""
+    from graphcache.compilers.torch_sdpa import TOLERANCE, random_inputs, reference_error, within_tolerance
+
+    klass = graph.spec
+    pad = (1, 64, 0, 0) if klass.layout == "bshd" else (1, 0, 64, 0)
+    worst, failed = 0.0, []
+    for n, real in enumerate(check_shapes(klass)):
+        feed = random_inputs(real, str(graph.device), seed=100 + n)
+        poisoned = {r: _poisoned(t, pad) if r in _LAYOUT_ROLES else t for r, t in feed.items()}
+        out = _poisoned(feed["q"].new_zeros(real.storage_shape("o")), pad)
+        result = execute_class(
+            graph, poisoned["q"], poisoned["k"], poisoned["v"], out, feed.get("seq_len_q"), feed.get("seq_len_kv")
+        )
+        error = reference_error(real, result[0] if real.generate_stats else result, feed)
+        worst = max(worst, error)
+        if not within_tolerance(real, error):
+            failed.append(f"b{real.batch} q{real.seq_q} kv{real.seq_kv} (error {error:.2e})")
+    if failed:
+        raise UnsupportedSpec(
+            f"the class graph {klass.summary()} disagrees with the float32 reference at real shapes "
+            f"{', '.join(failed)} (tolerance {TOLERANCE[klass.dtype]:.0e}, inputs in NaN-filled buffers): "
+            "exact specs serve this target",
+            step="check",
+        )
+    return worst
