@@ -46,7 +46,12 @@ def diagnose(spec: GraphSpec | None = None) -> dict[str, Any]:
         except Exception as exc:  # noqa: BLE001 - say why, keep going
             rows.append(("target", f"unknown: {exc}"))
     else:
-        rows.append(("GPU", "none (no CUDA device visible to torch)"))
+        seen = (
+            "no CUDA device visible to torch"
+            if torch is not None
+            else "torch is not installed: pip install 'graphcache[gpu]'"
+        )
+        rows.append(("GPU", f"none ({seen})"))
     rows.extend(_sdpa_backends(torch, spec, gpu))
     if gpu and cudnn is not None:
         verdict.append("This machine can build, serve and load cuDNN graphs (graphcache warm / build).")

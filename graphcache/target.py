@@ -123,8 +123,7 @@ class Target:
         if not torch.cuda.is_available():
             raise NoGpu(
                 "no CUDA GPU found (torch.cuda.is_available() is False); building and "
-                "loading cuDNN graphs needs one. Name another machine's target with "
-                "--target to read its artifacts."
+                "loading cuDNN graphs needs one"
             )
         major, minor = torch.cuda.get_device_capability(device)
         name = torch.cuda.get_device_name(device)

@@ -156,7 +156,8 @@ class RequestMetrics:
             return
         path = scope["path"]
         if path.startswith(ARTIFACTS):
-            route = "/v1/artifacts/{key}"
+            # pin and unpin are routes of their own, not artifact DELETEs
+            route = "/v1/artifacts/{key}/pin" if path.endswith("/pin") else "/v1/artifacts/{key}"
         elif path in KNOWN_ROUTES:
             route = path
         else:

@@ -28,10 +28,20 @@ from graphcache.settings import Settings
 from graphcache.spec import GraphSpec
 from graphcache.stores import Store, disk_folder, open_store
 
+
+def _pipe_width() -> int | None:
+    """None on a terminal or with COLUMNS set (Rich then uses that width);
+    otherwise wide enough that a table written to a file or a log keeps
+    whole target texts and keys (Rich's default there is 80 columns)."""
+    if sys.stdout.isatty() or os.environ.get("COLUMNS", "").strip().isdigit():
+        return None
+    return 400
+
+
 # Markup off: what is printed holds paths, specs and error texts, and Rich
 # would read '[gpu]' or '[/x]' in them as tags (dropping or crashing on them).
 # Colour is given explicitly with Text(..., style=...).
-console = Console(markup=False, highlight=False)
+console = Console(markup=False, highlight=False, width=_pipe_width())
 err_console = Console(stderr=True, soft_wrap=True, markup=False, highlight=False)
 
 

@@ -26,7 +26,7 @@ from graphcache.cli.common import (
     server_store,
     store_options,
 )
-from graphcache.errors import StoreError
+from graphcache.errors import NoGpu, StoreError
 
 
 def _load_compiler(path: str) -> Any:
@@ -201,7 +201,11 @@ def prefetch_cmd(ctx: Context, manifest: str, target: str | None, server: str | 
     else:
         from graphcache.compilers.cudnn import CudnnCompiler
 
-        tgt = CudnnCompiler().target()  # NoGpu with a clear message: then give --target
+        try:
+            tgt = CudnnCompiler().target()
+        except NoGpu as exc:
+            # Here --target helps: a machine without the GPU fetches for one that has it.
+            raise NoGpu(f"{exc}; give --target TARGET (the serving GPU's, from 'graphcache doctor' there)") from exc
     tiered = TieredStore(local, remote)
     cache = GraphCache(
         tiered,

@@ -32,23 +32,24 @@ from graphcache.stores import Store, stored_header
 
 @main.command("ls")
 @click.option("--target", default=None, help="Only entries for this target text.")
-@click.option("--json", "as_json", is_flag=True, help="Headers as JSON lines.")
+@click.option("--json", "as_json", is_flag=True, help="Headers as JSON lines (size: payload bytes; pinned).")
 @store_options
 @pass_ctx
 def ls_cmd(ctx: Context, target: str | None, as_json: bool) -> None:
-    """List stored artifacts: key prefix, spec, target, size, build seconds, age."""
+    """List stored artifacts: key prefix, spec, target, size (the plan's
+    payload bytes, as `inspect` says), build seconds, age, pinned."""
     if target is not None:
         from graphcache.target import Target
 
         target = str(Target.parse(target))  # a typo is an error, not an empty listing
     store = ctx.store(read_only=True)
-    table = Table("key", "spec", "target", "size", "build s", "age", "note")
+    table = Table("key", "spec", "target", "size", "build s", "age", "pinned", "note")
     count = 0
-    for key, header, problem in _listing(store, target):
+    for key, header, problem, pinned in _listing(store, target):
         if problem is not None:
             if as_json:
                 click.echo(json.dumps({"key": key, "corrupt": problem}, sort_keys=True))
-            table.add_row(key[:12], "-", "-", "-", "-", "-", f"corrupt: {problem}")
+            table.add_row(key[:12], "-", "-", "-", "-", "-", "-", f"corrupt: {problem}")
             continue
         if header is None:
             continue
@@ -58,7 +59,7 @@ def ls_cmd(ctx: Context, target: str | None, as_json: bool) -> None:
         count += 1
         size = int(header["payload_size"])
         if as_json:
-            click.echo(json.dumps({"key": key, "size": size, **header}, sort_keys=True))
+            click.echo(json.dumps({"key": key, "size": size, "pinned": pinned, **header}, sort_keys=True))
             continue
         try:
             summary = GraphSpec.from_dict(header["spec"]).summary()
@@ -66,25 +67,31 @@ def ls_cmd(ctx: Context, target: str | None, as_json: bool) -> None:
             summary = "?"
         note = f"unsupported: {header['unsupported']}" if header.get("unsupported") else ""
         build = f"{float(header.get('build_seconds') or 0):.2f}"
-        table.add_row(key[:12], summary, text, human_size(size), build, age(header.get("created_at", "")), note)
+        shown = "?" if pinned is None else ("yes" if pinned else "")
+        created = age(header.get("created_at", ""))
+        table.add_row(key[:12], summary, text, human_size(size), build, created, shown, note)
     if not as_json:
         console.print(table)
         console.print(f"{count} artifact(s) in {store!r}")
 
 
-def _listing(store: Store, target: str | None) -> Iterator[tuple[str, dict[str, Any] | None, str | None]]:
-    """(key, header, problem) for every entry, by key. A service is asked for
-    its listing route (headers only, filtered there), never every artifact."""
+def _listing(store: Store, target: str | None) -> Iterator[tuple[str, dict[str, Any] | None, str | None, bool | None]]:
+    """(key, header, problem, pinned) for every entry, by key; pinned is None
+    where the store cannot say. A service is asked for its listing route
+    (headers only, filtered there), never every artifact."""
     items = getattr(store, "items", None)
     if items is not None:
         for item in items(target):
-            yield item["key"], item.get("header"), item.get("corrupt")
+            yield item["key"], item.get("header"), item.get("corrupt"), item.get("pinned")
         return
+    is_pinned = getattr(store, "pinned", None)
     for key in sorted(store.keys()):
         try:
-            yield key, stored_header(store, key), None
+            header = stored_header(store, key)
         except CorruptArtifact as exc:
-            yield key, None, str(exc)
+            yield key, None, str(exc), None
+            continue
+        yield key, header, None, (None if is_pinned is None or header is None else bool(is_pinned(key)))
 
 
 @main.command("inspect")
@@ -116,7 +123,9 @@ def inspect_cmd(ctx: Context, what: str) -> None:
         except CorruptArtifact as exc:
             header["verified"] = False
             header["problem"] = str(exc)
-    header["size"] = len(data)
+    # size is the payload's bytes, as in `ls`; the whole envelope is envelope_size.
+    header["size"] = header.get("payload_size", len(data))
+    header["envelope_size"] = len(data)
     click.echo(json.dumps(header, indent=2, sort_keys=True))
     if not header["verified"]:
         sys.exit(1)

@@ -279,8 +279,10 @@ class DiskStore:
         return self._set_tag(key, None)
 
     def pinned(self, key: str) -> bool:
-        _, tag = self._cache.get(key, default=None, tag=True, retry=True)
-        return tag == PINNED
+        # The tag only: diskcache's get(tag=True) would read the value too.
+        query = "SELECT tag FROM Cache WHERE key = ? AND raw = 1"
+        rows = self._cache._sql(query, (key,)).fetchall()  # noqa: SLF001
+        return bool(rows) and rows[0][0] == PINNED
 
     def _set_tag(self, key: str, tag: str | None) -> bool:
         # The tag alone: rewriting the value would need its size in free

@@ -71,6 +71,7 @@ def _page(
         return [{"key": k} for k in page], (page[-1] if len(keys) > limit else None)
     items: list[dict[str, Any]] = []
     last = None
+    is_pinned = getattr(store, "pinned", None)
     for key in keys:
         try:
             header = stored_header(store, key)
@@ -83,7 +84,12 @@ def _page(
             last = key
             if target is not None and header.get("target_text") != target:
                 continue
-            items.append({"key": key} if keys_only else {"key": key, "size": header["payload_size"], "header": header})
+            item: dict[str, Any] = {"key": key}
+            if not keys_only:
+                item.update(size=header["payload_size"], header=header)
+                if is_pinned is not None:
+                    item["pinned"] = bool(is_pinned(key))
+            items.append(item)
         if len(items) >= limit:
             break
     more = last is not None and any(k > last for k in keys)
