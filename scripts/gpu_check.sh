@@ -2,7 +2,7 @@
 # The GPU check: one command for a machine with an NVIDIA GPU.
 #   1. what the machine has (graphcache doctor),
 #   2. the GPU tests (pytest -m gpu) and the CPU compiler tests,
-#   3. the cold-vs-warm benchmark for SDPA bf16 b1 h32 d128 causal at seq 4096 and 512,
+#   3. class graphs (scripts/bench_classes_gpu.py) and the cold-vs-warm benchmark for SDPA bf16 b1 h32 d128 causal at seq 4096 and 512,
 #   4. a summary table.
 # Without a GPU it says so, runs the CPU part, and exits 0.
 #
@@ -41,16 +41,19 @@ echo "target: $has_gpu"
 
 if [[ "$has_gpu" == none:* ]]; then
   echo "== no GPU here: the GPU tests and the cold/warm benchmark need one. Running the CPU part."
-  "$PY" -m pytest -q tests/test_compiler_cudnn.py tests/test_cudnn_build.py tests/test_torch_sdpa.py tests/test_cudnn_ragged.py tests/test_gpu.py tests/test_torch_gpu.py tests/test_varlen_gpu.py -rs 2>&1 | tail -n 15
+  "$PY" -m pytest -q tests/test_compiler_cudnn.py tests/test_cudnn_build.py tests/test_torch_sdpa.py tests/test_cudnn_ragged.py tests/test_gpu.py tests/test_torch_gpu.py tests/test_varlen_gpu.py tests/test_classes_cudnn.py tests/test_classes_gpu.py -rs 2>&1 | tail -n 15
   exit 0
 fi
 
 echo "== GPU tests"
-"$PY" -m pytest -v -rs -s -m gpu tests/test_gpu.py tests/test_torch_gpu.py tests/test_varlen_gpu.py 2>&1 | tee "$OUT_DIR/gpu-tests.txt"
+"$PY" -m pytest -v -rs -s -m gpu tests/test_gpu.py tests/test_torch_gpu.py tests/test_varlen_gpu.py tests/test_classes_gpu.py 2>&1 | tee "$OUT_DIR/gpu-tests.txt"
 gpu_rc=${PIPESTATUS[0]}
 echo "== CPU compiler tests (on this machine)"
-"$PY" -m pytest -q tests/test_compiler_cudnn.py tests/test_cudnn_build.py tests/test_torch_sdpa.py tests/test_cudnn_ragged.py 2>&1 | tail -n 5
+"$PY" -m pytest -q tests/test_compiler_cudnn.py tests/test_cudnn_build.py tests/test_torch_sdpa.py tests/test_cudnn_ragged.py tests/test_classes_cudnn.py 2>&1 | tail -n 5
 cpu_rc=${PIPESTATUS[0]}
+
+echo "== class graphs: error at off-tile shapes, class-at-a-short-shape vs exact execute time"
+"$PY" scripts/bench_classes_gpu.py --json "$OUT_DIR/classes.json" 2>&1 | tee "$OUT_DIR/classes.txt"
 
 echo "== cold vs warm (fresh process per sample)"
 "$PY" -m graphcache.cli --cache-dir "$OUT_DIR/cache" bench \

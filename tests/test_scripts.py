@@ -23,5 +23,6 @@ def test_bench_torch_dropin_runs_and_reports_every_case():
         cwd=ROOT,
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    for case in ("hit bhsd", "hit bshd", "op (custom op) bhsd", "fallback bhsd fp32"):
+    for case in ("hit bhsd", "hit bshd", "op (custom op) bhsd", "fallback bhsd fp32", "class decode kv129-256"):
         assert case in out.stdout, out.stdout
+    assert "class run: graphs 2, call shapes served 384" in out.stdout, out.stdout
