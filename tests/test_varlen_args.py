@@ -14,11 +14,11 @@ from graphcache.spec_ragged import descriptors  # noqa: E402
 
 RAGGED = GraphSpec(
     batch=4, heads_q=8, heads_kv=2, seq_q=128, head_dim=64, dtype="bfloat16", layout="thd",
-    mask="causal_bottom_right", generate_stats=True, shapes="class",
+    mask="causal_bottom_right", generate_stats=True,
 )  # fmt: skip
 PAGED = GraphSpec(
     batch=4, heads_q=8, heads_kv=2, seq_q=1, head_dim=64, dtype="bfloat16", layout="thd",
-    mask="causal_bottom_right", page_size=16, num_pages=32, pages_per_seq=8, shapes="class",
+    mask="causal_bottom_right", page_size=16, num_pages=32, pages_per_seq=8,
 )  # fmt: skip
 
 
@@ -91,7 +91,7 @@ def test_paged_values():
     [
         ("width", "table width is part of the graph"),
         ("pool", "key has shape"),
-        ("batch", "serves at most 4"),
+        ("batch", "serves 1 to 4"),
         ("dtype", "takes torch.bfloat16"),
     ],
 )

@@ -8,8 +8,8 @@ strides, dtypes and devices, which torch keeps on the host. So a call on a
 GPU never waits for the GPU here; tests/test_varlen_args.py checks that by
 making ``.item()``/``.tolist()``/``bool()`` raise.
 
-A graph declared for ``batch`` sequences serves a call of ``n <= batch``
-(a length class): the offsets repeat their last value and the sequence
+A thd graph declared for ``batch`` sequences of at most ``seq_q`` /
+``seq_kv`` tokens serves every call within those: the offsets repeat their last value and the sequence
 lengths are 0 for the ``batch - n`` missing sequences, which the padding
 mask then skips (cudnn-frontend's test_sdpa_with_caching pads batches so).
 """
@@ -69,9 +69,8 @@ def check_call(
         if t.device != device:
             raise ExecutionError(f"{name} is on {t.device} but query is on {device}: put all on one device")
     n = _check_index("cu_seq_q", cu_seq_q, device) - 1
-    if n < 1 or n > spec.batch or (not spec.is_class and n != spec.batch):
-        limit = f"at most {spec.batch}" if spec.is_class else f"exactly {spec.batch}"
-        raise ExecutionError(f"cu_seq_q holds {n} sequences; {spec.summary()} serves {limit}")
+    if n < 1 or n > spec.batch:
+        raise ExecutionError(f"cu_seq_q holds {n} sequences; {spec.summary()} serves 1 to {spec.batch}")
     if paged:
         if block_table is None or seqused_k is None:
             raise ExecutionError(f"{spec.summary()} is paged: pass block_table and seqused_k")
@@ -111,45 +110,67 @@ def graph_inputs(
     the dims, strides and dtypes ``spec_ragged.descriptors`` declares:
     ``seq_len_q``/``seq_len_kv`` (int32), ``ragged_*`` element offsets
     (int64) and, for a paged spec, ``page_table_k``/``page_table_v`` (the
-    same int32 buffer). Device arithmetic only: no host synchronisation."""
+    same int32 buffer). Device arithmetic only, no host synchronisation, in
+    a few batched kernels (each a launch on a GPU): the offsets of every
+    role are one product of the stacked prefix sums with per-role token
+    strides, padded to the class's batch by one gather."""
+    import torch
+
+    b = spec.batch
+    n = int(cu_seq_q.shape[0]) - 1
+    paged = spec.page_size is not None
+    consts = _constants(spec, n, cu_seq_q.device)
+    stacked = torch.stack([cu_seq_q, cu_seq_q if paged else cu_seq_k]).to(torch.int64)  # (2, n + 1)
+    if n != b:
+        stacked = stacked.index_select(1, consts["gather"])  # the last offset repeated: 0-length sequences
+    offsets = stacked.index_select(0, consts["rows"]) * consts["strides"]  # (roles, b + 1), rows contiguous
+    out: dict[str, Any] = dict(zip(consts["roles"], offsets.view(-1, b + 1, 1, 1, 1).unbind(0), strict=True))
+    seq_len_q, seq_len_kv = torch.diff(stacked, dim=1).to(torch.int32).view(2, b, 1, 1, 1).unbind(0)
+    out["seq_len_q"] = seq_len_q
+    if paged or seqused_k is not None:
+        used = seqused_k if seqused_k.dtype == torch.int32 else seqused_k.to(torch.int32)
+        if n != b:
+            used = torch.cat([used, consts["zeros"]])
+        out["seq_len_kv"] = used.view(b, 1, 1, 1)
+    else:
+        out["seq_len_kv"] = seq_len_kv
+    if paged:
+        assert spec.pages_per_seq is not None
+        table = block_table if n == b else torch.cat([block_table, consts["rows_pad"]])
+        out["page_table_k"] = out["page_table_v"] = table.contiguous().view(b, 1, spec.pages_per_seq, 1)
+    return out
+
+
+_CONSTANTS: dict[tuple[Any, ...], dict[str, Any]] = {}
+
+
+def _constants(spec: GraphSpec, n: int, device: Any) -> dict[str, Any]:
+    """Small per-(spec, n, device) tensors the arithmetic reuses, made once."""
+    key = (spec, n, device)
+    found = _CONSTANTS.get(key)
+    if found is not None:
+        return found
     import torch
 
     assert spec.heads_kv is not None and spec.head_dim_v is not None
     b = spec.batch
-    n = int(cu_seq_q.shape[0]) - 1
-    pad = b - n
-    cq = _padded_offsets(cu_seq_q, pad)
-    out: dict[str, Any] = {
-        "seq_len_q": (cq[1:] - cq[:-1]).to(torch.int32).view(b, 1, 1, 1),
-        "ragged_q": (cq * (spec.heads_q * spec.head_dim)).view(b + 1, 1, 1, 1),
-        "ragged_o": (cq * (spec.heads_q * spec.head_dim_v)).view(b + 1, 1, 1, 1),
-    }
+    hq, hkv = spec.heads_q, spec.heads_kv
+    # role -> (which prefix sums: 0 queries, 1 keys; elements per token)
+    table = {"ragged_q": (0, hq * spec.head_dim), "ragged_o": (0, hq * spec.head_dim_v)}
     if spec.generate_stats:
-        out["ragged_stats"] = (cq * spec.heads_q).view(b + 1, 1, 1, 1)
-    if spec.page_size is not None:
-        assert spec.pages_per_seq is not None
-        table = block_table
-        if pad:
-            table = torch.cat([table, table.new_zeros((pad, spec.pages_per_seq))])
-        table = table.contiguous().view(b, 1, spec.pages_per_seq, 1)
-        out["page_table_k"] = out["page_table_v"] = table
-        used = seqused_k.to(torch.int32)
-    else:
-        ck = _padded_offsets(cu_seq_k, pad)
-        out["ragged_k"] = (ck * (spec.heads_kv * spec.head_dim)).view(b + 1, 1, 1, 1)
-        out["ragged_v"] = (ck * (spec.heads_kv * spec.head_dim_v)).view(b + 1, 1, 1, 1)
-        used = (ck[1:] - ck[:-1]).to(torch.int32)[:n] if seqused_k is None else seqused_k.to(torch.int32)
-    if pad:
-        used = torch.cat([used, used.new_zeros(pad)])
-    out["seq_len_kv"] = used.contiguous().view(b, 1, 1, 1)
-    return out
-
-
-def _padded_offsets(cu: Any, pad: int) -> Any:
-    """``cu`` as int64, its last offset repeated ``pad`` more times."""
-    import torch
-
-    c = cu.to(torch.int64)
-    if pad:
-        c = torch.cat([c, c[-1:].expand(pad)])
-    return c
+        table["ragged_stats"] = (0, hq)
+    if spec.page_size is None:
+        table["ragged_k"] = (1, hkv * spec.head_dim)
+        table["ragged_v"] = (1, hkv * spec.head_dim_v)
+    found = {
+        "roles": tuple(table),
+        "rows": torch.tensor([r for r, _ in table.values()], dtype=torch.int64, device=device),
+        "strides": torch.tensor([[w] for _, w in table.values()], dtype=torch.int64, device=device),
+        "gather": torch.tensor([min(i, n) for i in range(b + 1)], dtype=torch.int64, device=device),
+        "zeros": torch.zeros(max(b - n, 0), dtype=torch.int32, device=device),
+        "rows_pad": torch.zeros((max(b - n, 0), spec.pages_per_seq or 0), dtype=torch.int32, device=device),
+    }
+    if len(_CONSTANTS) > 4096:  # bounded: a long-running server sees a few specs and batch sizes
+        _CONSTANTS.clear()
+    _CONSTANTS[key] = found
+    return found

@@ -25,14 +25,12 @@ from typing import Any
 import torch
 import torch.nn.attention.varlen as _torch_varlen  # registers torch_attn::_varlen_attn
 
-from graphcache.compilers.classgraph import BoundGraph
 from graphcache.compilers.varlen_ref import varlen_reference
 from graphcache.errors import UnsupportedCall
 from graphcache.spec import GraphSpec
-from graphcache.torch.derive import Derived
 from graphcache.torch.patching import RUNTIME
 from graphcache.torch.runtime import Plan
-from graphcache.torch.varlen_derive import effective_window, varlen_spec
+from graphcache.torch.varlen_derive import declared, effective_window, varlen_spec
 
 # torch's own op, captured at import: the fallback never calls a patched
 # torch.nn.attention.varlen.varlen_attn (ours, or another library's).
@@ -152,12 +150,29 @@ def _plan(memo_key: tuple[Any, ...] | None, args: tuple[Any, ...], extra: tuple[
         except UnsupportedCall as exc:
             plan = Plan(None, None, exc.reason, str(exc))
         else:
-            plan = RUNTIME._plan_for(Derived(spec, False), args[0].device)
-            if isinstance(plan.graph, BoundGraph):  # a class graph takes every call its class covers
-                plan = Plan(plan.spec, plan.graph.graph, "")
+            plan = _plan_for(spec, args[0].device)
         if memo_key is not None:
             RUNTIME._memo[memo_key] = plan
         return plan
+
+
+def _plan_for(exact: GraphSpec, device: torch.device) -> Plan:
+    """The graph of the thd spec that serves the call's ``exact`` spec
+    (``varlen_derive.declared`` under the cache's length policy), from the
+    runtime's cache and loaded graphs. A thd graph takes every call within its
+    sizes as it is: its offsets and lengths say each call's shape."""
+    cache = RUNTIME._cache_for(device)
+    if cache is None:
+        where = f"{RUNTIME._device}" if RUNTIME._device is not None else "a CUDA GPU"
+        return Plan(exact, None, "device", f"tensors are on {device}; the graphs run on {where}")
+    spec = declared(exact, cache.shape_classes)
+    graph = RUNTIME._graphs.get(spec)
+    if graph is None:
+        graph, reason, message = RUNTIME._load(cache, spec)
+        if graph is None:
+            return Plan(spec, None, reason, message)
+        RUNTIME._graphs[graph.spec] = graph
+    return Plan(spec, graph, "")
 
 
 def derive(args: tuple[Any, ...], extra: tuple[Any, ...], dtype: str | None = None) -> GraphSpec:
@@ -199,7 +214,7 @@ def note(recorder: Any, args: tuple[Any, ...], extra: tuple[Any, ...]) -> None:
         found = ("autograd", "an input requires grad: varlen graphs are inference-only")
     else:
         try:
-            found = derive(args, extra, recorder.dtype)
+            found = declared(derive(args, extra, recorder.dtype), recorder.shape_classes)
         except UnsupportedCall as exc:
             found = (exc.reason, str(exc))
     # What Recorder.note does with an SDPA call's spec or reason.
