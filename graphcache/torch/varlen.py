@@ -116,7 +116,11 @@ def call(args: tuple[Any, ...], extra: tuple[Any, ...]) -> tuple[Any, Any]:
         )
     except (AttributeError, RuntimeError, TypeError):  # not tensors: derive says why
         memo_key = None
-    if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (query, key, value)):
+    if (
+        memo_key is not None
+        and torch.is_grad_enabled()
+        and (query.requires_grad or key.requires_grad or value.requires_grad)
+    ):
         plan = _AUTOGRAD
     elif memo_key is None:
         plan = _plan(None, args, extra)
