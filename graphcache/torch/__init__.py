@@ -1,7 +1,9 @@
 """graphcache for ordinary PyTorch code: a drop-in for
 ``torch.nn.functional.scaled_dot_product_attention`` served from cached
-cuDNN graphs, ``patch()`` to route a model's SDPA calls through it, and
-``record()`` to write the manifest of the specs a real run makes.
+cuDNN graphs, one for ``torch.nn.attention.varlen.varlen_attn``
+(``varlen_attn``: ragged and paged-KV graphs, docs/serving-engines.md),
+``patch()`` to route a model's calls through them, and ``record()`` to write
+the manifest of the specs a real run makes.
 
 Importing this module imports torch (nothing else in graphcache does), and
 registers the ``graphcache::sdpa`` custom op that torch.compile traces.
@@ -59,9 +61,11 @@ __all__ = [
 
 def stats() -> dict[str, Any]:
     """This process's drop-in counters: ``calls``, ``hits``, ``misses``,
-    ``fallbacks`` (calls that ran torch's SDPA, by reason: miss, mask, dtype,
-    head_dim, not_4d, layout, device, autograd, unsupported, no_gpu, ...),
-    ``graphs_loaded`` and ``missed_specs``."""
+    ``fallbacks`` (calls that ran torch's SDPA or varlen kernel, by reason:
+    miss, mask, dtype, head_dim, not_4d, layout, device, autograd,
+    unsupported, no_gpu, and for varlen_attn num_splits, window, page_size,
+    ...), ``graphs_loaded`` and ``missed_specs``. SDPA and varlen_attn calls
+    are counted together."""
     return RUNTIME.stats()
 
 
