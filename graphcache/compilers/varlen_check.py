@@ -37,21 +37,24 @@ def lengths_for(spec: GraphSpec) -> tuple[list[int], list[int]]:
 
 
 def inputs(spec: GraphSpec, device: str, seed: int = 0) -> dict[str, Any]:
-    """The check's call as ``run_varlen`` takes it (keyword arguments)."""
+    """The check's call as ``run_varlen`` takes it (keyword arguments),
+    drawn on ``device`` (a GPU at build time: a class's pools are hundreds of
+    MB) from a generator seeded with ``seed``; the pages are filled by one
+    scatter, the table and lengths made on the host (they are small)."""
     import torch
 
     from graphcache.compilers.torch_sdpa import torch_dtype
 
     assert spec.heads_kv is not None and spec.head_dim_v is not None
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
     dtype = torch_dtype(spec)
     lens_q, lens_k = lengths_for(spec)
 
     def draw(*shape: int) -> Any:
-        return torch.randn(*shape, generator=gen).mul_(0.5).to(dtype)
+        return torch.randn(*shape, generator=gen, device=device).mul_(0.5).to(dtype)
 
     def cumulative(lens: list[int]) -> Any:
-        return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+        return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
 
     nan = float("nan")
     total_q = sum(lens_q)
@@ -65,28 +68,31 @@ def inputs(spec: GraphSpec, device: str, seed: int = 0) -> dict[str, Any]:
         k[total_k:] = nan
         v[total_k:] = nan
         feed.update(k=k, v=v, cu_seq_k=cumulative(lens_k), seqused_k=None, block_table=None)
-    else:
-        assert spec.num_pages is not None and spec.pages_per_seq is not None
-        page = spec.page_size
-        k = torch.full((spec.num_pages, page, spec.heads_kv, spec.head_dim), nan).to(dtype)
-        v = torch.full((spec.num_pages, page, spec.heads_kv, spec.head_dim_v), nan).to(dtype)
-        order = torch.randperm(spec.num_pages, generator=gen).tolist()
-        table = torch.zeros(spec.batch, spec.pages_per_seq, dtype=torch.int32)
-        free = iter(order)
-        for b, lk in enumerate(lens_k):
-            for p in range(spec.pages_per_seq):
-                if p * page < lk:
-                    page_id = next(free, None)
-                    if page_id is None:  # a pool too small for the check's lengths: reuse the last
-                        page_id = order[-1]
-                    n = min(page, lk - p * page)
-                    k[page_id, :n] = draw(n, spec.heads_kv, spec.head_dim)
-                    v[page_id, :n] = draw(n, spec.heads_kv, spec.head_dim_v)
-                    table[b, p] = page_id
-                else:
-                    table[b, p] = order[-1]  # past the sequence: a page it must not read
-        feed.update(k=k, v=v, cu_seq_k=None, seqused_k=torch.tensor(lens_k, dtype=torch.int32), block_table=table)
-    return {name: (t.to(device) if hasattr(t, "to") else t) for name, t in feed.items()}
+        return feed
+    assert spec.num_pages is not None and spec.pages_per_seq is not None
+    page = spec.page_size
+    order = torch.randperm(spec.num_pages, generator=torch.Generator().manual_seed(seed)).tolist()
+    table = [[order[-1]] * spec.pages_per_seq for _ in lens_k]  # past a sequence: a page it must not read
+    slots: list[int] = []  # pool rows (page * page_size + offset) of every valid token
+    free = iter(order)
+    for b, lk in enumerate(lens_k):
+        for p in range(-(-lk // page)):
+            page_id = next(free, order[-1])  # a pool too small for the check's lengths: reuse the last
+            table[b][p] = page_id
+            slots += range(page_id * page, page_id * page + min(page, lk - p * page))
+    k = torch.full((spec.num_pages, page, spec.heads_kv, spec.head_dim), nan, device=device).to(dtype)
+    v = torch.full((spec.num_pages, page, spec.heads_kv, spec.head_dim_v), nan, device=device).to(dtype)
+    rows = torch.tensor(slots, dtype=torch.int64, device=device)
+    k.view(-1, spec.heads_kv, spec.head_dim)[rows] = draw(len(slots), spec.heads_kv, spec.head_dim)
+    v.view(-1, spec.heads_kv, spec.head_dim_v)[rows] = draw(len(slots), spec.heads_kv, spec.head_dim_v)
+    feed.update(
+        k=k,
+        v=v,
+        cu_seq_k=None,
+        seqused_k=torch.tensor(lens_k, dtype=torch.int32, device=device),
+        block_table=torch.tensor(table, dtype=torch.int32, device=device),
+    )
+    return feed
 
 
 def errors(spec: GraphSpec, graph: Any, feed: dict[str, Any]) -> tuple[float, float | None]:
