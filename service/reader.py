@@ -77,6 +77,7 @@ class ArtifactReader:
         self.quarantine = quarantine
         self._open = getattr(store, "open", None)
         self._stat = getattr(store, "stat", None)
+        self.aget = getattr(store, "aget", None)  # an asyncio read (RedisStore): alookup
         self._memo: OrderedDict[str, tuple[tuple[int, ...], str, float]] = OrderedDict()
         self.hot_bytes = hot_bytes
         self._hot: OrderedDict[str, tuple[tuple[int, ...] | None, Served]] = OrderedDict()
@@ -92,16 +93,7 @@ class ArtifactReader:
             self._drop_hot(key)
             hot = None
         if self._open is None:
-            # Redis and other byte stores: no file identity, so the bytes are
-            # fetched every time; a hot copy lets an equal fetch skip the hash
-            # (comparing is ~10x cheaper than SHA-256).
-            data = self.store.get(key)
-            if data is None:
-                self._drop_hot(key)
-                return None
-            if hot is not None and hot[1].data == data:
-                return hot[1]
-            return Unverified(data, None)
+            return self._fetched(key, self.store.get(key))
         opened = self._open(key)
         if opened is None:
             return None
@@ -119,6 +111,24 @@ class ArtifactReader:
             self._keep_hot(key, identity, served)
             return served
         return Unverified(data, identity)
+
+    async def alookup(self, key: str) -> Served | Unverified | None:
+        """``lookup`` for a store with an asyncio ``aget`` (Redis): the bytes
+        are fetched on the event loop without blocking it."""
+        assert self.aget is not None
+        return self._fetched(key, await self.aget(key))
+
+    def _fetched(self, key: str, data: bytes | None) -> Served | Unverified | None:
+        # Redis and other byte stores: no file identity, so the bytes are
+        # fetched every time; a hot copy lets an equal fetch skip the hash
+        # (comparing is ~10x cheaper than SHA-256).
+        if data is None:
+            self._drop_hot(key)
+            return None
+        hot = self._hot.get(key)
+        if hot is not None and hot[1].data == data:
+            return hot[1]
+        return Unverified(data, None)
 
     def verify(self, key: str, entry: Unverified) -> Served | str:
         """Slow part (hashing): the verified entry, or, after quarantining

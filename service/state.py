@@ -91,6 +91,28 @@ class State:
             self.metrics.store_errors.inc()
             raise
 
+    async def read_entry(self, key: str) -> Served | Unverified | None:
+        """The reader's lookup of ``key`` the way the store allows: a local
+        DiskStore on the event loop (an open() of a local file), a store with
+        an asyncio read (Redis) on the loop without blocking it, bounded by
+        GRAPHCACHE_TIMEOUT, any other through ``store_call``."""
+        if self.local:
+            return self.reader.lookup(key)
+        if self.reader.aget is None:
+            return await self.store_call(self.reader.lookup, key)
+        limit = self.settings.timeout
+        try:
+            with anyio.fail_after(limit):
+                return await self.reader.alookup(key)
+        except TimeoutError:
+            self.metrics.store_errors.inc()
+            raise ServiceError(
+                503, "store_unavailable", f"{self.store!r} did not answer within {limit:g}s (GRAPHCACHE_TIMEOUT)"
+            ) from None
+        except StoreError:
+            self.metrics.store_errors.inc()
+            raise
+
     def unwritable(self) -> str | None:
         """Why the store would refuse an upload now (out of space), or None."""
         check = getattr(self.store, "unwritable", None)
@@ -129,7 +151,7 @@ class State:
                 400, "invalid_key", "a key is 64 lowercase hex characters (sha256 of the spec and target)"
             )
         try:
-            found = self.reader.lookup(key) if self.local else await self.store_call(self.reader.lookup, key)
+            found = await self.read_entry(key)
         except (StoreError, OSError) as exc:
             self.metrics.store_errors.inc()
             raise ServiceError(503, "store_unavailable", f"the store did not answer: {exc}") from exc

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
 import redis
+import redis.asyncio
 
 from graphcache.errors import StoreUnavailable
 from graphcache.key import FORMAT_VERSION
@@ -46,6 +49,9 @@ class RedisStore:
         )
         self._renew = self._redis.register_script(_RENEW)
         self._release = self._redis.register_script(_RELEASE)
+        self._timeout = timeout
+        # aget's clients, one per event loop (an asyncio client belongs to the loop it runs on).
+        self._async: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
 
     def _k(self, key: str) -> str:
         return f"{self.prefix}:a:{key}"
@@ -65,6 +71,24 @@ class RedisStore:
 
     def get(self, key: str) -> bytes | None:
         value = self._call(self._redis.get, self._k(key))
+        return None if value is None else bytes(value)
+
+    async def aget(self, key: str) -> bytes | None:
+        """``get`` for an asyncio caller (the service's read path): no thread,
+        bounded by the same timeout; StoreUnavailable when Redis does not answer."""
+        loop = asyncio.get_running_loop()
+        client = self._async.get(loop)
+        if client is None:
+            client = self._async[loop] = redis.asyncio.Redis.from_url(
+                self.url,
+                socket_timeout=self._timeout,
+                socket_connect_timeout=min(self._timeout, 2.0),
+                health_check_interval=30,
+            )
+        try:
+            value: Any = await client.get(self._k(key))
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise StoreUnavailable(f"redis at {self._safe_url()} did not answer: {exc}") from exc
         return None if value is None else bytes(value)
 
     def put(self, key: str, data: bytes, *, pin: bool = False) -> bool:

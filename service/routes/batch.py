@@ -309,7 +309,7 @@ async def _lookup(state: State, key: str) -> tuple[Served | Unverified | None, b
     and why it is absent. Raises ServiceError (503) when the store fails:
     an entry it could not look up is unknown, never reported absent."""
     try:
-        entry = state.reader.lookup(key) if state.local else await state.store_call(state.reader.lookup, key)
+        entry = await state.read_entry(key)
     except (StoreError, OSError) as exc:
         if isinstance(exc, OSError):
             state.metrics.store_errors.inc()  # store_call counted a StoreError
