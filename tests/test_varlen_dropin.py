@@ -164,3 +164,27 @@ def test_recorded_manifest_warmed_serves_a_different_request_mix_from_cached_gra
     stats = gt.stats()
     assert stats["calls"] == engine.calls > 50
     assert stats["hits"] >= 0.95 * stats["calls"], stats
+
+
+def test_pages_cudnn_cannot_take_and_one_sided_windows_fall_back_with_flash_attentions_results(tmp_path):
+    from tests.varlen_engine import oracle
+
+    configure(tmp_path / "store")
+    g = torch.Generator().manual_seed(7)
+    pool = torch.randn(6, 24, 2, 16, generator=g).bfloat16()  # 24-token pages: not a power of two
+    table = torch.tensor([[3, 1], [5, 0]], dtype=torch.int32)
+    used = torch.tensor([30, 7], dtype=torch.int32)
+    q = torch.randn(2, 4, 16, generator=g).bfloat16()
+    cu = torch.tensor([0, 1, 2], dtype=torch.int32)
+    out = gt.varlen_attn(q, pool, pool, cu, None, 1, 30, window_size=(-1, 0), enable_gqa=True, seqused_k=used,
+                         block_table=table)  # fmt: skip
+    seq0 = torch.cat([pool[3], pool[1]])[:30]
+    want, _, _ = oracle(q[:1], seq0, seq0, (-1, 0), 0.25)
+    torch.testing.assert_close(out[:1].float(), want, atol=2e-2, rtol=2e-2)
+    k = torch.randn(9, 2, 16, generator=g).bfloat16()
+    cu_k = torch.tensor([0, 4, 9], dtype=torch.int32)
+    q2 = torch.randn(9, 4, 16, generator=g).bfloat16()
+    left_only = gt.varlen_attn(q2, k, k, cu_k, cu_k, 5, 5, window_size=(2, -1), enable_gqa=True)
+    want, _, _ = oracle(q2[4:], k[4:], k[4:], (2, -1), 0.25)
+    torch.testing.assert_close(left_only[4:].float(), want, atol=2e-2, rtol=2e-2)
+    assert gt.stats()["fallbacks"] == {"page_size": 1, "window": 1} and gt.stats()["hits"] == 0
