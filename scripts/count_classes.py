@@ -14,7 +14,7 @@ step per new token (seq_q 1, seq_kv = prompt + tokens so far), per batch size.
 - chat: 32 heads, 8 KV heads, d128, bf16; prompts of every length 1..8192,
   2048 new tokens, every batch size 1..64.
 
-    python scripts/count_classes.py [--seconds-per-build 0.4]
+    python scripts/count_classes.py [--seconds-per-build 0.4]      (about 2 minutes: 1.2 million specs)
 """
 
 from __future__ import annotations
@@ -44,22 +44,15 @@ def generate_specs(
 
 
 def count(specs: Iterator[GraphSpec]) -> tuple[int, int]:
-    """(distinct exact specs, distinct classes), counted without holding
-    every exact spec: exact specs are distinct by construction here."""
+    """(distinct exact specs, distinct classes); the exact specs are
+    distinct by construction, so only the classes are held."""
     exact = 0
     classes: set[GraphSpec] = set()
-    memo: dict[tuple[int, int, int, str], GraphSpec] = {}
     for spec in specs:
         exact += 1
-        # class_of is exact on its own; the memo only saves rebuilding the
-        # same class spec for each of the many exact specs in it.
-        key = (spec.batch.bit_length(), spec.seq_q if spec.seq_q == 1 else (spec.seq_q - 1).bit_length(),
-               ((spec.seq_kv or 1) - 1).bit_length(), spec.mask)
-        found = memo.get(key)
-        if found is None or not found.covers(spec):
-            found = memo[key] = class_of(spec, "pow2")
-        assert found.covers(spec)
-        classes.add(found)
+        klass = class_of(spec, "pow2")
+        assert klass.covers(spec)
+        classes.add(klass)
     return exact, len(classes)
 
 
