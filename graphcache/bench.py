@@ -181,12 +181,19 @@ def plot(report: dict[str, Any], path: str | Path) -> None:
     ax.set_yticks([p for p, _ in labels], [t for _, t in labels], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("milliseconds (median)")
+    # Matplotlib warns (on the user's terminal) about a log axis with nothing
+    # above zero and a legend with no entries: neither is asked of it.
+    positive = any(s > 0 for r in rows for side in ("cold", "warm") for s in r.get(side, {}).get("phases", {}).values())
     if report.get("gpu"):
-        ax.set_xscale("log")
+        if positive:
+            ax.set_xscale("log")
         ax.set_title(f"graphcache: cold build vs warm start on {report['target']}")
     else:
         ax.set_title(f"graphcache: fetch + verify of {report['target']} artifacts (no GPU here)")
-    ax.legend(fontsize=8, loc="lower right")
+    if drawn:
+        ax.legend(fontsize=8, loc="lower right")
+    if not rows:
+        ax.text(0.5, 0.5, "no spec was measured warm", ha="center", va="center", transform=ax.transAxes)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -5,8 +5,11 @@ verbs say on a machine without torch or without a GPU."""
 from __future__ import annotations
 
 import json
+import logging
+import warnings
 
 import httpx
+import pytest
 
 from graphcache.settings import Settings
 from graphcache.stores import DiskStore
@@ -93,3 +96,30 @@ def test_the_target_hint_only_where_target_helps(tmp_path):
     assert "--target" not in warm.stderr
     prefetch = cli("prefetch", str(manifest), "--server", "http://127.0.0.1:9", env=env)
     assert prefetch.returncode != 0 and "--target" in prefetch.stderr, prefetch.stderr
+
+
+@pytest.mark.parametrize(
+    "report",
+    [
+        {"gpu": True, "specs": [{"summary": "s", "cold": {"phases": {"build": 1.0}}}]},  # nothing measured warm
+        {
+            "gpu": True,
+            "specs": [{"summary": "s", "cold": {"phases": {"build": 0.0}}, "warm": {"phases": {"load": 0.0}}}],
+        },
+        {
+            "gpu": True,
+            "specs": [{"summary": "s", "cold": {"phases": {"build": 2.0}}, "warm": {"phases": {"load": 0.0}}}],
+        },
+        {"gpu": False, "specs": [{"summary": "s", "warm": {"phases": {"fetch": 0.001, "verify": 0.002}}}]},
+    ],
+    ids=["no-warm", "all-zero", "a-zero-bar", "no-gpu"],
+)
+def test_bench_plot_leaks_no_matplotlib_warnings(tmp_path, report, caplog):
+    pytest.importorskip("matplotlib")
+    from graphcache.bench import plot
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        plot({**report, "target": str(TARGET)}, tmp_path / "p.png")
+    assert (tmp_path / "p.png").stat().st_size > 1000
+    assert not [r for r in caplog.records if r.name.startswith("matplotlib") and r.levelno >= logging.WARNING]
