@@ -68,3 +68,29 @@ def test_a_class_graph_serves_many_shapes_and_refuses_one_outside_it():
         graph.execute(**other_heads)
     with pytest.raises(ExecutionError, match="batch <= 1"):
         bind(graph, exact(batch=2, seq_q=1, seq_kv=100, mask="none"))
+
+
+def test_the_drop_in_loads_a_class_graph_once_and_binds_it_to_each_new_call_shape(tmp_path):
+    import graphcache.torch as gt
+    from graphcache import GraphCache
+    from graphcache.stores import DiskStore
+    from tests.torch_standins import CpuGraphCompiler
+
+    compiler = CpuGraphCompiler()
+    cache = GraphCache(DiskStore(tmp_path), compiler, shape_classes="pow2")
+    q = torch.randn(1, 8, 1, 64, dtype=torch.bfloat16)
+    steps = [torch.randn(1, 2, n, 64, dtype=torch.bfloat16) for n in (38, 39, 40, 90, 128)]
+    cache.get(class_of(gt.spec_for(q, steps[0], steps[0], enable_gqa=True), "pow2"))  # warmed, as warm does
+    gt.reset()
+    gt.configure(cache, device="cpu", on_miss="error")
+    try:
+        for k in steps:
+            got = gt.scaled_dot_product_attention(q, k, k, enable_gqa=True)
+            want = torch.nn.functional.scaled_dot_product_attention(q, k, k, enable_gqa=True)
+            assert torch.equal(got, want)
+        stats = gt.stats()
+        assert (stats["hits"], stats["graphs_loaded"], stats["shapes_served"]) == (5, 1, 5)
+        assert compiler.loads == 1, "a new decode length binds the loaded class graph: no store read, no load"
+        assert compiler.executions == 5
+    finally:
+        gt.reset()
