@@ -51,6 +51,7 @@ class DiskStore:
         self._reserve = Reserve(self.path)
         self._full_need: int | None = None  # the size of the last put refused for room, until there is room
         self.bookkeeping_errors = 0  # access-time updates that failed (a full disk): reads went on
+        self._swept_at = 0.0
         self._cache = self._open_checked(size_limit)
 
     def _open_checked(self, size_limit: int) -> diskcache.Cache:
@@ -210,7 +211,11 @@ class DiskStore:
 
     def _no_room(self, needed: int, exc: BaseException) -> StoreFull:
         self._full_need = needed
-        self.sweep_orphans()  # what writes that died left behind is room too
+        if time.monotonic() - self._swept_at > 60:
+            # What writes that died left behind is room too; at most once a
+            # minute, however often clients retry on the full disk.
+            self._swept_at = time.monotonic()
+            self.sweep_orphans()
         free = free_bytes(self.path)
         entries, stored = len(self._cache), self.volume()
         return StoreFull(
