@@ -176,11 +176,16 @@ def test_a_full_disk_serves_every_stored_entry_and_refuses_uploads_with_507(smal
         assert client.get(f"/v1/artifacts/{art.key}").content == art.encode()
 
 
-def test_the_cli_and_a_restarted_server_work_on_a_full_disk(small_disk):
+@pytest.mark.parametrize("reserve", [True, False], ids=["with-reserve", "no-reserve"])
+def test_the_cli_and_a_restarted_server_work_on_a_full_disk(small_disk, reserve):
     folder = small_disk / "cache"
     with Served(folder) as srv, httpx.Client(base_url=srv.url, timeout=10) as client:
         stored, refused = fill(client)
         assert refused.status_code == 507
+    if not reserve:
+        # A folder that filled before it held a reserve (another program
+        # filled the disk, an older graphcache): its index opens read-only.
+        (folder / "reserve").unlink()
     # An orphan an earlier crash left (a value file no entry names, an hour old)
     # and the disk filled to its last byte by someone else.
     orphan = folder / "ab" / "cd" / f"{uuid.uuid4().hex}.val"
@@ -199,6 +204,7 @@ def test_the_cli_and_a_restarted_server_work_on_a_full_disk(small_disk):
         assert not orphan.exists(), "the restarted server swept the crash's orphan"
         health = client.get("/healthz")
         assert health.status_code == 200 and health.json()["writable"] is False
+        assert reserve or "read-only" in health.json()["reason"], health.json()
         for key, data in stored.items():
             assert client.get(f"/v1/artifacts/{key}").content == data
 

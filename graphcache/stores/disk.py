@@ -14,7 +14,8 @@ import diskcache
 
 from graphcache.errors import StoreError, StoreFull
 from graphcache.key import is_key
-from graphcache.stores.diskcodec import DiskLeases, NoPickleDisk, read_all
+from graphcache.stores.diskcodec import DiskLeases, NoPickleDisk, open_index, read_all
+from graphcache.stores.readonly import ReadOnlyIndex
 from graphcache.stores.space import ORPHAN_AGE, RESERVE_BYTES, Reserve, free_bytes, human, is_full, remove_file
 from graphcache.stores.space import sweep_orphans as _sweep
 
@@ -52,9 +53,12 @@ class DiskStore:
         self._full_need: int | None = None  # the size of the last put refused for room, until there is room
         self.bookkeeping_errors = 0  # access-time updates that failed (a full disk): reads went on
         self._swept_at = 0.0
-        self._cache = self._open_checked(size_limit)
+        # Why the index is open read-only (a disk too full to open it the
+        # ordinary way), or None; every write tries the ordinary open first.
+        self.read_only: str | None = None
+        self._cache: Any = self._open_checked(size_limit)
 
-    def _open_checked(self, size_limit: int) -> diskcache.Cache:
+    def _open_checked(self, size_limit: int) -> Any:
         try:
             return self._open_index(size_limit)
         except sqlite3.DatabaseError as exc:
@@ -70,6 +74,16 @@ class DiskStore:
                 return self._open_index(size_limit)
             except sqlite3.DatabaseError as exc:
                 error = exc
+        why = f"the disk holding {self.path} is full ({error})"
+        try:
+            index = ReadOnlyIndex(self.path, why)
+        except (OSError, sqlite3.Error):
+            pass
+        else:
+            # Reads are served from what is stored; writes wait for room.
+            log.warning("%s: its index is open read-only", why)
+            self.read_only = why
+            return index
         raise StoreFull(
             f"the disk holding {self.path} is full: its index cannot be opened ({error}); "
             f"free at least {human(RESERVE_BYTES)} on that filesystem, then retry",
@@ -77,23 +91,7 @@ class DiskStore:
         ) from error
 
     def _open_index(self, size_limit: int) -> diskcache.Cache:
-        return diskcache.Cache(
-            str(self.path),
-            size_limit=size_limit,
-            # diskcache's own LRU writes access_time in a transaction on every
-            # get, which made a get 3x slower than reading the file. Reads
-            # take its lock-free path; _touch records uses at most once per
-            # touch_interval per key, and _evict orders by that time.
-            eviction_policy="least-recently-stored",
-            # Large values go to files; reading one through its open handle
-            # is what keeps the GET path close to a static file server.
-            disk_min_file_size=32 * 1024,
-            statistics=False,
-            # diskcache culls ten entries at a time on set, hot ones included;
-            # we evict one least-recently-used entry at a time instead (_evict).
-            cull_limit=0,
-            disk=NoPickleDisk,
-        )
+        return open_index(self.path, size_limit)
 
     def get(self, key: str) -> bytes | None:
         """The stored bytes, or None. Counts as a use for LRU."""
@@ -190,6 +188,9 @@ class DiskStore:
         if value is not None and value == data and (tag == PINNED or not pin):
             return False
         keep_pin = pin or tag == PINNED
+        self._reopen()
+        if self.read_only is not None:
+            raise self._no_room(len(data), self.read_only)
         # Room first: on a disk full up to the size limit, the least recently
         # used entries make room before the write, not after it failed.
         self._evict(keep=key, room=len(data))
@@ -209,7 +210,21 @@ class DiskStore:
         self._reserve.restore()
         return True
 
-    def _no_room(self, needed: int, exc: BaseException) -> StoreFull:
+    def _reopen(self) -> None:
+        """Open the index the ordinary way again where it is open read-only
+        (the disk has room now)."""
+        if self.read_only is None:
+            return
+        try:
+            cache = self._open_index(self.size_limit)
+        except sqlite3.DatabaseError:
+            return
+        # The read-only index is left to the collector, not closed: a reader
+        # in another thread may be in the middle of a query on it.
+        self._cache, self.read_only = cache, None
+        log.warning("the disk holding %s has room again: its index is writable", self.path)
+
+    def _no_room(self, needed: int, exc: BaseException | str) -> StoreFull:
         self._full_need = needed
         if time.monotonic() - self._swept_at > 60:
             # What writes that died left behind is room too; at most once a
@@ -233,6 +248,10 @@ class DiskStore:
         """Why an upload would not fit now, or None: the last one was refused
         for room and the disk has not had that much free since, or the disk
         is all but full."""
+        if self.read_only is not None:
+            self._reopen()
+            if self.read_only is not None:
+                return f"out of space: {self.read_only}; the index is open read-only"
         free = free_bytes(self.path)
         if free is None:
             return None
@@ -257,6 +276,13 @@ class DiskStore:
         """An index change that must work on a full disk (delete, pin): tried
         again with the reserve given up; StoreFull saying what to do when even
         that has no room."""
+        self._reopen()
+        if self.read_only is not None:
+            raise StoreFull(
+                f"{self.read_only}: its index is open read-only and cannot {what}; "
+                f"free at least {human(RESERVE_BYTES)} on that filesystem, then retry",
+                free=free_bytes(self.path),
+            )
         try:
             return write()
         except sqlite3.OperationalError as exc:
@@ -318,11 +344,12 @@ class DiskStore:
         (the value's file goes first, then the index has room to record it);
         StoreFull saying what to do when it cannot."""
         self._paths.pop(key, None)
-        try:
-            return bool(self._cache.delete(key, retry=True))
-        except sqlite3.OperationalError as exc:
-            if not is_full(exc, self.path):
-                raise
+        if self.read_only is None:
+            try:
+                return bool(self._cache.delete(key, retry=True))
+            except sqlite3.OperationalError as exc:
+                if not is_full(exc, self.path):
+                    raise
         # The entry reads as absent once its file is gone (diskcache's get
         # treats a missing file as a deleted key), before the index says so.
         rows = self._cache._sql("SELECT filename FROM Cache WHERE key = ? AND raw = 1", (key,)).fetchall()  # noqa: SLF001

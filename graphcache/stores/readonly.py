@@ -1,0 +1,84 @@
+"""A DiskStore index opened read-only, for a disk too full for SQLite to open
+it the ordinary way (diskcache writes its settings on every open).
+
+It answers the reads DiskStore makes of a ``diskcache.Cache`` (get, tags,
+membership, keys, volume, queries) from SQLite opened without writing: in
+read-only mode where the WAL's shared-memory file exists, else as an
+immutable file (what a clean shutdown left: its WAL checkpointed into the
+database). Every write raises StoreFull saying what to free; DiskStore tries
+the ordinary open again before each write.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from graphcache.errors import StoreFull
+from graphcache.stores.diskcodec import NoPickleDisk
+
+
+class ReadOnlyIndex:
+    """The read side of ``diskcache.Cache`` over an existing ``cache.db``."""
+
+    def __init__(self, folder: Path, why: str) -> None:
+        self.folder = folder
+        self.why = why
+        db = folder / "cache.db"
+        if not db.is_file():
+            raise FileNotFoundError(db)
+        uri = f"file:{db}?mode=ro" if (folder / "cache.db-shm").exists() else f"file:{db}?immutable=1"
+        self._con = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+        self._con.execute("SELECT count(*) FROM Cache").fetchone()  # fails here, not later, if unreadable
+        self.disk = NoPickleDisk(str(folder))
+
+    def _sql(self, query: str, params: tuple[Any, ...] = ()) -> sqlite3.Cursor:
+        return self._con.execute(query, params)
+
+    def _row(self, key: str) -> tuple[Any, ...] | None:
+        rows = self._sql(
+            "SELECT mode, filename, value, tag FROM Cache WHERE key = ? AND raw = 1"
+            " AND (expire_time IS NULL OR expire_time > ?)",
+            (key, time.time()),
+        ).fetchall()
+        return rows[0] if rows else None
+
+    def get(self, key: str, default: Any = None, read: bool = False, tag: bool = False, retry: bool = False) -> Any:
+        row = self._row(key)
+        if row is None:
+            return (default, None) if tag else default
+        mode, filename, value, tag_value = row
+        try:
+            found = self.disk.fetch(mode, filename, value, read)
+        except OSError:  # its file is gone: as diskcache, a deleted key
+            return (default, None) if tag else default
+        return (found, tag_value) if tag else found
+
+    def __contains__(self, key: str) -> bool:
+        return self._row(key) is not None
+
+    def __len__(self) -> int:
+        return int(self._sql("SELECT count(*) FROM Cache").fetchone()[0])
+
+    def iterkeys(self) -> Iterator[Any]:
+        yield from (row[0] for row in self._sql("SELECT key FROM Cache WHERE raw = 1 ORDER BY key").fetchall())
+
+    def volume(self) -> int:
+        page_size = self._sql("PRAGMA page_size").fetchone()[0]
+        pages = self._sql("PRAGMA page_count").fetchone()[0]
+        stored = self._sql("SELECT coalesce(sum(size), 0) FROM Cache").fetchone()[0]
+        return int(page_size * pages + stored)
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> Any:
+        raise StoreFull(f"{self.why}: the store only reads until there is room; free space on that filesystem")
+
+    set = delete = add = _refuse
+
+    def transact(self, retry: bool = False) -> Any:
+        self._refuse()
+
+    def close(self) -> None:
+        self._con.close()
