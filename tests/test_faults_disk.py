@@ -21,6 +21,8 @@ import httpx
 import pytest
 
 from graphcache.batch import ENVELOPE, BatchParser
+from graphcache.errors import StoreFull
+from graphcache.stores import HttpStore
 from tests.clirun import cli
 from tests.fakes import TARGET, make_artifact, spec
 from tests.servers import free_port, wait_for_server
@@ -149,7 +151,12 @@ def test_a_full_disk_serves_every_stored_entry_and_refuses_uploads_with_507(smal
             headers=AUTH_W,
         )
         assert again.status_code == 507
-        assert client.get("/v1/stats").json()["uploads_rejected"] == {"store_full": 2}
+        # A client of the service (warm, a worker's upload) is told the same, as StoreFull.
+        with pytest.raises(StoreFull, match="out of space"):
+            HttpStore(srv.url, token=WRITE).put(
+                make_artifact(spec(batch=98), size=ENTRY).key, make_artifact(spec(batch=98), size=ENTRY).encode()
+            )
+        assert client.get("/v1/stats").json()["uploads_rejected"] == {"store_full": 3}
         # Nothing partial stays: one whole value file per stored entry.
         files = value_files(folder)
         assert len(files) == len(stored) and all(f.stat().st_size > ENTRY for f in files)

@@ -13,7 +13,7 @@ import httpx
 
 from graphcache.artifact import Artifact
 from graphcache.batch import ENVELOPE, BatchParser
-from graphcache.errors import CorruptArtifact, StoreError, StoreLocationError, StoreUnavailable
+from graphcache.errors import CorruptArtifact, StoreError, StoreFull, StoreLocationError, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +80,9 @@ class HttpStore:
         return StoreUnavailable(f"{self.url} did not answer: {type(exc).__name__}: {exc}")
 
     def _checked(self, response: httpx.Response) -> httpx.Response:
+        if response.status_code == 507:
+            # Up and serving reads: its disk is full. Not a reason to stop asking it.
+            raise StoreFull(f"{self.url} is out of space (507): {_detail(response)}")
         if response.status_code >= 500:
             with self._lock:
                 self.errors += 1
