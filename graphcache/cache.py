@@ -355,7 +355,10 @@ class GraphCache:
                 classes[key] = klass
         class_keys = {key_for(k, target, self.uids): k for k in classes.values()}
         failures = getattr(self.store, "remote_errors", 0)
-        found = get_many(self.store, list(wanted) + [k for k in class_keys if k not in wanted], progress)
+        # progress counts the specs' own keys (a caller's bar has one step per
+        # spec); the classes fetched beside them are not steps of it.
+        step = None if progress is None else (lambda key: progress(key) if key in wanted else None)
+        found = get_many(self.store, list(wanted) + [k for k in class_keys if k not in wanted], step)
         if getattr(self.store, "remote_errors", 0) != failures:
             error = getattr(self.store, "remote_error", None)
             raise StoreUnavailable(f"prefetch failed: {error}") from error
