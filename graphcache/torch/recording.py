@@ -57,6 +57,11 @@ class Recorder:
                     self._memo[memo_key] = found
             else:
                 found = cached
+        self.count(found)
+
+    def count(self, found: GraphSpec | tuple[str, str]) -> None:
+        """Count one call as the spec it makes, or as ``(reason, message)``
+        when it cannot be a graph (graphcache.torch.varlen_attn notes its calls so)."""
         with self._lock:
             if isinstance(found, GraphSpec):
                 self.specs[found] = self.specs.get(found, 0) + 1

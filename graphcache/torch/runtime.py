@@ -221,6 +221,20 @@ class Runtime:
             self._note(memo_key, args)
         return out
 
+    def count(self, plan: Plan) -> None:
+        """Count one call that ran ``plan``: a hit where it has a graph, else a
+        fallback under its reason (and a miss of its spec). For callers
+        beside ``call`` (graphcache.torch.varlen_attn)."""
+        with self._count_lock:
+            if plan.graph is not None:
+                self._hits += 1
+                return
+            self._fallbacks[plan.reason] += 1
+            if plan.reason == "miss":
+                assert plan.spec is not None
+                self._misses += 1
+                self._missed[plan.spec] = self._missed.get(plan.spec, 0) + 1
+
     def _note(self, memo_key: tuple[Any, ...] | None, args: tuple[Any, ...]) -> None:
         # After the call succeeded: a call torch refused is not recorded.
         for recorder in list(self.recorders):

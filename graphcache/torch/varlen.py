@@ -129,16 +129,9 @@ def call(args: tuple[Any, ...], extra: tuple[Any, ...]) -> tuple[Any, Any]:
     if plan.graph is not None:
         graph: Any = plan.graph  # a thd graph: TorchSdpaGraph or CudnnGraph, both have run_varlen
         out, lse = graph.run_varlen(query, key, value, cu_seq_q, cu_seq_k, seqused_k, block_table)
-        with RUNTIME._count_lock:
-            RUNTIME._hits += 1
     else:
-        out, lse = fallback(args, extra)
-        with RUNTIME._count_lock:
-            RUNTIME._fallbacks[plan.reason] += 1
-            if plan.reason == "miss":
-                assert plan.spec is not None
-                RUNTIME._misses += 1
-                RUNTIME._missed[plan.spec] = RUNTIME._missed.get(plan.spec, 0) + 1
+        out, lse = fallback(args, extra)  # counted after it ran: a call torch refused leaves no trace
+    RUNTIME.count(plan)
     for recorder in list(RUNTIME.recorders):
         note(recorder, args, extra)
     return out, lse
@@ -221,9 +214,4 @@ def note(recorder: Any, args: tuple[Any, ...], extra: tuple[Any, ...]) -> None:
             found = declared(derive(args, extra, recorder.dtype), recorder.shape_classes)
         except UnsupportedCall as exc:
             found = (exc.reason, str(exc))
-    # What Recorder.note does with an SDPA call's spec or reason.
-    with recorder._lock:
-        if isinstance(found, GraphSpec):
-            recorder.specs[found] = recorder.specs.get(found, 0) + 1
-        else:
-            recorder.ineligible[found] = recorder.ineligible.get(found, 0) + 1
+    recorder.count(found)
