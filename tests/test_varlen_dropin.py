@@ -188,3 +188,16 @@ def test_pages_cudnn_cannot_take_and_one_sided_windows_fall_back_with_flash_atte
     want, _, _ = oracle(q2[4:], k[4:], k[4:], (2, -1), 0.25)
     torch.testing.assert_close(left_only[4:].float(), want, atol=2e-2, rtol=2e-2)
     assert gt.stats()["fallbacks"] == {"page_size": 1, "window": 1} and gt.stats()["hits"] == 0
+
+
+def test_the_memo_stays_bounded_as_prefill_lengths_keep_changing(tmp_path, monkeypatch):
+    import graphcache.torch.varlen as varlen
+
+    configure(tmp_path / "store")
+    monkeypatch.setattr(varlen, "MEMO_LIMIT", 8)
+    q = torch.randn(40, 2, 16).bfloat16()
+    for n in range(1, 30):  # a new max_q (a new memo key) every call, all one graph
+        cu = torch.tensor([0, n], dtype=torch.int32)
+        gt.varlen_attn(q[:n], q[:n], q[:n], cu, cu, n, n, window_size=(-1, 0))
+    assert len(gt.RUNTIME._memo) <= 8
+    assert gt.stats()["hits"] == 29 and gt.stats()["graphs_loaded"] == 2  # decode (n=1) and q128

@@ -39,6 +39,10 @@ TORCH_VARLEN_ATTN: Any = _torch_varlen.varlen_attn  # the public function patch(
 
 _AUTOGRAD = Plan(None, None, "autograd", "an input requires grad: varlen graphs are inference-only")
 _MEMO_TAG = "varlen"  # varlen memo keys share the runtime's memo (configure/reset clear them), never its keys
+# Memo keys hold the call's exact max_q and max_k, so a server's prefills
+# make new ones for as long as it runs; past this many the varlen entries are
+# dropped (each is one derive and one dict lookup to make again).
+MEMO_LIMIT = 65536
 
 
 def varlen_attn(
@@ -149,7 +153,11 @@ def _plan(memo_key: tuple[Any, ...] | None, args: tuple[Any, ...], extra: tuple[
         else:
             plan = _plan_for(spec, args[0].device)
         if memo_key is not None:
-            RUNTIME._memo[memo_key] = plan
+            memo = RUNTIME._memo
+            if len(memo) >= MEMO_LIMIT:
+                for stale in [k for k in memo if k[0] == _MEMO_TAG]:
+                    del memo[stale]
+            memo[memo_key] = plan
         return plan
 
 
