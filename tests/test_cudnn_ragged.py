@@ -210,3 +210,27 @@ def test_a_wrong_log_sum_exp_on_single_token_gqa_rows_fails_the_check_though_the
     spec = CHECKED["ragged"]
     error, lse_error = errors(spec, WrongGqaLse(spec), inputs(spec, "cpu"))
     assert error <= 1e-2 and lse_error is not None and lse_error > 2e-2
+
+
+def test_the_canary_of_a_thd_graph_is_its_checks_call_and_ignores_what_sees_no_key():
+    from graphcache.compilers import canary
+    from graphcache.compilers.torch_sdpa import TorchSdpaGraph
+
+    spec = CHECKED["ragged-over-paged"]
+    graph = TorchSdpaGraph(spec)
+    feed = canary.inputs(spec, "cpu")
+    assert feed["block_table"] is not None  # the paged check's call: pool, table, seqused_k
+    assert canary.input_digest(canary.inputs(spec, "cpu")) == canary.input_digest(feed)  # seeded: the same call
+    out = graph.run_varlen(**feed)[0]
+    record = canary.describe(spec, out, feed, deterministic=True)
+    assert canary.comparable(record, canary.inputs(spec, "cpu"))
+    assert canary.same_bits(spec, record, graph.run_varlen(**feed)[0], feed)
+    slack = out.clone()
+    slack[-1] = float("nan")  # past the last sequence: promised nothing
+    assert canary.mismatch(spec, record, slack, feed) is None
+    wrong = out.clone()
+    wrong[0] += 1  # the first sequence's first row sees keys
+    assert "deterministic" in canary.mismatch(spec, record, wrong, feed)
+    loose = dict(record, deterministic=False)
+    assert canary.mismatch(spec, loose, out * 1.001, feed) is None  # within bf16's tolerance
+    assert canary.mismatch(spec, loose, out * 1.5, feed) is not None

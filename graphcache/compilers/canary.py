@@ -43,7 +43,12 @@ REDUCTION_RTOL = 1e-9
 def inputs(spec: GraphSpec, device: str) -> dict[str, Any]:
     """The canary's input for a spec, drawn on ``device`` from a generator
     seeded with ``SEED`` (its stream may differ across torch releases:
-    ``input_digest`` tells)."""
+    ``input_digest`` tells). A thd (ragged / paged) spec's is the build-time
+    check's call (``varlen_check.inputs``), as ``run_varlen`` takes it."""
+    if spec.layout == "thd":
+        from graphcache.compilers.varlen_check import inputs as varlen_inputs
+
+        return varlen_inputs(spec, device, seed=SEED)
     from graphcache.compilers.torch_sdpa import random_inputs
 
     return random_inputs(spec, device, seed=SEED)
@@ -68,12 +73,18 @@ def input_digest(feed: dict[str, Any]) -> str:
     h = hashlib.sha256()
     for role in sorted(feed):
         t = feed[role]
+        if t is None:  # a thd call's absent cu_seq_k / seqused_k / block_table
+            continue
         h.update(f"{role}:{tuple(t.shape)}:{t.dtype};".encode())
         h.update(_raw(_strided(t, INPUT_VALUES)))
     return h.hexdigest()
 
 
 def _prepared(spec: GraphSpec, out: Any, feed: dict[str, Any]) -> Any:
+    if spec.layout == "thd":
+        from graphcache.compilers.varlen_check import defined_output
+
+        return defined_output(spec, out, feed)
     from graphcache.compilers.torch_sdpa import valid_rows
 
     return valid_rows(spec, out, feed.get("seq_len_q"), feed.get("seq_len_kv")).contiguous()

@@ -129,3 +129,17 @@ def lse_difference(lse: Any, ref: Any) -> float:
         return 0.0
     diff = (lse.float() - ref.float()).abs() / (1.0 + ref.float().abs())
     return float(diff.max()) if bool(torch.isfinite(diff).all()) else float("inf")
+
+
+def defined_output(spec: GraphSpec, out: Any, feed: dict[str, Any]) -> Any:
+    """``out`` (T_q, H_q, D_v) with the rows that see no key, and the slack
+    past the last sequence, set to zero whatever they held (NaN included):
+    what the canary summarises of a thd graph's output."""
+    import torch
+
+    from graphcache.compilers.varlen_ref import defined_rows
+    from graphcache.spec_ragged import window
+
+    rows = defined_rows(feed["cu_seq_q"], feed["cu_seq_k"], window(spec), feed["seqused_k"], out.shape[0])
+    keep = rows.to(out.device).view(-1, 1, 1)
+    return torch.where(keep, out, torch.zeros((), dtype=out.dtype, device=out.device)).contiguous()

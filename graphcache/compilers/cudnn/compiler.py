@@ -281,7 +281,8 @@ class CudnnCompiler:
             # compare, and no reason to drop a plan that serves other hosts.
             log.warning("canary of %s skipped: its input differs from the build's", artifact.key[:12])
             return
-        problem = canary.mismatch(spec, artifact.canary, _output(loaded.execute(**feed), spec), feed)
+        out = loaded.run_varlen(**feed)[0] if spec.layout == "thd" else _output(loaded.execute(**feed), spec)
+        problem = canary.mismatch(spec, artifact.canary, out, feed)
         if problem is not None:
             raise PlanRejected(
                 f"the stored plan {artifact.key[:12]} for {spec.summary()} failed its numerical canary: {problem}",
@@ -293,13 +294,16 @@ def _checked_ragged(artifact: Artifact, loaded: CudnnGraph) -> Artifact:
     """The build-time check of a ragged / paged graph (``varlen_check``):
     unequal lengths with 1- and 0-token sequences, off-tile lengths and
     NaN-poisoned slack, against the float32 reference, the log-sum-exp too
-    where it is asked for. No canary is recorded yet for these graphs (the
-    canary's summaries are of dense outputs): a load does not re-check them."""
-    from graphcache.compilers import varlen_check
+    where it is asked for; the same call's output becomes the canary every
+    load re-checks (``canary.inputs`` of a thd spec is this call)."""
+    from graphcache.compilers import canary, varlen_check
     from graphcache.compilers.torch_sdpa import TOLERANCE, within_tolerance
 
     spec = artifact.spec
-    error, lse_error = varlen_check.errors(spec, loaded, varlen_check.inputs(spec, str(loaded.device)))
+    feed = canary.inputs(spec, str(loaded.device))
+    first = loaded.run_varlen(**feed)[0].clone()
+    second = loaded.run_varlen(**feed)[0]
+    error, lse_error = varlen_check.errors(spec, loaded, feed)
     for what, value in (("output", error), ("log-sum-exp", lse_error)):
         if value is not None and not within_tolerance(spec, value):
             raise BuildError(
@@ -307,7 +311,9 @@ def _checked_ragged(artifact: Artifact, loaded: CudnnGraph) -> Artifact:
                 f"float32 reference on unequal, 1- and 0-token sequences: relative error {value:.2e}, tolerance "
                 f"{TOLERANCE[spec.dtype]:.0e}; not caching this plan"
             )
-    runtime = {**artifact.runtime, "validation": "ragged check; no canary recorded for ragged graphs yet"}
+    record = canary.describe(spec, first, feed, deterministic=False)
+    record["deterministic"] = canary.same_bits(spec, record, second, feed)
+    runtime = dict(artifact.runtime)
     if lse_error is not None:
         runtime["lse_error"] = lse_error
-    return dataclasses.replace(artifact, validation_error=error, canary=None, runtime=runtime)
+    return dataclasses.replace(artifact, validation_error=error, canary=record, runtime=runtime)
