@@ -215,8 +215,14 @@ def prefetch_cmd(ctx: Context, manifest: str, target: str | None, server: str | 
     )
     with progress_bar(f"prefetching {tgt}") as bar:
         task = bar.add_task("prefetch", total=len(specs))  # manifest.load drops duplicate specs
-        report = cache.prefetch(specs, tgt, progress=lambda key: bar.advance(task))
-    if report.missing and tiered.remote_error is None:
+        try:
+            report = cache.prefetch(specs, tgt, progress=lambda key: bar.advance(task))
+        except StoreError as exc:
+            # Down, refused (401/403, with what the server said), its store
+            # unavailable (503) or cut short: one line and a failure, not a
+            # table of specs "missing".
+            raise StoreError(f"prefetch from {url} failed: {tiered.remote_error or exc}") from exc
+    if report.missing:
         table = Table("missing spec", "key")
         for spec in report.missing[:50]:
             table.add_row(spec.summary(), cache.key(spec, tgt)[:12])
@@ -233,10 +239,6 @@ def prefetch_cmd(ctx: Context, manifest: str, target: str | None, server: str | 
         f"{report.seconds:.2f}",
         repr(local),
     )
-    if tiered.remote_error is not None:
-        # Down, refused (401/403, with what the server said) or cut short:
-        # one line and a failure, not a table of specs "missing".
-        raise StoreError(f"prefetch from {url} failed: {tiered.remote_error}")
     console.print(summary)
     if report.served_by:
         classes: dict[Any, int] = {}
