@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from graphcache import GraphCache, GraphSpec, key_for, manifest, ops
 from graphcache.classes import class_of
 from graphcache.settings import Settings
-from graphcache.stores import DiskStore, HttpStore
+from graphcache.stores import DiskStore
 from service.app import create_app
 from tests.clirun import cli
 from tests.fakes import TARGET, FakeCompiler, make_artifact
@@ -110,3 +112,31 @@ def test_the_cli_check_prefetch_and_explain_name_the_class_over_a_real_server(tm
         out = cli("explain", str(asked), "--target", str(TARGET), "--server", srv.url, env=env)
         assert out.returncode == 1
         assert f"falls in {class_of(exact[8], 'pow2').summary()}" in out.stdout and "not stored" in out.stdout
+
+
+DECODE_SCRIPT = """
+import torch
+import torch.nn.functional as F
+q = torch.randn(1, 8, 1, 64, dtype=torch.bfloat16)
+for n in range(38, 46):  # one decode loop: seq_kv grows by one a step
+    k = torch.randn(1, 2, n, 64, dtype=torch.bfloat16)
+    F.scaled_dot_product_attention(q, k, k, enable_gqa=True)
+"""
+
+
+def test_graphcache_record_writes_classes_by_default_and_exact_specs_with_shape_classes_exact(tmp_path):
+    pytest.importorskip("torch", reason="graphcache record needs torch")
+    script = tmp_path / "decode.py"
+    script.write_text(DECODE_SCRIPT)
+    classes, exact = tmp_path / "classes.yaml", tmp_path / "exact.yaml"
+    out = cli("record", "-o", str(classes), str(script))
+    assert out.returncode == 0, out.stderr
+    assert "8 spec(s) from 8 SDPA call(s), 1 graph(s) under shape classes pow2" in out.stdout
+    assert manifest.load(classes) == [CLASS_128]
+    assert "serves 8 exact shape(s) (calls each):\n#       b1 q1 kv38-45 x1\n" in classes.read_text()
+    out = cli("record", "-o", str(exact), "--shape-classes", "exact", str(script))
+    assert out.returncode == 0, out.stderr
+    assert [s.seq_kv for s in manifest.load(exact)] == list(range(38, 46))
+    assert all(not s.is_class for s in manifest.load(exact))
+    out = cli("record", "-o", str(exact), str(script), env={"GRAPHCACHE_SHAPE_CLASSES": "exact"})
+    assert out.returncode == 0 and len(manifest.load(exact)) == 8
