@@ -201,3 +201,14 @@ def test_the_memo_stays_bounded_as_prefill_lengths_keep_changing(tmp_path, monke
         gt.varlen_attn(q[:n], q[:n], q[:n], cu, cu, n, n, window_size=(-1, 0))
     assert len(gt.RUNTIME._memo) <= 8
     assert gt.stats()["hits"] == 29 and gt.stats()["graphs_loaded"] == 2  # decode (n=1) and q128
+
+
+def test_a_float32_cpu_run_records_the_bfloat16_specs_a_gpu_will_run(tmp_path):
+    path = tmp_path / "engine.yaml"
+    engine = Engine(lambda *a, **k: torch_varlen.varlen_attn(*a, **k), dtype=torch.float32)
+    with gt.record(path, dtype="bfloat16") as recorder:
+        continuous_batching(engine, 12, seed=3)
+    assert recorder.ineligible == {} and recorder.calls() == engine.calls
+    specs = manifest.load(path)
+    assert specs and {s.dtype for s in specs} == {"bfloat16"} and all(s.layout == "thd" for s in specs)
+    assert gt.stats()["fallbacks"] == {"dtype": engine.calls}  # float32 itself ran on the reference
