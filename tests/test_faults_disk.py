@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -72,9 +73,10 @@ class Served:
         # One worker: healthz's "writable" is what this worker saw (docs/reliability.md).
         cmd = [sys.executable, "-m", "graphcache", "serve", "--port", str(self.port), "--workers", "1"]
         cmd += ["--cache-dir", str(self.folder), "--log-level", "warning"]
-        self.proc = subprocess.Popen(
-            cmd, env=self.env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-        )
+        # The server's log goes to a file off the small disk (a pipe nobody
+        # reads could fill and stop the server); shown when the test fails.
+        self.log = tempfile.TemporaryFile("w+")
+        self.proc = subprocess.Popen(cmd, env=self.env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=self.log, text=True)
         wait_for_server(self.url, self.proc, timeout=30)
         return self
 
@@ -86,6 +88,9 @@ class Served:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(5)
+        self.log.seek(0)
+        print(self.log.read()[-5000:])  # pytest shows it for a failing test
+        self.log.close()
 
 
 def fill(client: httpx.Client, start: int = 1, most: int = 24) -> tuple[dict[str, bytes], httpx.Response]:
