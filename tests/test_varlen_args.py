@@ -112,3 +112,11 @@ def test_a_call_the_graph_does_not_serve_is_an_execution_error_naming_it(change,
         q = q.half()
     with pytest.raises(ExecutionError, match=words):
         check_call(PAGED, q, pool, pool, cu, None, used, table)
+
+
+def test_execute_on_a_thd_graph_says_to_use_run_varlen():
+    from graphcache.compilers.torch_sdpa import TorchSdpaGraph
+
+    q = torch.zeros(4, 8, 64, dtype=torch.bfloat16)
+    with pytest.raises(ExecutionError, match="run_varlen"):
+        TorchSdpaGraph(RAGGED).execute(q, q, q)

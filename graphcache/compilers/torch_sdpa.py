@@ -223,6 +223,11 @@ def check_inputs(
     device and a packed layout. ``tensors`` maps roles to tensors (None = absent)."""
     import torch
 
+    if spec.layout == "thd":
+        raise ExecutionError(
+            f"{spec.summary()} is a ragged/paged graph: run it with run_varlen(q, k, v, cu_seq_q, cu_seq_k, "
+            "seqused_k, block_table), as graphcache.torch.varlen_attn does, not execute()"
+        )
     want_dtype = torch_dtype(spec)
     device = None
     for role in ("q", "k", "v", "o"):
