@@ -94,3 +94,29 @@ def test_the_drop_in_loads_a_class_graph_once_and_binds_it_to_each_new_call_shap
         assert compiler.executions == 5
     finally:
         gt.reset()
+
+
+def test_the_memo_of_class_bound_call_shapes_is_bounded(tmp_path, monkeypatch):
+    import graphcache.torch as gt
+    from graphcache import GraphCache
+    from graphcache.stores import DiskStore
+    from graphcache.torch import runtime
+    from tests.torch_standins import CpuGraphCompiler
+
+    monkeypatch.setattr(runtime, "MEMO_LIMIT", 8)
+    cache = GraphCache(DiskStore(tmp_path), CpuGraphCompiler(), shape_classes="pow2")
+    gt.reset()
+    gt.configure(cache, device="cpu", on_miss="build")
+    q = torch.randn(1, 8, 1, 64, dtype=torch.bfloat16)
+    try:
+        for n in range(130, 160):  # 30 decode lengths, one class (kv256)
+            k = torch.randn(1, 2, n, 64, dtype=torch.bfloat16)
+            assert torch.equal(
+                gt.scaled_dot_product_attention(q, k, k, enable_gqa=True),
+                torch.nn.functional.scaled_dot_product_attention(q, k, k, enable_gqa=True),
+            )
+            assert len(gt.RUNTIME._memo) <= 8
+        stats = gt.stats()
+        assert stats["hits"] == 30 and stats["graphs_loaded"] == 1 and stats["shapes_served"] == 30
+    finally:
+        gt.reset()

@@ -39,6 +39,9 @@ log = logging.getLogger(__name__)
 # patched F.scaled_dot_product_attention (ours, or another library's).
 TORCH_SDPA: Callable[..., Any] = torch._C._nn.scaled_dot_product_attention
 
+# Memo entries past which the class-bound ones are dropped (Runtime._drop_bound).
+MEMO_LIMIT = 65536
+
 ON_MISS_VAR = "GRAPHCACHE_SDPA_ON_MISS"
 ON_MISS = ("torch", "build", "error")
 
@@ -95,7 +98,9 @@ class Runtime:
             self._memo: dict[tuple[Any, ...], Plan] = {}
             self._graphs: dict[GraphSpec, LoadedGraph] = {}  # by the graph's own spec (a class or an exact one)
             self._classless: set[GraphSpec] = set()  # classes that did not serve here: exact graphs instead
-            self._served: set[GraphSpec] = set()  # the exact call specs loaded graphs serve
+            # The exact call specs loaded graphs served, by hash: a server's
+            # lifetime of decode lengths, kept small (the memo itself is bounded).
+            self._served: set[int] = set()
             self._missed: dict[GraphSpec, int] = {}
             self._hits = 0
             self._misses = 0
@@ -258,8 +263,18 @@ class Runtime:
                 plan = Plan(None, None, exc.reason, str(exc))
             else:
                 plan = self._plan_for(derived, args[0].device)
+            if len(self._memo) >= MEMO_LIMIT:
+                self._drop_bound()
             self._memo[memo_key] = plan
             return plan
+
+    def _drop_bound(self) -> None:
+        """Forget the memo's class-bound entries (the lock held): under length
+        classes every decode length of every batch size is a call shape, so a
+        long-running server would grow the memo without end. Each is one
+        derive and one bind to make again; the class graphs stay loaded."""
+        for stale in [k for k, p in self._memo.items() if getattr(p.graph, "class_spec", None) is not None]:
+            del self._memo[stale]
 
     def _plan_for(self, derived: Derived, device: torch.device) -> Plan:
         spec = derived.spec
@@ -279,7 +294,7 @@ class Runtime:
             if klass != spec and graph.spec != klass:
                 self._classless.add(klass)
         graph = bind(graph, spec)
-        self._served.add(spec)
+        self._served.add(hash(spec))
         views = callable(getattr(graph, "run_views", None)) and not (
             spec.dropout or spec.padding or spec.generate_stats
         )
