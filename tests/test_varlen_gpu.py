@@ -99,3 +99,14 @@ def test_a_hit_never_synchronises_with_the_gpu(cached):
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert gt.stats()["hits"] == 2
+
+
+def test_continuous_batching_on_cached_cudnn_graphs_matches_per_sequence_float32(cached):
+    from tests.test_varlen_dropin import continuous_batching
+    from tests.varlen_engine import Engine
+
+    engine = Engine(gt.varlen_attn, device="cuda", lse=True)  # 16-token pages: cuDNN takes them
+    continuous_batching(engine, steps=30, seed=1)
+    stats = gt.stats()
+    assert stats["hits"] == engine.calls and stats["fallbacks"] == {}
+    assert engine.worst <= TOLERANCE["bfloat16"]

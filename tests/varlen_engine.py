@@ -64,12 +64,14 @@ class Engine:
         seed: int = 0,
         lse: bool = False,
         check: bool = True,
+        device: str = "cpu",
     ) -> None:
         self.attn = attn
         self.hq, self.hkv, self.d = heads_q, heads_kv, head_dim
         self.page, self.width, self.dtype = page_size, pages_per_seq, dtype
         self.gen = torch.Generator().manual_seed(seed)
-        self.pool_k = torch.zeros(num_pages, page_size, heads_kv, head_dim, dtype=dtype)
+        self.device = device  # where the pool and the calls' tensors live; the history stays on the CPU
+        self.pool_k = torch.zeros(num_pages, page_size, heads_kv, head_dim, dtype=dtype, device=device)
         self.pool_v = torch.zeros_like(self.pool_k)
         self.free = torch.randperm(num_pages, generator=self.gen).tolist()  # pages out of order
         self.seqs: dict[Any, dict[str, Any]] = {}
@@ -80,6 +82,9 @@ class Engine:
     def _rand(self, *shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=self.gen).mul_(0.5).to(self.dtype)
 
+    def _dev(self, t: Any) -> Any:
+        return None if t is None else t.to(self.device)
+
     def _store(self, sid: Any, k: torch.Tensor, v: torch.Tensor) -> None:
         seq = self.seqs[sid]
         for t in range(k.shape[0]):
@@ -87,8 +92,8 @@ class Engine:
             if pos // self.page >= len(seq["pages"]):
                 seq["pages"].append(self.free.pop())
             page = seq["pages"][pos // self.page]
-            self.pool_k[page, pos % self.page] = k[t]
-            self.pool_v[page, pos % self.page] = v[t]
+            self.pool_k[page, pos % self.page] = k[t].to(self.device)
+            self.pool_v[page, pos % self.page] = v[t].to(self.device)
             seq["len"] += 1
         seq["k"] = torch.cat([seq["k"], k])
         seq["v"] = torch.cat([seq["v"], v])
@@ -138,10 +143,12 @@ class Engine:
         from torch.nn.attention.varlen import AuxRequest
 
         self.calls += 1
-        return self.attn(
-            q, k, v, cu_q, cu_k, max_q, max_k, window_size=(-1, 0), enable_gqa=True, seqused_k=used,
-            block_table=table, return_aux=AuxRequest(lse=True) if self.lse else None,
+        d = self._dev
+        result = self.attn(
+            d(q), d(k), d(v), d(cu_q), d(cu_k), max_q, max_k, window_size=(-1, 0), enable_gqa=True,
+            seqused_k=d(used), block_table=d(table), return_aux=AuxRequest(lse=True) if self.lse else None,
         )  # fmt: skip
+        return tuple(t.cpu() for t in result) if self.lse else result.cpu()
 
     def _compare(self, result: Any, seqs: list[tuple[Any, Any, Any]], cu: torch.Tensor) -> None:
         if not self.check:
