@@ -280,6 +280,11 @@ def test_a_bound_class_run_prepares_its_lists_once_and_serves_torchs_views():
     run = bind(graph, spec.at(1, 1, 77))
     assert run.lists == override.lists_for(spec.at(1, 1, 77), UidMap.default())
     assert [int(t) for t in run.seq_lens] == [1, 77]
+    other = bind(graph, spec.at(1, 1, 200))
+    assert [int(t) for t in other.seq_lens] == [1, 200] and [int(t) for t in run.seq_lens] == [1, 77]
+    assert other.seq_lens[1].untyped_storage().data_ptr() == run.seq_lens[1].untyped_storage().data_ptr(), (
+        "bound shapes share the class graph's length table: nothing allocated per shape"
+    )
     q, k, v = (
         torch.randn(1, n, 8 if r == "q" else 2, 64, dtype=torch.bfloat16).transpose(1, 2)
         for r, n in (("q", 1), ("k", 77), ("v", 77))

@@ -18,6 +18,7 @@ May import: releases, graphcache.spec/uids/errors (torch and torch_sdpa lazily).
 from __future__ import annotations
 
 import contextlib
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from graphcache.compilers.cudnn.releases import OVERRIDE_WORKSPACE, SHAPE_OVERRIDE, available, missing
@@ -160,6 +161,27 @@ def _run(graph: CudnnGraph, pack: dict[int, Any], lists: dict[str, list[Any]], s
     graph._graph.execute(pack, workspace(graph, size), handle=graph._compiler.handle(), **lists)
 
 
+# Per class graph, a table whose row n holds the length n for every batch
+# element: a bound shape's seq-len tensors are views of it, so a server's
+# thousands of decode lengths allocate nothing on the GPU per shape.
+_TABLES: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
+def bound_lengths(graph: CudnnGraph, spec: GraphSpec) -> tuple[Any, Any]:
+    """The (batch, 1, 1, 1) int32 seq-len tensors of the real ``spec``: views
+    into the class graph's length table (made once)."""
+    import torch
+
+    table = _TABLES.get(graph)
+    if table is None:
+        klass = graph.spec
+        rows = max(klass.seq_q, klass.seq_kv or klass.seq_q) + 1
+        table = torch.arange(rows, dtype=torch.int32, device=graph.device).unsqueeze(1).repeat(1, klass.batch)
+        _TABLES[graph] = table
+    b = spec.batch
+    return table[spec.seq_q, :b].view(b, 1, 1, 1), table[spec.seq_kv or spec.seq_q, :b].view(b, 1, 1, 1)
+
+
 class ClassRun:
     """A class graph bound to one exact spec of its class: the override
     lists, seq-len tensors and workspace size are made once, here, so a
@@ -175,7 +197,7 @@ class ClassRun:
         self.spec = spec
         self.class_spec = graph.spec
         self.lists = lists_for(spec, graph.uids)
-        self.seq_lens = None if spec.padding else _lengths(spec, graph.device)
+        self.seq_lens = None if spec.padding else bound_lengths(graph, spec)
         with graph._compiler._lock:
             self.workspace_size = workspace_size(graph, self.lists)
         self._out = (tuple(spec.dims("o")), tuple(spec.strides("o")))
