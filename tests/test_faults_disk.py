@@ -247,3 +247,29 @@ def test_the_lru_cap_makes_room_on_a_full_disk(small_disk):
         kept = [k for k in stored if client.head(f"/v1/artifacts/{k}").status_code == 200]
         assert len(kept) < len(stored)
         assert sum(f.stat().st_size for f in value_files(folder)) <= cap
+
+
+def test_a_worker_whose_local_disk_is_full_still_gets_what_the_service_holds(small_disk, tmp_path):
+    from graphcache import GraphCache
+    from graphcache.settings import Settings
+    from graphcache.stores import DiskStore, TieredStore
+    from service.app import create_app
+    from tests.servers import ServerThread
+
+    local = DiskStore(small_disk / "worker")
+    with pytest.raises(StoreFull):  # the worker's own disk fills up
+        for batch in range(1, 30):
+            art = make_artifact(spec(batch=batch), size=ENTRY)
+            local.put(art.key, art.encode())
+    fill_to_the_last_byte(small_disk)
+    remote = DiskStore(tmp_path / "service")
+    wanted = [make_artifact(spec(batch=100 + i, seq_q=256), size=ENTRY) for i in range(3)]
+    for art in wanted:
+        remote.put(art.key, art.encode())
+    with ServerThread(create_app(Settings(cache_dir=remote.path), store=remote)) as srv:
+        tiered = TieredStore(local, HttpStore(srv.url))
+        cache = GraphCache(tiered)
+        assert cache.get(wanted[0].spec, TARGET).key == wanted[0].key  # not kept locally, still served
+        report = cache.prefetch([a.spec for a in wanted[1:]], TARGET)
+        assert report.present == 2 and not report.missing
+        assert tiered.local_errors == 3

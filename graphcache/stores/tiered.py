@@ -15,7 +15,9 @@ class TieredStore:
     """Local first, then remote (filling local on a remote hit); puts go to
     both. When the remote fails, the local tier still answers: reads fall
     back to it and a failed remote put is counted and logged, never raised,
-    so a worker keeps starting while the service is down.
+    so a worker keeps starting while the service is down. Likewise a local
+    tier that cannot take a write (a full disk) is counted and logged: what
+    the remote answered is still returned, and puts still reach the remote.
     """
 
     def __init__(self, local: Store, remote: Store) -> None:
@@ -25,6 +27,7 @@ class TieredStore:
         # The last failure of the remote tier: a worker carries on with the
         # local one, a command line that was asked to fetch reports it.
         self.remote_error: Exception | None = None
+        self.local_errors = 0
 
     def get(self, key: str) -> bytes | None:
         data = self.local.get(key)
@@ -36,7 +39,7 @@ class TieredStore:
             self._remote_failed("get", key, exc)
             return None
         if data is not None:
-            self.local.put(key, data)
+            self._fill_local(key, data)
         return data
 
     def get_many(self, keys: Iterable[str], *, progress: Callable[[str], None] | None = None) -> dict[str, bytes]:
@@ -61,12 +64,20 @@ class TieredStore:
             self._remote_failed("get_many", f"{len(rest)} keys", exc)
             return found
         for key, data in fetched.items():
-            self.local.put(key, data)
+            self._fill_local(key, data)
             found[key] = data
         return found
 
+    def _fill_local(self, key: str, data: bytes) -> bool:
+        try:
+            return self.local.put(key, data)
+        except StoreError as exc:
+            self.local_errors += 1
+            log.warning("local %r did not take %s, serving it from the remote: %s", self.local, key[:12], exc)
+            return False
+
     def put(self, key: str, data: bytes) -> bool:
-        created = self.local.put(key, data)
+        created = self._fill_local(key, data)
         try:
             created = self.remote.put(key, data) or created
         except StoreError as exc:
