@@ -234,3 +234,42 @@ def test_the_canary_of_a_thd_graph_is_its_checks_call_and_ignores_what_sees_no_k
     loose = dict(record, deterministic=False)
     assert canary.mismatch(spec, loose, out * 1.001, feed) is None  # within bf16's tolerance
     assert canary.mismatch(spec, loose, out * 1.5, feed) is not None
+
+
+class OnCpu:
+    """A stand-in for a loaded CudnnGraph (cuDNN cannot run here): its
+    ``run_varlen`` is another graph's, its device the CPU."""
+
+    device = "cpu"
+
+    def __init__(self, inner):  # noqa: ANN001
+        self.run_varlen = inner.run_varlen
+
+
+def _artifact(spec):  # noqa: ANN001
+    from graphcache import Artifact
+    from tests.fakes import TARGET
+
+    return Artifact(spec=spec, target=TARGET, payload=b"plan", runtime={"engine": "stand-in"})
+
+
+def test_the_compilers_ragged_check_records_the_canary_of_a_right_graph():
+    from graphcache.compilers.cudnn.compiler import _checked_ragged
+    from graphcache.compilers.torch_sdpa import TorchSdpaGraph
+
+    spec = CHECKED["ragged"]
+    checked = _checked_ragged(_artifact(spec), OnCpu(TorchSdpaGraph(spec)))
+    assert checked.validation_error <= 1e-2 and checked.canary["deterministic"] and checked.runtime["lse_error"] == 0
+
+
+def test_a_wrong_lse_with_a_right_output_is_unsupported_on_the_target_and_a_wrong_output_a_build_error():
+    from graphcache import BuildError
+    from graphcache.compilers.cudnn.compiler import _checked_ragged
+
+    spec = CHECKED["ragged"]
+    with pytest.raises(UnsupportedSpec, match="1083") as info:
+        _checked_ragged(_artifact(spec), OnCpu(WrongGqaLse(spec)))
+    assert info.value.step == "check"
+    plain = spec.replace(generate_stats=False)
+    with pytest.raises(BuildError, match="differs from the float32 reference"):
+        _checked_ragged(_artifact(plain), OnCpu(ReadsSlack(plain)))

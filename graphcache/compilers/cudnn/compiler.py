@@ -35,6 +35,7 @@ from graphcache.errors import (
     PlanRejected,
     TargetMismatch,
     UnsupportedGpu,
+    UnsupportedSpec,
 )
 from graphcache.recipe import RECIPE_VERSION
 from graphcache.spec import GraphSpec
@@ -304,13 +305,23 @@ def _checked_ragged(artifact: Artifact, loaded: CudnnGraph) -> Artifact:
     first = loaded.run_varlen(**feed)[0].clone()
     second = loaded.run_varlen(**feed)[0]
     error, lse_error = varlen_check.errors(spec, loaded, feed)
-    for what, value in (("output", error), ("log-sum-exp", lse_error)):
-        if value is not None and not within_tolerance(spec, value):
-            raise BuildError(
-                f"cuDNN {what} for {spec.summary()} (engine {artifact.runtime.get('engine')}) differs from the "
-                f"float32 reference on unequal, 1- and 0-token sequences: relative error {value:.2e}, tolerance "
-                f"{TOLERANCE[spec.dtype]:.0e}; not caching this plan"
-            )
+    engine = artifact.runtime.get("engine")
+    if not within_tolerance(spec, error):
+        raise BuildError(
+            f"cuDNN output for {spec.summary()} (engine {engine}) differs from the float32 reference on unequal, "
+            f"1- and 0-token sequences: relative error {error:.2e}, tolerance {TOLERANCE[spec.dtype]:.0e}; "
+            "not caching this plan"
+        )
+    if lse_error is not None and not within_tolerance(spec, lse_error):
+        # The output is right and the log-sum-exp is not: cuDNN's own defect
+        # on this target (9.26-9.27 on single-token GQA rows, cudnn-frontend
+        # #1083), the same on every retry, so it is remembered as unsupported.
+        raise UnsupportedSpec(
+            f"cuDNN {artifact.target.cudnn} writes a wrong log-sum-exp for {spec.summary()} (engine {engine}): "
+            f"{lse_error:.2e} from the float32 reference (tolerance {TOLERANCE[spec.dtype]:.0e}) while the output "
+            "agrees (cudnn-frontend#1083 on single-token GQA rows); generate_stats=false graphs are unaffected",
+            step="check",
+        )
     record = canary.describe(spec, first, feed, deterministic=False)
     record["deterministic"] = canary.same_bits(spec, record, second, feed)
     runtime = dict(artifact.runtime)
