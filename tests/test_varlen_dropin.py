@@ -212,3 +212,15 @@ def test_a_float32_cpu_run_records_the_bfloat16_specs_a_gpu_will_run(tmp_path):
     specs = manifest.load(path)
     assert specs and {s.dtype for s in specs} == {"bfloat16"} and all(s.layout == "thd" for s in specs)
     assert gt.stats()["fallbacks"] == {"dtype": engine.calls}  # float32 itself ran on the reference
+
+
+def test_paged_decode_steps_share_a_memo_entry_as_the_longest_sequence_grows(tmp_path):
+    configure(tmp_path / "store")
+    engine = Engine(gt.varlen_attn, seed=4)
+    engine.step({0: 5, 1: 9})  # prefill
+    entries = None
+    for _ in range(6):
+        engine.step({0: 1, 1: 1})  # decode: max_k grows every step
+        if entries is None:
+            entries = len(gt.RUNTIME._memo)
+    assert len(gt.RUNTIME._memo) == entries and gt.stats()["hits"] == engine.calls

@@ -106,7 +106,10 @@ def call(args: tuple[Any, ...], extra: tuple[Any, ...]) -> tuple[Any, Any]:
             cu_seq_q.dtype,
             None if cu_seq_k is None else cu_seq_k.dtype,
             max_q,
-            max_k,
+            # A paged spec's seq_kv is its table's reach: max_k changes nothing
+            # but a bounded window's normalisation, so decode steps whose
+            # longest sequence grew by a token share one memo entry.
+            max_k if block_table is None or window_size[0] >= 0 or window_size[1] > 0 or max_k < 1 else None,
             want_lse,
             scale,
             tuple(window_size),
