@@ -21,6 +21,7 @@ from graphcache.errors import (
     NotFound,
     NotSerializable,
     PlanRejected,
+    StoreFull,
     StoreUnavailable,
     UnsupportedGpu,
     UnsupportedSpec,
@@ -258,7 +259,8 @@ class GraphCache:
             raise GraphCacheError(f"compiler returned an artifact for {artifact.key[:12]}, asked for {key[:12]}")
         try:
             self.store.put(key, artifact.encode())
-        except StoreUnavailable as exc:
+        except (StoreUnavailable, StoreFull) as exc:
+            # The build is used all the same (a worker's full disk keeps no copy).
             self._stats.bump("store_errors")
             log.warning("could not store %s: %s", key[:12], exc)
         return artifact

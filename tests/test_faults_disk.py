@@ -273,3 +273,28 @@ def test_a_worker_whose_local_disk_is_full_still_gets_what_the_service_holds(sma
         report = cache.prefetch([a.spec for a in wanted[1:]], TARGET)
         assert report.present == 2 and not report.missing
         assert tiered.local_errors == 3
+
+
+def test_a_build_on_a_full_disk_is_used_by_a_worker_and_reported_by_the_service(small_disk):
+    from graphcache import GraphCache
+    from graphcache.settings import Settings
+    from graphcache.stores import DiskStore
+    from service.app import create_app
+    from tests.fakes import FakeCompiler
+    from tests.servers import ServerThread
+
+    store = DiskStore(small_disk / "c")
+    with pytest.raises(StoreFull):
+        for batch in range(1, 30):
+            art = make_artifact(spec(batch=batch), size=ENTRY)
+            store.put(art.key, art.encode())
+    fill_to_the_last_byte(small_disk)
+    cache = GraphCache(store, FakeCompiler(size=ENTRY))
+    built = cache.get(spec(batch=500), TARGET)  # built, not kept: still returned
+    assert built.spec == spec(batch=500) and cache.stats()["store_errors"] == 1
+    assert not store.exists(built.key)
+    app = create_app(Settings(cache_dir=store.path), store=store, compiler=FakeCompiler(size=ENTRY))
+    with ServerThread(app) as srv:
+        got = httpx.post(f"{srv.url}/v1/build", json={"spec": spec(batch=501).to_dict()}, timeout=30)
+    assert got.status_code == 507 and got.json()["error"] == "store_full", got.text
+    assert "nothing was stored" in got.json()["detail"]

@@ -12,6 +12,7 @@ from typing import Any
 
 import diskcache
 
+from graphcache.errors import StoreFull
 from graphcache.stores.space import remove_file
 
 log = logging.getLogger("graphcache.stores.disk")
@@ -82,7 +83,13 @@ class DiskLeases:
         self._cache = cache
 
     def try_acquire(self, key: str, owner: str, ttl: float) -> bool:
-        return bool(self._cache.add(f"lease:{key}", owner, expire=ttl, retry=True))
+        try:
+            return bool(self._cache.add(f"lease:{key}", owner, expire=ttl, retry=True))
+        except (sqlite3.OperationalError, StoreFull) as exc:
+            # A full disk has no room for the lease: build without one (the
+            # other processes of this machine may build the same key too).
+            log.warning("no build lease for %s (%s): building without one", key[:12], exc)
+            return True
 
     def renew(self, key: str, owner: str, ttl: float) -> bool:
         with self._cache.transact(retry=True):

@@ -11,7 +11,7 @@ from graphcache.errors import GraphCacheError
 from graphcache.key import key_for
 from graphcache.spec import GraphSpec
 from graphcache.target import Target
-from service.errors import json_response
+from service.errors import ServiceError, json_response
 from service.models import BuildRequest, BuildResult, ResolveRequest, ResolveResult, error_responses
 from service.state import State
 
@@ -35,7 +35,7 @@ def add_routes(app: FastAPI, state: State) -> None:
         "/v1/build",
         summary="Build a spec on this host's GPU and store it (write token)",
         response_model=BuildResult,
-        responses=error_responses(400, 401, 403, 409, 422, 500, 503),
+        responses=error_responses(400, 401, 403, 409, 422, 500, 503, 507),
     )
     async def build(request: Request, payload: BuildRequest) -> Response:
         state.auth.require(request, "write")
@@ -50,4 +50,9 @@ def add_routes(app: FastAPI, state: State) -> None:
         if built:
             state.metrics.builds.labels("built").inc()
             state.metrics.build_seconds.observe(time.perf_counter() - start)
+            unwritable = state.unwritable()
+            if unwritable is not None and not await state.store_call(state.store.exists, artifact.key):
+                # GraphCache keeps a build it could not store (for a worker); a
+                # server that was asked to store it says it did not.
+                raise ServiceError(507, "store_full", f"built {artifact.key}, but nothing was stored: {unwritable}")
         return json_response(200, {"key": artifact.key, "built": built, "target": str(artifact.target)})
