@@ -14,6 +14,8 @@ Side by side, interleaved, in one process:
   arithmetic above and no attention (on a GPU the cuDNN launch is what the
   graph costs either way), so the difference is the drop-in's own: the memo
   key, one dict lookup, the grad check, the counter.
+- memo: the same with a graph that does nothing, so the drop-in's own cost
+  is not the difference of two large, noisy numbers.
 
 Cases: paged decode of 20 sequences (class batch 32) and a ragged prefill of
 5 prompts (class batch 8, q/kv class 128). GPU: not yet run.
@@ -57,6 +59,28 @@ class OffsetsGraph:
                    block_table: Any = None) -> tuple[Any, Any]:  # fmt: skip
         graph_inputs(self.spec, cu_seq_q, cu_seq_k, seqused_k, block_table)
         return torch.empty_like(q), None
+
+
+class NullGraph(OffsetsGraph):
+    """A loaded thd graph that does nothing: only the drop-in's own cost is timed."""
+
+    def run_varlen(self, q: Any, k: Any, v: Any, cu_seq_q: Any, cu_seq_k: Any, seqused_k: Any = None,
+                   block_table: Any = None) -> tuple[Any, Any]:  # fmt: skip
+        return q, None
+
+
+class NullCompiler:
+    name = "null"
+    device = None
+
+    def target(self) -> Target:
+        return TARGET
+
+    def build(self, spec: GraphSpec, target: Target, uids: UidMap | None = None) -> Artifact:
+        return Artifact(spec=spec, target=target, payload=b"null", uids=uids or UidMap.default(), dialect="null")
+
+    def load(self, artifact: Artifact) -> OffsetsGraph:
+        return NullGraph(artifact.spec)
 
 
 class OffsetsCompiler:
@@ -129,6 +153,20 @@ def main() -> None:
             )
             timed[f"hit {name}"] = (lambda a=(q, k, v, cu_q, cu_k, used, table), g=graph: g.run_varlen(*a),
                                     lambda c=call, w=kw: gt.varlen_attn(*c, **w))  # fmt: skip
+        for _ in range(args.rounds):
+            for name, (base, drop) in timed.items():
+                rows.setdefault(name, []).append((per_call_us(base, args.calls), per_call_us(drop, args.calls)))
+        null = GraphCache(DiskStore(Path(tmp) / "null"), NullCompiler(), shape_classes="pow2")  # type: ignore[arg-type]
+        gt.configure(null, device="cpu", on_miss="build")
+        timed = {}
+        for name, (call, kw) in cases().items():
+            gt.varlen_attn(*call, **kw)
+            graph = null.load(varlen_spec(*call, **kw))
+            direct = (*call[:5], kw.get("seqused_k"), kw.get("block_table"))
+            timed[f"memo {name}"] = (
+                lambda a=direct, g=graph: g.run_varlen(*a),
+                lambda c=call, w=kw: gt.varlen_attn(*c, **w),
+            )
         for _ in range(args.rounds):
             for name, (base, drop) in timed.items():
                 rows.setdefault(name, []).append((per_call_us(base, args.calls), per_call_us(drop, args.calls)))
