@@ -207,3 +207,27 @@ def test_redis_restarted_with_the_shipped_settings_keeps_every_entry_pinned_ones
     finally:
         proc.kill()
         proc.wait(10)
+
+
+def test_a_redis_out_of_memory_refuses_uploads_with_507_and_serves_reads(private_redis, tmp_path):
+    """Redis at maxmemory with nothing it may evict (here noeviction) refuses writes (OOM)."""
+    from graphcache.settings import Settings
+    from graphcache.stores.redis import RedisStore
+    from service.app import create_app
+    from tests.servers import ServerThread
+
+    redis_srv = private_redis("--maxmemory", "3mb", "--maxmemory-policy", "noeviction")
+    store = RedisStore(redis_srv.url)
+    with ServerThread(create_app(Settings(), store=store)) as srv, httpx.Client(base_url=srv.url, timeout=10) as c:
+        stored = {}
+        for batch in range(1, 40):
+            art = make_artifact(spec(batch=batch), size=256 * 1024)
+            got = c.put(f"/v1/artifacts/{art.key}", content=art.encode())
+            if got.status_code != 201:
+                break
+            stored[art.key] = art.encode()
+        assert stored and got.status_code == 507, got.text
+        assert got.json()["error"] == "store_full" and "out of memory" in got.json()["detail"]
+        for key, data in stored.items():
+            assert c.get(f"/v1/artifacts/{key}").content == data
+        assert c.get("/v1/stats").json()["uploads_rejected"] == {"store_full": 1}

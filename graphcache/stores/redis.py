@@ -10,7 +10,7 @@ from typing import Any
 import redis
 import redis.asyncio
 
-from graphcache.errors import StoreUnavailable
+from graphcache.errors import StoreFull, StoreUnavailable
 from graphcache.key import FORMAT_VERSION
 
 # Unpinned entries carry this TTL so that `maxmemory-policy volatile-lru`
@@ -61,6 +61,15 @@ class RedisStore:
             return fn(*args, **kwargs)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise StoreUnavailable(f"redis at {self._safe_url()} did not answer: {exc}") from exc
+        except redis.ResponseError as exc:
+            if not isinstance(exc, redis.exceptions.OutOfMemoryError) and not str(exc).startswith("OOM"):
+                raise
+            # maxmemory reached with nothing it may evict (noeviction, or every
+            # entry pinned under volatile-lru): writes refused, reads go on.
+            raise StoreFull(
+                f"redis at {self._safe_url()} is out of memory ({exc}); raise its maxmemory, "
+                "unpin entries (graphcache pin KEY --off) or purge a retired target"
+            ) from exc
 
     def _safe_url(self) -> str:
         # Never print a password that is part of the URL.
