@@ -26,3 +26,20 @@ def test_bench_torch_dropin_runs_and_reports_every_case():
     for case in ("hit bhsd", "hit bshd", "op (custom op) bhsd", "fallback bhsd fp32", "class decode kv129-256"):
         assert case in out.stdout, out.stdout
     assert "class run: graphs 2, call shapes served 384" in out.stdout, out.stdout
+
+
+@pytest.mark.torch
+def test_bench_varlen_runs_and_reports_every_case():
+    pytest.importorskip("torch", reason="the varlen benchmark needs torch")
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_varlen.py"), "--calls", "20", "--rounds", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    for kind in ("offsets", "hit", "memo"):
+        for case in ("paged decode n20", "ragged prefill n5"):
+            assert f"{kind} {case}" in out.stdout, out.stdout
+    assert "fallbacks {}" in out.stdout, out.stdout
