@@ -139,3 +139,13 @@ def test_an_app_that_fails_before_answering_gets_a_json_500():
         got = httpx.get(f"{srv.url}/x", timeout=10)
     assert got.status_code == 500 and got.headers["content-type"] == "application/json"
     assert got.json()["error"] == "internal"
+
+
+@pytest.mark.parametrize("value", ["soon", "0", "-1"])
+def test_a_bad_header_timeout_is_refused_naming_the_variable(value):
+    from graphcache.settings import Settings, SettingsError
+
+    with pytest.raises(SettingsError, match="GRAPHCACHE_HEADER_TIMEOUT"):
+        Settings.from_env({"GRAPHCACHE_HEADER_TIMEOUT": value})
+    assert Settings.from_env({"GRAPHCACHE_HEADER_TIMEOUT": "2.5"}).header_timeout == 2.5
+    assert Settings.from_env({}).header_timeout == 10
