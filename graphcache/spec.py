@@ -122,8 +122,10 @@ class GraphSpec:
                 "dropout",
             )
         object.__setattr__(self, "dropout", float(dropout))
-        if self.shapes == "class" and self.dropout:  # graphcache.classes.has_class says why
-            raise SpecError("shapes='class' is not supported with dropout: use shapes='exact'", "shapes")
+        if self.shapes == "class" and (self.dropout or self.layout == "thd" or self.page_size is not None):
+            # graphcache.classes.has_class says why
+            what = "dropout" if self.dropout else "ragged or paged (thd) specs, which serve many lengths already"
+            raise SpecError(f"shapes='class' is not supported with {what}: use shapes='exact'", "shapes")
         spec_ragged.check(self)
 
     def _check_window(self) -> None:

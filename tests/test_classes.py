@@ -174,3 +174,11 @@ def test_a_class_spec_with_dropout_is_refused_naming_shapes():
     with pytest.raises(SpecError, match="shapes='class' is not supported with dropout") as err:
         decode(shapes="class", dropout=0.1)
     assert err.value.field == "shapes"
+
+
+def test_ragged_and_paged_specs_have_no_length_class():
+    ragged = GraphSpec(batch=3, heads_q=8, heads_kv=2, seq_q=200, seq_kv=300, head_dim=64, layout="thd")
+    assert class_of(ragged, "pow2") == ragged, "a thd graph serves many lengths through its offsets already"
+    with pytest.raises(SpecError, match="shapes='class' is not supported with ragged or paged") as err:
+        ragged.replace(shapes="class")
+    assert err.value.field == "shapes"
