@@ -120,20 +120,26 @@ def graph_inputs(
     n = int(cu_seq_q.shape[0]) - 1
     paged = spec.page_size is not None
     consts = _constants(spec, n, cu_seq_q.device)
-    stacked = torch.stack([cu_seq_q, cu_seq_q if paged else cu_seq_k]).to(torch.int64)  # (2, n + 1)
+    # (sides, n + 1): the query prefix sums, and the keys' unless paged (the
+    # pages' placement is the table's, every role's offsets the queries')
+    if paged:
+        stacked = cu_seq_q.to(torch.int64).unsqueeze(0)
+    else:
+        stacked = torch.stack([cu_seq_q, cu_seq_k]).to(torch.int64)
     if n != b:
         stacked = stacked.index_select(1, consts["gather"])  # the last offset repeated: 0-length sequences
-    offsets = stacked.index_select(0, consts["rows"]) * consts["strides"]  # (roles, b + 1), rows contiguous
+    picked = stacked if paged else stacked.index_select(0, consts["rows"])
+    offsets = picked * consts["strides"]  # (roles, b + 1), each row contiguous
     out: dict[str, Any] = dict(zip(consts["roles"], offsets.view(-1, b + 1, 1, 1, 1).unbind(0), strict=True))
-    seq_len_q, seq_len_kv = torch.diff(stacked, dim=1).to(torch.int32).view(2, b, 1, 1, 1).unbind(0)
-    out["seq_len_q"] = seq_len_q
+    lengths = torch.diff(stacked, dim=1).to(torch.int32).view(-1, b, 1, 1, 1).unbind(0)
+    out["seq_len_q"] = lengths[0]
     if paged or seqused_k is not None:
         used = seqused_k if seqused_k.dtype == torch.int32 else seqused_k.to(torch.int32)
         if n != b:
             used = torch.cat([used, consts["zeros"]])
         out["seq_len_kv"] = used.view(b, 1, 1, 1)
     else:
-        out["seq_len_kv"] = seq_len_kv
+        out["seq_len_kv"] = lengths[1]
     if paged:
         assert spec.pages_per_seq is not None
         table = block_table if n == b else torch.cat([block_table, consts["rows_pad"]])
