@@ -245,7 +245,7 @@ def explain(
             for name, value in stored_target.to_dict().items()
             if value != wanted_target[name]
         ]
-        if header.get("uids") != _default_uids():
+        if header.get("uids") != _default_uids(stored):
             diffs.append("uids: the stored entry uses another tensor UID map")
         candidates.append(Candidate(header.get("key", "?"), str(stored_target), stored, diffs))
     candidates.sort(key=lambda c: (len(c.differences), c.key))
@@ -257,10 +257,12 @@ def _all_fields(spec: GraphSpec) -> dict[str, Any]:
     return {name: getattr(spec, name) for name in GraphSpec.field_names()}
 
 
-def _default_uids() -> dict[str, int]:
+def _default_uids(spec: GraphSpec) -> dict[str, int]:
+    """The map graphcache builds ``spec`` with (a thd spec's holds its offset
+    and table roles too)."""
     from graphcache.uids import UidMap
 
-    return UidMap.default().to_dict()
+    return UidMap.default().for_spec(spec).to_dict()
 
 
 def _headers(store: Store) -> Iterator[dict[str, Any]]:

@@ -57,3 +57,15 @@ def test_a_manifest_with_a_table_narrower_than_its_context_is_refused_naming_the
     bad.write_text(EXAMPLE.read_text().replace("pages_per_seq: 512", "pages_per_seq: 512\n  seq_kv: 16384"))
     out = cli("warm", str(bad), "--check", "--target", str(TARGET), "--cache-dir", str(tmp_path / "s"))
     assert out.returncode != 0 and "pages_per_seq" in (out.stdout + out.stderr)
+
+
+def test_explain_names_only_the_field_that_differs_for_a_paged_spec(tmp_path):
+    from graphcache import GraphCache, ops
+    from tests.fakes import FakeCompiler
+
+    store = DiskStore(tmp_path / "s")
+    stored = manifest.load(EXAMPLE)[3]
+    GraphCache(store, FakeCompiler()).get(stored)
+    asked = GraphSpec(**{**stored.to_dict(), "num_pages": 4096})
+    nearest = ops.explain(asked, TARGET, store).nearest
+    assert nearest[0].differences == ["spec.num_pages: stored 8192, asked 4096"]  # no spurious uid-map line
