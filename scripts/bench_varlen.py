@@ -29,7 +29,6 @@ import argparse
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -37,13 +36,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+# The null compiler, target and timer of the dense drop-in bench (this folder is on sys.path).
+from bench_torch_dropin import NullCompiler, per_call_us  # noqa: E402
+
 import graphcache.torch as gt  # noqa: E402
-from graphcache import Artifact, GraphCache, GraphSpec, Target, UidMap  # noqa: E402
+from graphcache import GraphCache, GraphSpec  # noqa: E402
 from graphcache.compilers.varlen_args import graph_inputs  # noqa: E402
 from graphcache.stores import DiskStore  # noqa: E402
 from graphcache.torch.varlen_derive import varlen_spec  # noqa: E402
-
-TARGET = Target.parse("h200-sm90-cudnn9.28.0-fe1.32.0")
 
 
 class OffsetsGraph:
@@ -67,41 +67,6 @@ class NullGraph(OffsetsGraph):
     def run_varlen(self, q: Any, k: Any, v: Any, cu_seq_q: Any, cu_seq_k: Any, seqused_k: Any = None,
                    block_table: Any = None) -> tuple[Any, Any]:  # fmt: skip
         return q, None
-
-
-class NullCompiler:
-    name = "null"
-    device = None
-
-    def target(self) -> Target:
-        return TARGET
-
-    def build(self, spec: GraphSpec, target: Target, uids: UidMap | None = None) -> Artifact:
-        return Artifact(spec=spec, target=target, payload=b"null", uids=uids or UidMap.default(), dialect="null")
-
-    def load(self, artifact: Artifact) -> OffsetsGraph:
-        return NullGraph(artifact.spec)
-
-
-class OffsetsCompiler:
-    name = "null"
-    device = None
-
-    def target(self) -> Target:
-        return TARGET
-
-    def build(self, spec: GraphSpec, target: Target, uids: UidMap | None = None) -> Artifact:
-        return Artifact(spec=spec, target=target, payload=b"null", uids=uids or UidMap.default(), dialect="null")
-
-    def load(self, artifact: Artifact) -> OffsetsGraph:
-        return OffsetsGraph(artifact.spec)
-
-
-def per_call_us(fn: Any, calls: int) -> float:
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    return (time.perf_counter() - t0) / calls * 1e6
 
 
 def cases() -> dict[str, tuple[tuple[Any, ...], dict[str, Any]]]:
@@ -138,7 +103,7 @@ def main() -> None:
     torch.set_num_threads(1)
     rows: dict[str, list[tuple[float, float]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        cache = GraphCache(DiskStore(Path(tmp) / "store"), OffsetsCompiler(), shape_classes="pow2")  # type: ignore[arg-type]
+        cache = GraphCache(DiskStore(Path(tmp) / "store"), NullCompiler(OffsetsGraph), shape_classes="pow2")  # type: ignore[arg-type]
         gt.configure(cache, device="cpu", on_miss="build")
         timed = {}
         for name, (call, kw) in cases().items():
@@ -156,7 +121,7 @@ def main() -> None:
         for _ in range(args.rounds):
             for name, (base, drop) in timed.items():
                 rows.setdefault(name, []).append((per_call_us(base, args.calls), per_call_us(drop, args.calls)))
-        null = GraphCache(DiskStore(Path(tmp) / "null"), NullCompiler(), shape_classes="pow2")  # type: ignore[arg-type]
+        null = GraphCache(DiskStore(Path(tmp) / "null"), NullCompiler(NullGraph), shape_classes="pow2")  # type: ignore[arg-type]
         gt.configure(null, device="cpu", on_miss="build")
         timed = {}
         for name, (call, kw) in cases().items():
