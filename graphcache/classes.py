@@ -81,12 +81,32 @@ def class_of(spec: GraphSpec, policy: str | None = None) -> GraphSpec:
     policy = policy_from_env() if policy is None else check_policy(policy, "policy")
     if policy == "exact" or not has_class(spec):
         return spec
+    return spec.replace(shapes="class", **_rounded(spec))
+
+
+def declared(spec: GraphSpec, policy: str | None = None) -> GraphSpec:
+    """The thd (ragged or paged) spec whose graph serves a call's exact thd
+    spec under ``policy`` (default: the environment's). A thd graph serves
+    every call of up to ``batch`` sequences and ``seq_q`` / ``seq_kv`` tokens
+    (its offsets and the padding mask place and end each sequence; no shape
+    override), so under ``pow2`` its sizes round up as ``class_of`` rounds a
+    dense class; under ``exact`` the call's own sizes. Raises SettingsError
+    for an unknown policy."""
+    policy = policy_from_env() if policy is None else check_policy(policy, "policy")
+    if policy == "exact":
+        return spec
+    return spec.replace(**_rounded(spec))
+
+
+def _rounded(spec: GraphSpec) -> dict[str, int]:
+    """The policy's sizes: ``seq_q`` of 1 stays 1 (decode), other lengths to a
+    power of two of at least MIN_LENGTH, batch to a power of two."""
     assert spec.seq_kv is not None
     seq_q = 1 if spec.seq_q == 1 else _length(spec.seq_q)
     # A paged spec's seq_kv is its block table's reach, fixed by the engine's
     # pool and table width, not a length to round: the table serves them all.
     seq_kv = spec.seq_kv if spec.page_size is not None else _length(spec.seq_kv)
-    return spec.replace(batch=_pow2(spec.batch), seq_q=seq_q, seq_kv=seq_kv, shapes="class")
+    return {"batch": _pow2(spec.batch), "seq_q": seq_q, "seq_kv": seq_kv}
 
 
 def has_class(spec: GraphSpec) -> bool:
@@ -96,6 +116,6 @@ def has_class(spec: GraphSpec) -> bool:
     the float32 reference, and a dropout graph's output has no reference to
     compare with. Ragged and paged (thd) graphs serve many lengths through
     their offsets and page tables already, with no override
-    (graphcache.torch.varlen_derive.declared rounds them)."""
+    (``declared`` rounds them)."""
     dense = spec.layout in ("bshd", "bhsd") and getattr(spec, "page_size", None) is None
     return dense and not spec.is_class and not spec.dropout

@@ -161,7 +161,7 @@ def test_descriptors_are_pinned_to_the_recipe_version():
 
 
 def test_a_thd_graph_serves_many_lengths_through_its_offsets_and_rounds_under_pow2():
-    from graphcache.torch.varlen_derive import declared
+    from graphcache.classes import declared
 
     paged = declared(GraphSpec(**{**PAGED, "batch": 5, "seq_q": 3}), "pow2")
     assert (paged.batch, paged.seq_q, paged.seq_kv, paged.pages_per_seq) == (8, 128, 4096, 256)

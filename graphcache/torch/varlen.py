@@ -25,12 +25,13 @@ from typing import Any
 import torch
 import torch.nn.attention.varlen as _torch_varlen  # registers torch_attn::_varlen_attn
 
+from graphcache.classes import declared
 from graphcache.compilers.varlen_ref import varlen_reference
 from graphcache.errors import UnsupportedCall
 from graphcache.spec import GraphSpec
 from graphcache.torch.patching import RUNTIME
 from graphcache.torch.runtime import Plan
-from graphcache.torch.varlen_derive import declared, effective_window, varlen_spec
+from graphcache.torch.varlen_derive import effective_window, varlen_spec
 
 # torch's own op, captured at import: the fallback never calls a patched
 # torch.nn.attention.varlen.varlen_attn (ours, or another library's).
@@ -166,7 +167,7 @@ def _plan(memo_key: tuple[Any, ...] | None, args: tuple[Any, ...], extra: tuple[
 
 def _plan_for(exact: GraphSpec, device: torch.device) -> Plan:
     """The graph of the thd spec that serves the call's ``exact`` spec
-    (``varlen_derive.declared`` under the cache's length policy), from the
+    (``graphcache.classes.declared`` under the cache's length policy), from the
     runtime's cache and loaded graphs. A thd graph takes every call within its
     sizes as it is: its offsets and lengths say each call's shape."""
     cache = RUNTIME._cache_for(device)

@@ -126,30 +126,3 @@ def varlen_spec(
     except SpecError as exc:
         reason = "page_size" if exc.field == "page_size" else "invalid"
         raise UnsupportedCall(f"no cuDNN graph: {exc}", reason) from None
-
-
-def declared(spec: GraphSpec, policy: str) -> GraphSpec:
-    """The thd spec whose graph serves a call's exact spec under the length
-    policy (``graphcache.classes``: ``pow2`` or ``exact``). A thd graph serves
-    every call of up to ``batch`` sequences and ``seq_q`` / ``seq_kv`` tokens
-    (its offsets and the padding mask place and end each sequence; no shape
-    override), so under ``pow2`` the sizes round up as the dense classes do:
-    batch to a power of two, ``seq_q`` of 1 stays 1 (decode), other lengths to
-    a power of two of at least 128. A paged spec's ``seq_kv`` is its block
-    table's reach and stays. Under ``exact`` the call's own sizes."""
-    if policy == "exact":
-        return spec
-    assert spec.seq_kv is not None
-    seq_q = 1 if spec.seq_q == 1 else _length(spec.seq_q)
-    seq_kv = spec.seq_kv if spec.page_size is not None else _length(spec.seq_kv)
-    return spec.replace(batch=_pow2(spec.batch), seq_q=seq_q, seq_kv=seq_kv)
-
-
-def _pow2(n: int) -> int:
-    return 1 << (n - 1).bit_length()
-
-
-def _length(n: int) -> int:
-    from graphcache.classes import MIN_LENGTH
-
-    return max(MIN_LENGTH, _pow2(n))
