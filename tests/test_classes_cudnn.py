@@ -295,3 +295,19 @@ def test_a_bound_class_run_prepares_its_lists_once_and_serves_torchs_views():
     with pytest.raises(ExecutionError, match="seq_kv <= 256"):
         bind(graph, spec.at(1, 1, 300))
     assert class_of(spec.at(1, 1, 77), "pow2") == klass(batch=1, seq_kv=128)  # 77 keys' own class is kv128
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{"seq_kv": 16}, {"seq_kv": 30}, {"seq_q": 16, "seq_kv": 16, "mask": "causal"}, {"seq_q": 8, "seq_kv": 40}],
+    ids=["decode-kv16", "decode-kv30", "prefill-16", "prefill-q8-kv40"],
+)
+def test_a_short_declared_class_is_checked_and_canaried_at_shapes_inside_it(fields):
+    # A class spec written by hand may declare fewer than 33 keys (pow2 never
+    # does): its check and canary must stay inside it, not fail its build
+    # with a shape the class does not serve or a length below 1.
+    spec = klass(batch=2, **fields)
+    shapes = override.check_shapes(spec)
+    assert all(spec.covers(s) for s in shapes), [s.summary() for s in shapes if not spec.covers(s)]
+    assert spec.covers(override.canary_spec(spec))
+    assert override.check_class(cpu_graph(spec)) < 2e-2

@@ -235,7 +235,8 @@ def check_shapes(klass: GraphSpec) -> list[GraphSpec]:
     big_b = klass.batch
     shapes = [(big_b, klass.seq_q, klass.seq_kv), (1, 1 if decode else 2, 1)]
     for keys in (1, 33):
-        shapes.append((big_b, 1 if decode else min(klass.seq_q, max(2, keys)), keys))
+        if keys <= klass.seq_kv:  # a hand-declared class may be shorter than 33 keys
+            shapes.append((big_b, 1 if decode else min(klass.seq_q, max(2, keys)), keys))
     for rows in (96, 160):
         if decode and rows <= klass.seq_kv:
             shapes.append((max(1, big_b - 1), 1, rows))
@@ -251,8 +252,10 @@ def canary_spec(spec: GraphSpec) -> GraphSpec:
     if not spec.is_class:
         return spec
     assert spec.seq_kv is not None
-    seq_q = 1 if spec.seq_q == 1 else spec.seq_q - 29
-    return spec.at(max(1, spec.batch // 2), seq_q, spec.seq_kv - 29)
+    # 29 short of the maximum, off the tile; a class declared that short
+    # (by hand: pow2 declares at least 128) at its smallest length instead.
+    seq_q = 1 if spec.seq_q == 1 else max(2, spec.seq_q - 29)  # prefill stays above 1
+    return spec.at(max(1, spec.batch // 2), seq_q, max(1, spec.seq_kv - 29))
 
 
 def _poisoned(real: Any, pad: tuple[int, ...]) -> Any:
