@@ -120,3 +120,34 @@ def test_the_memo_of_class_bound_call_shapes_is_bounded(tmp_path, monkeypatch):
         assert stats["hits"] == 30 and stats["graphs_loaded"] == 1 and stats["shapes_served"] == 30
     finally:
         gt.reset()
+
+
+def test_the_memo_stays_bounded_when_the_class_is_not_stored_and_calls_fall_back(tmp_path, monkeypatch):
+    # Every decode length is a call shape; one whose class was never warmed
+    # (a miss, on_miss=torch) or that carries a tensor mask runs torch's SDPA,
+    # and that plan is memoized per shape too: a server's lifetime of them must
+    # not grow the memo past MEMO_LIMIT.
+    import graphcache.torch as gt
+    from graphcache import GraphCache
+    from graphcache.stores import DiskStore
+    from graphcache.torch import runtime
+    from tests.torch_standins import CpuGraphCompiler
+
+    monkeypatch.setattr(runtime, "MEMO_LIMIT", 8)
+    gt.reset()
+    gt.configure(GraphCache(DiskStore(tmp_path), CpuGraphCompiler(), shape_classes="pow2"), device="cpu")
+    q = torch.randn(1, 8, 1, 64, dtype=torch.bfloat16)
+    try:
+        for n in range(130, 160):
+            k = torch.randn(1, 2, n, 64, dtype=torch.bfloat16)
+            mask = torch.ones(1, 1, 1, n, dtype=torch.bool)
+            for attn_mask in (None, mask):
+                assert torch.equal(
+                    gt.scaled_dot_product_attention(q, k, k, attn_mask=attn_mask, enable_gqa=True),
+                    torch.nn.functional.scaled_dot_product_attention(q, k, k, attn_mask=attn_mask, enable_gqa=True),
+                )
+                assert len(gt.RUNTIME._memo) <= 8
+        stats = gt.stats()
+        assert stats["calls"] == 60 and stats["hits"] == 0 and stats["misses"] == 30
+    finally:
+        gt.reset()

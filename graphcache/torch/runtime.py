@@ -269,11 +269,15 @@ class Runtime:
             return plan
 
     def _drop_bound(self) -> None:
-        """Forget the memo's class-bound entries (the lock held): under length
-        classes every decode length of every batch size is a call shape, so a
-        long-running server would grow the memo without end. Each is one
-        derive and one bind to make again; the class graphs stay loaded."""
-        for stale in [k for k, p in self._memo.items() if getattr(p.graph, "class_spec", None) is not None]:
+        """Forget the memo's class-bound entries and its fallbacks (the lock
+        held): under length classes every decode length of every batch size
+        is a call shape, and so it is for a class never warmed (a miss) or a
+        call torch must run (a tensor mask), so a long-running server would
+        grow the memo without end. Each is one derive (and a bind, or a store
+        lookup for a miss) to make again; the loaded graphs stay loaded."""
+        for stale in [
+            k for k, p in self._memo.items() if p.graph is None or getattr(p.graph, "class_spec", None) is not None
+        ]:
             del self._memo[stale]
 
     def _plan_for(self, derived: Derived, device: torch.device) -> Plan:
