@@ -104,6 +104,7 @@ def test_idle_sockets_hold_the_concurrency_limit_only_until_the_header_timeout(s
         over = httpx.get(f"{url}/healthz", timeout=10)
         assert over.status_code == 503 and over.headers["content-type"] == "application/json"
         assert over.json()["error"] == "overloaded" and "--limit-concurrency" in over.json()["detail"]
+        assert over.headers["retry-after"] == "1"  # documented: a client knows when to come back
         time.sleep(HEAD_TIMEOUT + 0.5)  # the idle ones are closed by now
         assert httpx.get(f"{url}/healthz", timeout=10).status_code == 200
     finally:

@@ -168,10 +168,13 @@ def test_a_full_disk_serves_every_stored_entry_and_refuses_uploads_with_507(smal
         fill_to_the_last_byte(small_disk)
 
         # Reads never depend on a write: GET, HEAD and batch serve every entry.
+        # The access time each read records could not be written: counted, not raised.
+        failed_before = metric(client, "graphcache_store_bookkeeping_errors_total")
         for key, data in stored.items():
             assert client.get(f"/v1/artifacts/{key}").content == data
             assert client.head(f"/v1/artifacts/{key}").status_code == 200
         assert batch_found(client, list(stored)) == stored
+        assert metric(client, "graphcache_store_bookkeeping_errors_total") > failed_before
 
         # Healthy (reads are served) but not writable, and why; a gauge says it too.
         health = client.get("/healthz")
