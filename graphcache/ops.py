@@ -3,6 +3,7 @@ and explain a miss. The CLI prints what these return."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -109,11 +110,22 @@ def check(
     is stored and not a negative entry (``served_by`` names the class, as
     ``GraphCache.load`` would pick it), else when its own entry is stored."""
     policy = policy_from_env() if shape_classes is None else shape_classes
+    # Each class asked once: over HTTP its header is the whole artifact, and
+    # a decode loop's exact specs share a handful of classes (asked under the
+    # lock, one at a time: there are few).
+    serving: dict[GraphSpec, bool] = {}
+    lock = threading.Lock()
+
+    def serves(klass: GraphSpec) -> bool:
+        with lock:
+            if klass not in serving:
+                serving[klass] = _serves(store, key_for(klass, target))
+            return serving[klass]
 
     def one(spec: GraphSpec) -> CheckRow:
         key = key_for(spec, target)
         klass = class_of(spec, policy)
-        if klass != spec and _serves(store, key_for(klass, target)):
+        if klass != spec and serves(klass):
             row = CheckRow(spec, key, True, klass)
         else:
             row = CheckRow(spec, key, store.exists(key))

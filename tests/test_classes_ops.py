@@ -140,3 +140,26 @@ def test_graphcache_record_writes_classes_by_default_and_exact_specs_with_shape_
     assert all(not s.is_class for s in manifest.load(exact))
     out = cli("record", "-o", str(exact), str(script), env={"GRAPHCACHE_SHAPE_CLASSES": "exact"})
     assert out.returncode == 0 and len(manifest.load(exact)) == 8
+
+
+def test_check_reads_each_class_once_however_many_exact_specs_it_serves(tmp_path):
+    # Over HTTP a class's header is its whole artifact (GET): an exact
+    # manifest of a decode loop must not download the class once per spec.
+    import httpx
+
+    from graphcache.stores import HttpStore
+
+    _, exact = specs(tmp_path)
+    server_store = DiskStore(tmp_path / "server")
+    server_store.put(key_for(CLASS_128, TARGET), make_artifact(CLASS_128).encode())
+    app = create_app(Settings(cache_dir=server_store.path), store=server_store)
+    with ServerThread(app) as srv:
+        rows = ops.check(exact, TARGET, HttpStore(srv.url), shape_classes="pow2")
+        assert [r.present for r in rows] == [True] * 8 + [False]
+        served = [
+            float(line.split()[-1])
+            for line in httpx.get(srv.url + "/metrics").text.splitlines()
+            if line.startswith("graphcache_bytes_served_total")
+        ]
+    blob = len(server_store.get(key_for(CLASS_128, TARGET)) or b"")
+    assert served == [blob], f"one download of the class ({blob} bytes) for its 8 exact specs"
