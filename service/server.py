@@ -36,6 +36,10 @@ def uvicorn_options(
         "workers": workers,
         "loop": "uvloop",
         "http": PROTOCOL,  # httptools, plus writev of many buffers (service.transport)
+        # No WebSocket route: an Upgrade request is answered as plain HTTP (the
+        # API's JSON), not handed to a WebSocket library that refuses it with
+        # an empty text/plain 403.
+        "ws": "none",
         "log_level": log_level,
         "access_log": False,
         "timeout_keep_alive": timeout_keep_alive,

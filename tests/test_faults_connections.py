@@ -96,6 +96,21 @@ def test_a_malformed_request_gets_uvicorns_400_as_json(server):
     assert json.loads(body)["error"] == "bad_request"
 
 
+def test_a_websocket_upgrade_request_gets_the_apis_json_not_a_plain_text_403(server):
+    """The API has no WebSocket route; uvicorn's WebSocket library answered an
+    Upgrade request with an empty text/plain 403 of its own."""
+    port, _ = server
+    upgrade = b"Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n"
+    upgrade += b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+    for path, status in (("/healthz", 200), ("/nope", 404)):
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            sock.sendall(f"GET {path} HTTP/1.1\r\nHost: t\r\n".encode() + upgrade + b"\r\n")
+            data, _ = read_all(sock, 5)
+        got, headers, body = split(data)
+        assert got == status and headers["content-type"] == "application/json", data[:300]
+        assert status == 200 or json.loads(body)["error"] == "not_found"
+
+
 def test_idle_sockets_hold_the_concurrency_limit_only_until_the_header_timeout(server):
     port, url = server
     idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(LIMIT)]
