@@ -72,6 +72,7 @@ class GraphCache:
         self.torch_fallback = torch_fallback
         self.shape_classes = policy_from_env() if shape_classes is None else check_policy(shape_classes)
         self._stats = Stats()
+        self._unserved: set[str] = set()  # keys of classes whose build or load failed here: not retried
         self._lock = threading.Lock()
         self._inflight: dict[str, Future[Artifact]] = {}
         # A shared store lends build leases, so that processes and replicas
@@ -274,8 +275,8 @@ class GraphCache:
         ``execute`` takes real tensors of any shape the class covers; bind it
         with ``graphcache.compilers.classgraph.bind``) when that is stored or,
         with ``build``, built; where the class cannot be served on this target
-        (a negative entry, a failed build) or is missing with ``build=False``,
-        the exact graph, as under policy ``exact``.
+        (a negative entry, a build that failed: not tried again by this cache)
+        or is missing with ``build=False``, the exact graph, as under policy ``exact``.
 
         With ``torch_fallback``, a spec cuDNN cannot serve here (no GPU,
         old GPU or cuDNN, a mask the frontend cannot express, a plan that
@@ -284,12 +285,14 @@ class GraphCache:
         ``fallbacks`` counter.
         """
         klass = class_of(spec, self.shape_classes)
-        if klass != spec:
+        if klass != spec and self.key(klass, target) not in self._unserved:
             try:
                 return self._load(klass, target, build, fallback=False)
             except NotFound:  # build=False: the exact graph's lookup counts this load's miss
                 self._stats.bump("misses", -1)
             except GraphCacheError as exc:  # the exact graph serves instead
+                if isinstance(exc, (BuildError, PlanRejected)):  # costly and no negative entry: once per process
+                    self._unserved.add(self.key(klass, target))
                 log.debug("class %s does not serve %s here: %s", klass.summary(), spec.summary(), exc)
         return self._load(spec, target, build)
 

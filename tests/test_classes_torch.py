@@ -151,3 +151,38 @@ def test_the_memo_stays_bounded_when_the_class_is_not_stored_and_calls_fall_back
         assert stats["calls"] == 60 and stats["hits"] == 0 and stats["misses"] == 30
     finally:
         gt.reset()
+
+
+def test_a_class_whose_build_failed_is_not_rebuilt_for_every_new_call_shape(tmp_path):
+    # A class build that fails (BuildError: cuDNN's output disagreed at the
+    # canary shape, say) is no negative entry; the exact graphs serve instead,
+    # and the next decode length must not pay for the class's build again.
+    import graphcache.torch as gt
+    from graphcache import BuildError, GraphCache
+    from graphcache.stores import DiskStore
+    from tests.torch_standins import CpuGraphCompiler
+
+    class NoClassBuilds(CpuGraphCompiler):
+        class_builds = 0
+
+        def build(self, spec, target, uids=None):  # noqa: ANN001, ANN201
+            if spec.is_class:
+                self.class_builds += 1
+                raise BuildError(f"stand-in: {spec.summary()} disagrees with the reference")
+            return super().build(spec, target, uids)
+
+    compiler = NoClassBuilds()
+    gt.reset()
+    gt.configure(GraphCache(DiskStore(tmp_path), compiler, shape_classes="pow2"), device="cpu", on_miss="build")
+    q = torch.randn(1, 8, 1, 64, dtype=torch.bfloat16)
+    try:
+        for n in range(40, 45):
+            k = torch.randn(1, 2, n, 64, dtype=torch.bfloat16)
+            assert torch.equal(
+                gt.scaled_dot_product_attention(q, k, k, enable_gqa=True),
+                torch.nn.functional.scaled_dot_product_attention(q, k, k, enable_gqa=True),
+            )
+        assert gt.stats()["hits"] == 5, "the exact graphs served"
+        assert compiler.class_builds == 1, "the failed class was tried once, not once per decode length"
+    finally:
+        gt.reset()
