@@ -301,3 +301,32 @@ def test_a_build_on_a_full_disk_is_used_by_a_worker_and_reported_by_the_service(
         got = httpx.post(f"{srv.url}/v1/build", json={"spec": spec(batch=501).to_dict()}, timeout=30)
     assert got.status_code == 507 and got.json()["error"] == "store_full", got.text
     assert "nothing was stored" in got.json()["detail"]
+
+
+def test_an_index_closed_cleanly_before_the_disk_filled_is_read_by_the_cli(small_disk):
+    """No reserve, no WAL left open: the ordinary open that fails first leaves
+    SQLite's shared-memory file a few bytes long, and a read-only open through
+    it failed (disk I/O error): ls, get and the server read nothing."""
+    from graphcache.stores import DiskStore
+
+    folder = small_disk / "cache"
+    store = DiskStore(folder)
+    stored: dict[str, bytes] = {}
+    with pytest.raises(StoreFull):
+        for batch in range(1, 30):
+            art = make_artifact(spec(batch=batch), size=ENTRY)
+            store.put(art.key, art.encode())
+            stored[art.key] = art.encode()
+    store.close()  # a clean shutdown: the WAL is checkpointed into cache.db and removed
+    (folder / "reserve").unlink()
+    fill_to_the_last_byte(small_disk)
+
+    env = {"GRAPHCACHE_DIR": str(folder)}
+    listed = cli("ls", "--json", env=env, timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    assert {json.loads(line)["key"] for line in listed.stdout.splitlines()} == set(stored)
+    key = next(iter(stored))
+    out = small_disk.parent / "got.gca"  # off the full disk
+    got = cli("get", key, "-o", str(out), env=env, timeout=60)
+    assert got.returncode == 0, got.stderr
+    assert out.read_bytes() == stored[key]

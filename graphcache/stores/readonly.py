@@ -3,7 +3,8 @@ it the ordinary way (diskcache writes its settings on every open).
 
 It answers the reads DiskStore makes of a ``diskcache.Cache`` (get, tags,
 membership, keys, volume, queries) from SQLite opened without writing: in
-read-only mode where the WAL's shared-memory file exists, else as an
+read-only mode where the WAL's shared-memory file exists, else (or when
+that file is the stub a failed open left, with the WAL empty) as an
 immutable file (what a clean shutdown left: its WAL checkpointed into the
 database). Every write raises StoreFull saying what to free; DiskStore tries
 the ordinary open again before each write.
@@ -21,6 +22,16 @@ from graphcache.errors import StoreFull
 from graphcache.stores.diskcodec import NoPickleDisk
 
 
+def _connect(db: Path, mode: str) -> sqlite3.Connection:
+    con = sqlite3.connect(f"file:{db}?{mode}", uri=True, isolation_level=None, check_same_thread=False)
+    try:
+        con.execute("SELECT count(*) FROM Cache").fetchone()  # fails here, not later, if unreadable
+    except sqlite3.Error:
+        con.close()
+        raise
+    return con
+
+
 class ReadOnlyIndex:
     """The read side of ``diskcache.Cache`` over an existing ``cache.db``."""
 
@@ -30,9 +41,17 @@ class ReadOnlyIndex:
         db = folder / "cache.db"
         if not db.is_file():
             raise FileNotFoundError(db)
-        uri = f"file:{db}?mode=ro" if (folder / "cache.db-shm").exists() else f"file:{db}?immutable=1"
-        self._con = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
-        self._con.execute("SELECT count(*) FROM Cache").fetchone()  # fails here, not later, if unreadable
+        try:
+            self._con = _connect(db, "mode=ro" if (folder / "cache.db-shm").exists() else "immutable=1")
+        except sqlite3.Error:
+            # The ordinary open that failed first (no room) leaves the
+            # shared-memory file a few bytes long, and a read-only open
+            # through it is a disk I/O error. With the WAL empty everything
+            # is in cache.db itself, which immutable mode reads exactly.
+            wal = folder / "cache.db-wal"
+            if wal.exists() and wal.stat().st_size > 0:
+                raise
+            self._con = _connect(db, "immutable=1")
         self.disk = NoPickleDisk(str(folder))
 
     def _sql(self, query: str, params: tuple[Any, ...] = ()) -> sqlite3.Cursor:
