@@ -40,7 +40,7 @@ ENV_VAR = "GRAPHCACHE_SHAPE_CLASSES"
 MIN_LENGTH = 128
 
 
-def check_policy(policy: str, source: str = "shape classes") -> str:
+def check_policy(policy: str, source: str = "shape_classes") -> str:
     """``policy`` if it is one of POLICIES; else SettingsError naming
     ``source`` and the allowed values."""
     if policy not in POLICIES:

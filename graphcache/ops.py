@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from graphcache.cache import GraphCache
-from graphcache.classes import class_of, policy_from_env
+from graphcache.classes import check_policy, class_of, policy_from_env
 from graphcache.errors import CorruptArtifact, GraphCacheError, SpecError, TargetError, UnsupportedSpec
 from graphcache.key import key_for
 from graphcache.spec import GraphSpec
@@ -109,7 +109,7 @@ def check(
     GRAPHCACHE_SHAPE_CLASSES) an exact spec is present when its class's graph
     is stored and not a negative entry (``served_by`` names the class, as
     ``GraphCache.load`` would pick it), else when its own entry is stored."""
-    policy = policy_from_env() if shape_classes is None else shape_classes
+    policy = policy_from_env() if shape_classes is None else check_policy(shape_classes, "shape_classes")
     # Each class asked once: over HTTP its header is the whole artifact, and
     # a decode loop's exact specs share a handful of classes (asked under the
     # lock, one at a time: there are few).
@@ -230,7 +230,7 @@ def explain(
     entry of ``store``).
     """
     key = key_for(spec, target)
-    found = class_of(spec, policy_from_env() if shape_classes is None else shape_classes)
+    found = class_of(spec, policy_from_env() if shape_classes is None else check_policy(shape_classes, "shape_classes"))
     klass = found if found != spec else None
     class_key = key_for(klass, target) if klass is not None else ""
     served = klass is not None and _serves(store, class_key)

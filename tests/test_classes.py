@@ -182,3 +182,19 @@ def test_ragged_and_paged_specs_have_no_length_class():
     with pytest.raises(SpecError, match="shapes='class' is not supported with ragged or paged") as err:
         ragged.replace(shapes="class")
     assert err.value.field == "shapes"
+
+
+def test_a_bad_shape_classes_argument_is_refused_naming_it(tmp_path):
+    from graphcache import GraphCache, ops
+    from graphcache.stores import DiskStore
+
+    store = DiskStore(tmp_path)
+    spec = GraphSpec(batch=1, heads_q=8, heads_kv=2, seq_q=1, seq_kv=40, head_dim=64)
+    target = Target.parse("h200-sm90-mp132-cudnn9.28.0-fe1.32.0")
+    for call in (
+        lambda: GraphCache(store, shape_classes="Pow2"),
+        lambda: ops.check([spec], target, store, shape_classes="Pow2"),
+        lambda: ops.explain(spec, target, store, shape_classes="Pow2"),
+    ):
+        with pytest.raises(SettingsError, match=r"shape_classes='Pow2' is not a shape-class policy; allowed: pow2"):
+            call()
