@@ -148,6 +148,18 @@ def install_handlers(app: FastAPI) -> None:
                     "see /docs for this route's fields",
                 )
             )
+        ctype = request.headers.get("content-type") or "none"
+        if isinstance(exc.body, (bytes, bytearray)) and exc.body and "json" not in ctype:
+            # JSON under another Content-Type: FastAPI does not read it, and
+            # "must be a JSON object" would be wrong about a body that is one.
+            return error_response(
+                ServiceError(
+                    422,
+                    "invalid_request",
+                    f"the body is JSON but was sent with Content-Type: {ctype}: "
+                    "send it with Content-Type: application/json",
+                )
+            )
         return error_response(ServiceError(422, "invalid_request", "; ".join(_problem(e) for e in errors)))
 
     @app.exception_handler(StarletteHTTPException)
