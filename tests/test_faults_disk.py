@@ -222,6 +222,14 @@ def test_the_cli_and_a_restarted_server_work_on_a_full_disk(small_disk, reserve)
         assert reserve or "read-only" in health.json()["reason"], health.json()
         for key, data in stored.items():
             assert client.get(f"/v1/artifacts/{key}").content == data
+        # A pin on the full disk: the reserve makes room for it; without one it
+        # is a 507 that says what to free (not a 500).
+        pin = client.post(f"/v1/artifacts/{next(iter(stored))}/pin", headers=AUTH_W)
+        if reserve:
+            assert pin.status_code == 200, pin.text
+        else:
+            assert pin.status_code == 507 and pin.json()["error"] == "store_full", pin.text
+            assert "free at least" in pin.json()["detail"]
 
     keys = list(stored)
     removed = cli("rm", keys[0], env=env, timeout=60)

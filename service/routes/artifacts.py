@@ -129,7 +129,7 @@ def add_routes(app: FastAPI, state: State) -> None:
         "/v1/artifacts/{key}/pin",
         summary="Exempt an artifact from eviction (write token)",
         response_model=PinResult,
-        responses=error_responses(400, 401, 403, 404, 501, 503),
+        responses=error_responses(400, 401, 403, 404, 501, 503, 507),
     )
     async def pin_artifact(key: KeyPath, request: Request) -> Response:
         return await _set_pin(state, request, key, pinned=True)
@@ -138,7 +138,7 @@ def add_routes(app: FastAPI, state: State) -> None:
         "/v1/artifacts/{key}/pin",
         summary="Make a pinned artifact evictable again (write token)",
         response_model=PinResult,
-        responses=error_responses(400, 401, 403, 404, 501, 503),
+        responses=error_responses(400, 401, 403, 404, 501, 503, 507),
     )
     async def unpin_artifact(key: KeyPath, request: Request) -> Response:
         return await _set_pin(state, request, key, pinned=False)
