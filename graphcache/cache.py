@@ -72,7 +72,7 @@ class GraphCache:
         self.torch_fallback = torch_fallback
         self.shape_classes = policy_from_env() if shape_classes is None else check_policy(shape_classes)
         self._stats = Stats()
-        self._unserved: set[str] = set()  # keys of classes whose build or load failed here: not retried
+        self._unserved: set[tuple[GraphSpec, Target | None]] = set()  # classes whose build or load failed here
         self._lock = threading.Lock()
         self._inflight: dict[str, Future[Artifact]] = {}
         # A shared store lends build leases, so that processes and replicas
@@ -285,14 +285,14 @@ class GraphCache:
         ``fallbacks`` counter.
         """
         klass = class_of(spec, self.shape_classes)
-        if klass != spec and self.key(klass, target) not in self._unserved:
+        if klass != spec and (klass, target) not in self._unserved:  # the target resolved in _load, as NoGpu may be
             try:
                 return self._load(klass, target, build, fallback=False)
             except NotFound:  # build=False: the exact graph's lookup counts this load's miss
                 self._stats.bump("misses", -1)
             except GraphCacheError as exc:  # the exact graph serves instead
                 if isinstance(exc, (BuildError, PlanRejected)):  # costly and no negative entry: once per process
-                    self._unserved.add(self.key(klass, target))
+                    self._unserved.add((klass, target))
                 log.debug("class %s does not serve %s here: %s", klass.summary(), spec.summary(), exc)
         return self._load(spec, target, build)
 
