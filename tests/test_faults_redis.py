@@ -231,3 +231,11 @@ def test_a_redis_out_of_memory_refuses_uploads_with_507_and_serves_reads(private
         for key, data in stored.items():
             assert c.get(f"/v1/artifacts/{key}").content == data
         assert c.get("/v1/stats").json()["uploads_rejected"] == {"store_full": 1}
+        # Healthy (reads are served) but not writable, and why, as on a full disk.
+        health = c.get("/healthz")
+        assert health.status_code == 200 and health.json()["writable"] is False, health.text
+        assert "out of memory" in health.json()["reason"]
+        # Room made (an entry removed): the next upload fits and health says so.
+        assert c.delete(f"/v1/artifacts/{next(iter(stored))}").status_code == 204
+        assert c.put(f"/v1/artifacts/{art.key}", content=art.encode()).status_code == 201
+        assert c.get("/healthz").json()["writable"] is True

@@ -50,6 +50,9 @@ class RedisStore:
         self._renew = self._redis.register_script(_RENEW)
         self._release = self._redis.register_script(_RELEASE)
         self._timeout = timeout
+        # Why the last write was refused for memory, until a write succeeds:
+        # what /healthz reports as "writable": false (no Redis call to know it).
+        self._refused: str | None = None
         # aget's clients, one per event loop (an asyncio client belongs to the loop it runs on).
         self._async: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
 
@@ -66,8 +69,9 @@ class RedisStore:
                 raise
             # maxmemory reached with nothing it may evict (noeviction, or every
             # entry pinned under volatile-lru): writes refused, reads go on.
+            self._refused = f"redis at {self._safe_url()} is out of memory ({exc})"
             raise StoreFull(
-                f"redis at {self._safe_url()} is out of memory ({exc}); raise its maxmemory, "
+                f"{self._refused}; raise its maxmemory, "
                 "unpin entries (graphcache pin KEY --off) or purge a retired target"
             ) from exc
 
@@ -115,7 +119,13 @@ class RedisStore:
             self._call(self._redis.set, name, bytes(data))
         else:
             self._call(self._redis.set, name, bytes(data), ex=EVICTABLE_TTL)
+        self._refused = None
         return True
+
+    def unwritable(self) -> str | None:
+        """Why an upload would be refused now (the last write was refused
+        for memory and none has succeeded since), or None."""
+        return self._refused
 
     def head(self, key: str, size: int) -> bytes | None:
         """The first ``size`` bytes (GETRANGE): headers without the payload."""
