@@ -147,11 +147,17 @@ class StandinFrontendGraph:
     execute it reads each tensor through the override shape and strides it
     was given (from the tensor's storage, as cuDNN reads device memory) and
     writes O the same way. ``ignore_overrides`` reads the declared shapes
-    instead: a plan that does not honour the override."""
+    instead: a plan that does not honour the override. ``stats_bug`` writes a
+    right O and wrong stats: "first-head" writes the lse of each kv group's
+    first q head only, leaving the others as the buffer held them
+    (cudnn-frontend#1083 on SM100 9.26/9.27, s_q 1 with GQA); "declared"
+    writes the stats through the declared shape and strides (a plan whose
+    stats ignore the override)."""
 
-    def __init__(self, declared: GraphSpec, ignore_overrides: bool = False) -> None:
+    def __init__(self, declared: GraphSpec, ignore_overrides: bool = False, stats_bug: str | None = None) -> None:
         self.declared = declared
         self.ignore = ignore_overrides
+        self.stats_bug = stats_bug
         self.calls: list[dict] = []
 
     def get_workspace_size(self, handle=None, override_uids=None, override_shapes=None, override_strides=None):  # noqa: ANN001, ANN201
@@ -176,9 +182,9 @@ class StandinFrontendGraph:
         given = dict(zip(override_uids, zip(override_shapes, override_strides, strict=True), strict=True))
         spec = self.declared
 
-        def read(role):  # noqa: ANN001, ANN202
+        def read(role, declared=self.ignore):  # noqa: ANN001, ANN202
             t = tensor_dict[uids[role]]
-            shape, stride = (spec.dims(role), spec.strides(role)) if self.ignore else given[uids[role]]
+            shape, stride = (spec.dims(role), spec.strides(role)) if declared else given[uids[role]]
             base = t.as_strided((t.untyped_storage().nbytes() // t.element_size(),), (1,), 0)
             try:
                 return base.as_strided(shape, stride, t.storage_offset())
@@ -194,7 +200,12 @@ class StandinFrontendGraph:
         o = read("o")
         o.copy_((out.transpose(1, 2) if real.layout == "bshd" else out).to(o.dtype))
         if uids["stats"] in given:
-            read("stats").copy_(stats)
+            if self.stats_bug == "declared":
+                read("stats", declared=True)[: stats.shape[0], :, : stats.shape[2]].copy_(stats.flip(2))
+                return
+            target = read("stats")
+            heads = range(0, real.heads_q, real.heads_q // real.heads_kv) if self.stats_bug else range(real.heads_q)
+            target[:, list(heads)] = stats[:, list(heads)]
 
 
 class CpuCompiler:
@@ -311,3 +322,41 @@ def test_a_short_declared_class_is_checked_and_canaried_at_shapes_inside_it(fiel
     assert all(spec.covers(s) for s in shapes), [s.summary() for s in shapes if not spec.covers(s)]
     assert spec.covers(override.canary_spec(spec))
     assert override.check_class(cpu_graph(spec)) < 2e-2
+
+
+@pytest.mark.parametrize(
+    ("fields", "bug"),
+    [
+        ({"generate_stats": True}, "first-head"),
+        ({"seq_q": 256, "mask": "causal", "generate_stats": True, "layout": "bhsd"}, "first-head"),
+        ({"seq_q": 256, "mask": "causal", "generate_stats": True}, "declared"),
+    ],
+    ids=["decode-1083", "prefill-1083", "prefill-stats-ignore-override"],
+)
+def test_a_class_plan_with_a_right_output_and_wrong_stats_is_refused_naming_the_stats_and_shapes(fields, bug):
+    spec = klass(batch=2, **fields)
+    assert override.check_class(cpu_graph(spec)) < 2e-2, "a plan writing right stats passes"
+    with pytest.raises(UnsupportedSpec, match=r"wrong log-sum-exp \(stats\) at real shapes b\d+ q\d+ kv\d+") as err:
+        override.check_class(cpu_graph(spec, stats_bug=bug))
+    assert err.value.step == "check" and "while its output agrees" in str(err.value)
+    assert "exact specs serve this target" in str(err.value)
+
+
+def test_the_class_checks_stats_buffer_is_a_view_into_a_nan_filled_buffer():
+    # The stand-in writes nothing past the real extent; a plan that did, or
+    # that left a row unwritten, would show NaN, not the zeros of a fresh buffer.
+    spec = klass(batch=2, generate_stats=True)
+    graph = cpu_graph(spec)
+    seen = []
+    execute = graph._graph.execute
+
+    def spy(tensor_dict, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        seen.append(tensor_dict[UidMap.default()["stats"]])
+        return execute(tensor_dict, *args, **kwargs)
+
+    graph._graph.execute = spy
+    override.check_class(graph)
+    assert seen and all(t.dtype == torch.float32 for t in seen)
+    for t in seen:
+        base = t.as_strided((t.untyped_storage().nbytes() // 4,), (1,), 0)
+        assert base.numel() > t.numel() and bool(torch.isnan(base).any()), "stats must be a view into NaN"

@@ -514,3 +514,71 @@ def test_the_reference_in_head_chunks_equals_the_reference_at_once_and_torch(cha
     torch.testing.assert_close(stats_one_head, stats_at_once, rtol=0, atol=1e-5)
     if not spec.padding and not spec.generate_stats:
         torch.testing.assert_close(at_once, TorchSdpaGraph(spec).execute(**feed).float(), rtol=2e-3, atol=2e-3)
+
+
+# -- the stats (log-sum-exp) are checked as well as the output ------------------------
+
+
+class _Plan:
+    """A stand-in for a loaded CudnnGraph (cuDNN cannot run a plan here):
+    torch SDPA's exact semantics on the CPU, returning ``(out, stats)`` as
+    ``CudnnGraph.execute`` does for ``generate_stats``, its stats changed by
+    ``spoil``."""
+
+    device = "cpu"
+
+    def __init__(self, spec: GraphSpec, spoil=None) -> None:  # noqa: ANN001
+        from graphcache.compilers.torch_sdpa import TorchSdpaGraph
+
+        self.inner, self.spec, self.spoil = TorchSdpaGraph(spec), spec, spoil
+
+    def execute(self, **feed):  # noqa: ANN003, ANN201
+        out, stats = self.inner.execute(**feed)
+        if self.spoil is not None:
+            self.spoil(self.spec, stats, feed)
+        return out, stats
+
+
+def _first_head_of_each_group_only(spec: GraphSpec, stats, feed) -> None:  # noqa: ANN001
+    """cudnn-frontend#1083 (SM100, cuDNN 9.26/9.27, s_q 1 with GQA): the lse
+    is written for the first q head of each kv group only; the others keep
+    what the buffer held (zeros here, as varlen's WrongGqaLse)."""
+    group = spec.heads_q // spec.heads_kv
+    stats[:, [h for h in range(spec.heads_q) if h % group]] = 0.0
+
+
+def _nan_past_the_valid_rows(spec: GraphSpec, stats, feed) -> None:  # noqa: ANN001
+    lengths = feed["seq_len_q"].reshape(-1).tolist()
+    assert min(lengths) < spec.seq_q, "the canary's input must have padded rows for this to test anything"
+    for b, n in enumerate(lengths):
+        stats[b, :, n:] = float("nan")  # padded query rows: cuDNN promises nothing there
+
+
+def _checked(spec: GraphSpec, spoil=None):  # noqa: ANN001, ANN202
+    from graphcache.compilers.cudnn import CudnnCompiler
+    from tests.fakes import make_artifact
+
+    artifact = make_artifact(spec, TARGET)
+    return CudnnCompiler(canary=False)._checked(artifact, _Plan(spec, spoil))  # type: ignore[arg-type]
+
+
+DECODE_GQA_STATS = make(seq_q=1, seq_kv=256, heads_kv=2, mask="none", generate_stats=True, dtype="bfloat16")
+
+
+def test_a_plan_with_a_right_output_and_wrong_stats_for_some_heads_is_unsupported_at_check():
+    checked = _checked(DECODE_GQA_STATS)
+    assert checked.validation_error <= 2e-2 and checked.runtime["lse_error"] <= 1e-5 and checked.canary is not None
+    with pytest.raises(UnsupportedSpec, match=r"wrong log-sum-exp \(stats\).*while the output agrees.*1083") as err:
+        _checked(DECODE_GQA_STATS, _first_head_of_each_group_only)
+    assert err.value.step == "check" and DECODE_GQA_STATS.summary() in str(err.value)
+
+
+def test_stats_in_padded_rows_are_not_compared_and_wrong_stats_of_a_valid_row_are():
+    spec = make(seq_q=128, heads_kv=2, padding=True, generate_stats=True, dtype="float16")
+    assert _checked(spec, _nan_past_the_valid_rows).runtime["lse_error"] <= 1e-5
+
+    def one_valid_row_off(spec: GraphSpec, stats, feed) -> None:  # noqa: ANN001
+        stats[0, 3, 0] += 0.1  # row 0 is valid in every batch element (lengths >= 1)
+
+    with pytest.raises(UnsupportedSpec, match="wrong log-sum-exp"):
+        _checked(spec, one_valid_row_off)

@@ -187,9 +187,26 @@ def valid_rows(spec: GraphSpec, tensor: Any, seq_len_q: Any = None, seq_len_kv: 
 def reference_error(spec: GraphSpec, out: Any, inputs: dict[str, Any]) -> float:
     """Relative error of ``out`` against the float32 reference on ``inputs``
     (from ``random_inputs``), over the defined query rows only (``compared_rows``)."""
-    ref, _ = reference(spec, **inputs)
+    return reference_errors(spec, out, inputs)[0]
+
+
+def reference_errors(
+    spec: GraphSpec, out: Any, inputs: dict[str, Any], stats: Any = None
+) -> tuple[float, float | None]:
+    """``(output error, stats error or None)`` against one reference run:
+    ``reference_error``, and with ``stats`` (b, h, s, 1) the largest
+    per-element log-sum-exp difference over the same rows
+    (``varlen_check.lse_difference``, the ragged check's measure; inf for NaN)."""
+    from graphcache.compilers.varlen_check import lse_difference
+
+    ref, ref_stats = reference(spec, **inputs)
     lengths = inputs.get("seq_len_q"), inputs.get("seq_len_kv")
-    return relative_error(valid_rows(spec, out, *lengths), valid_rows(spec, ref, *lengths))
+    error = relative_error(valid_rows(spec, out, *lengths), valid_rows(spec, ref, *lengths))
+    if stats is None:
+        return error, None
+    keep = compared_rows(spec, *lengths, device=stats.device).view(spec.batch, 1, spec.seq_q, 1)
+    keep = keep.expand(spec.batch, spec.heads_q, spec.seq_q, 1)  # rows with no key hold -inf on both sides
+    return error, lse_difference(stats[keep], ref_stats.to(stats.device)[keep])
 
 
 def random_inputs(spec: GraphSpec, device: str, seed: int = 0) -> dict[str, Any]:

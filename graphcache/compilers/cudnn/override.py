@@ -116,10 +116,14 @@ def _lengths(spec: GraphSpec, device: Any) -> tuple[Any, Any]:
     )
 
 
-def execute_class(graph: CudnnGraph, q: Any, k: Any, v: Any, out: Any, seq_len_q: Any, seq_len_kv: Any) -> Any:
+def execute_class(
+    graph: CudnnGraph, q: Any, k: Any, v: Any, out: Any, seq_len_q: Any, seq_len_kv: Any, stats: Any = None
+) -> Any:
     """``CudnnGraph.execute`` of a class graph: real tensors of any shape the
     class covers, in its layout, any strides with a packed last dim (a view
-    into a larger buffer included). Raises ExecutionError otherwise."""
+    into a larger buffer included). ``stats``, where given, is the
+    (b, h, s, 1) float32 buffer the log-sum-exp is written to (the check's
+    NaN-poisoned view). Raises ExecutionError otherwise."""
     import torch
 
     from graphcache.compilers.classgraph import real_spec
@@ -148,9 +152,10 @@ def execute_class(graph: CudnnGraph, q: Any, k: Any, v: Any, out: Any, seq_len_q
             seq_len_q, seq_len_kv = _lengths(spec, q.device)  # the padding mask at the real lengths
         views = {r: to_bhsd(spec, t) for r, t in (("q", q), ("k", k), ("v", v), ("o", out))}
         views.update(seq_len_q=seq_len_q, seq_len_kv=seq_len_kv)
-        stats = None
         if spec.generate_stats:
-            stats = views["stats"] = torch.empty(spec.dims("stats"), dtype=torch.float32, device=q.device)
+            if stats is None:
+                stats = torch.empty(spec.dims("stats"), dtype=torch.float32, device=q.device)
+            views["stats"] = stats
         lists = lists_of(graph.uids, views)
         _run(graph, {graph.uids[r]: t for r, t in views.items()}, lists, workspace_size(graph, lists))
     return (out, stats) if spec.generate_stats else out
@@ -275,30 +280,46 @@ def _poisoned(real: Any, pad: tuple[int, ...]) -> Any:
 def check_class(graph: CudnnGraph) -> float:
     """Run the (round-tripped) class graph at every ``check_shapes`` shape,
     each tensor a view into a NaN-filled buffer, against the float32
-    reference. Returns the largest error; raises UnsupportedSpec naming the
-    shapes whose output disagreed (recorded for this target: callers use
-    exact specs there)."""
-    from graphcache.compilers.torch_sdpa import TOLERANCE, random_inputs, reference_error, within_tolerance
+    reference, the log-sum-exp too where the spec asks for stats. Returns
+    the largest output error; raises UnsupportedSpec naming the shapes whose
+    output, or else whose stats, disagreed (recorded for this target: callers
+    use exact specs there)."""
+    from graphcache.compilers.torch_sdpa import TOLERANCE, random_inputs, reference_errors, within_tolerance
 
     klass = graph.spec
     pad = (1, 64, 0, 0) if klass.layout == "bshd" else (1, 0, 64, 0)
-    worst, failed = 0.0, []
+    worst, failed, wrong_stats = 0.0, [], []
     for n, real in enumerate(check_shapes(klass)):
         feed = random_inputs(real, str(graph.device), seed=100 + n)
         poisoned = {r: _poisoned(t, pad) if r in _LAYOUT_ROLES else t for r, t in feed.items()}
         out = _poisoned(feed["q"].new_zeros(real.storage_shape("o")), pad)
-        result = execute_class(
-            graph, poisoned["q"], poisoned["k"], poisoned["v"], out, feed.get("seq_len_q"), feed.get("seq_len_kv")
-        )
-        error = reference_error(real, result[0] if real.generate_stats else result, feed)
+        stats = None
+        if real.generate_stats:  # (b, h, s, 1) whatever the layout: b and s padded
+            stats = _poisoned(feed["q"].new_zeros(real.dims("stats")).float(), (1, 0, 64, 0))
+        lengths = feed.get("seq_len_q"), feed.get("seq_len_kv")
+        execute_class(graph, poisoned["q"], poisoned["k"], poisoned["v"], out, *lengths, stats=stats)
+        error, stats_error = reference_errors(real, out, feed, stats)
         worst = max(worst, error)
+        shape = f"b{real.batch} q{real.seq_q} kv{real.seq_kv}"
         if not within_tolerance(real, error):
-            failed.append(f"b{real.batch} q{real.seq_q} kv{real.seq_kv} (error {error:.2e})")
+            failed.append(f"{shape} (error {error:.2e})")
+        elif stats_error is not None and not within_tolerance(real, stats_error):
+            wrong_stats.append(f"{shape} (lse error {stats_error:.2e})")
     if failed:
         raise UnsupportedSpec(
             f"the class graph {klass.summary()} disagrees with the float32 reference at real shapes "
             f"{', '.join(failed)} (tolerance {TOLERANCE[klass.dtype]:.0e}, inputs in NaN-filled buffers): "
             "exact specs serve this target",
+            step="check",
+        )
+    if wrong_stats:
+        # A right output with a wrong log-sum-exp (stats ignoring the
+        # override, or cudnn-frontend#1083's heads): as varlen_check, a
+        # verdict on this target, so callers fall back to exact specs.
+        raise UnsupportedSpec(
+            f"the class graph {klass.summary()} writes a wrong log-sum-exp (stats) at real shapes "
+            f"{', '.join(wrong_stats)} while its output agrees (tolerance {TOLERANCE[klass.dtype]:.0e} on "
+            "|lse - ref| / (1 + |ref|), stats in NaN-filled buffers): exact specs serve this target",
             step="check",
         )
     return worst
