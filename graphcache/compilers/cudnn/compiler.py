@@ -208,7 +208,7 @@ class CudnnCompiler:
 
     def _checked(self, artifact: Artifact, loaded: CudnnGraph) -> Artifact:
         from graphcache.compilers import canary
-        from graphcache.compilers.torch_sdpa import TOLERANCE, reference_errors, within_tolerance
+        from graphcache.compilers.torch_sdpa import reference_errors
 
         spec = artifact.spec
         if spec.layout == "thd":
@@ -226,26 +226,7 @@ class CudnnCompiler:
         second = _output(loaded.execute(**feed), spec)
         error, lse_error = reference_errors(spec, first, feed, stats)
         error = max(error, worst)
-        engine = artifact.runtime.get("engine")
-        if not within_tolerance(spec, error):
-            raise BuildError(
-                f"cuDNN output for {spec.summary()} (engine {engine}) differs from "
-                f"the float32 reference: relative error {error:.2e}, tolerance {TOLERANCE[spec.dtype]:.0e}; "
-                "not caching this plan"
-            )
-        if lse_error is not None and not within_tolerance(spec, lse_error):
-            # As in _checked_ragged: a right output with a wrong log-sum-exp
-            # is cuDNN's defect on this target (cudnn-frontend#1083: 9.26-9.27
-            # write it only for each kv group's first head at s_q 1 with GQA),
-            # the same on every retry, so it is remembered as unsupported.
-            raise UnsupportedSpec(
-                f"cuDNN {artifact.target.cudnn} writes a wrong log-sum-exp (stats) for {spec.summary()} "
-                f"(engine {engine}): {lse_error:.2e} from the float32 reference (tolerance "
-                f"{TOLERANCE[spec.dtype]:.0e} on |lse - ref| / (1 + |ref|)) while the output agrees "
-                "(one known cause: cudnn-frontend#1083, single-token GQA rows on cuDNN 9.26-9.27); "
-                "generate_stats=false graphs are unaffected",
-                step="check",
-            )
+        _judge(artifact, spec, error, lse_error)
         record = canary.describe(spec, first, feed, deterministic=False)
         record["deterministic"] = canary.same_bits(spec, record, second, feed)
         log.info("built %s in %.2fs; relative error %.2e", spec.summary(), artifact.build_seconds, error)
@@ -315,33 +296,42 @@ def _checked_ragged(artifact: Artifact, loaded: CudnnGraph) -> Artifact:
     where it is asked for; the same call's output becomes the canary every
     load re-checks (``canary.inputs`` of a thd spec is this call)."""
     from graphcache.compilers import canary, varlen_check
-    from graphcache.compilers.torch_sdpa import TOLERANCE, within_tolerance
 
     spec = artifact.spec
     feed = canary.inputs(spec, str(loaded.device))
     first = loaded.run_varlen(**feed)[0].clone()
     second = loaded.run_varlen(**feed)[0]
     error, lse_error = varlen_check.errors(spec, loaded, feed)
-    engine = artifact.runtime.get("engine")
-    if not within_tolerance(spec, error):
-        raise BuildError(
-            f"cuDNN output for {spec.summary()} (engine {engine}) differs from the float32 reference on unequal, "
-            f"1- and 0-token sequences: relative error {error:.2e}, tolerance {TOLERANCE[spec.dtype]:.0e}; "
-            "not caching this plan"
-        )
-    if lse_error is not None and not within_tolerance(spec, lse_error):
-        # The output is right and the log-sum-exp is not: cuDNN's own defect
-        # on this target (9.26-9.27 on single-token GQA rows, cudnn-frontend
-        # #1083), the same on every retry, so it is remembered as unsupported.
-        raise UnsupportedSpec(
-            f"cuDNN {artifact.target.cudnn} writes a wrong log-sum-exp for {spec.summary()} (engine {engine}): "
-            f"{lse_error:.2e} from the float32 reference (tolerance {TOLERANCE[spec.dtype]:.0e}) while the output "
-            "agrees (cudnn-frontend#1083 on single-token GQA rows); generate_stats=false graphs are unaffected",
-            step="check",
-        )
+    _judge(artifact, spec, error, lse_error, on=" on unequal, 1- and 0-token sequences")
     record = canary.describe(spec, first, feed, deterministic=False)
     record["deterministic"] = canary.same_bits(spec, record, second, feed)
     runtime = dict(artifact.runtime)
     if lse_error is not None:
         runtime["lse_error"] = lse_error
     return dataclasses.replace(artifact, validation_error=error, canary=record, runtime=runtime)
+
+
+def _judge(artifact: Artifact, spec: GraphSpec, error: float, lse_error: float | None, on: str = "") -> None:
+    """The verdict on a checked plan: BuildError (not cached, tried again)
+    when its output disagrees with the float32 reference (``on`` says on what
+    inputs); UnsupportedSpec (remembered for this target) when the output is
+    right and the log-sum-exp is not: cuDNN's own defect on this target
+    (cudnn-frontend#1083: 9.26-9.27 write it only for each kv group's first
+    head at s_q 1 with GQA), the same on every retry."""
+    from graphcache.compilers.torch_sdpa import TOLERANCE, within_tolerance
+
+    engine = artifact.runtime.get("engine")
+    tolerance = TOLERANCE[spec.dtype]
+    if not within_tolerance(spec, error):
+        raise BuildError(
+            f"cuDNN output for {spec.summary()} (engine {engine}) differs from the float32 reference{on}: "
+            f"relative error {error:.2e}, tolerance {tolerance:.0e}; not caching this plan"
+        )
+    if lse_error is not None and not within_tolerance(spec, lse_error):
+        raise UnsupportedSpec(
+            f"cuDNN {artifact.target.cudnn} writes a wrong log-sum-exp (stats) for {spec.summary()} "
+            f"(engine {engine}): {lse_error:.2e} from the float32 reference (tolerance {tolerance:.0e} on "
+            "|lse - ref| / (1 + |ref|)) while the output agrees (one known cause: cudnn-frontend#1083, "
+            "single-token GQA rows on cuDNN 9.26-9.27); generate_stats=false graphs are unaffected",
+            step="check",
+        )
