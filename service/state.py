@@ -81,15 +81,19 @@ class State:
             with anyio.fail_after(limit):
                 return await anyio.to_thread.run_sync(fn, *args, limiter=self._store_threads, abandon_on_cancel=True)
         except TimeoutError:
-            self.metrics.store_errors.inc()
-            raise ServiceError(
-                503, "store_unavailable", f"{self.store!r} did not answer within {limit:g}s (GRAPHCACHE_TIMEOUT)"
-            ) from None
+            raise self._timed_out(limit) from None
         except StoreFull:
             raise
         except StoreError:
             self.metrics.store_errors.inc()
             raise
+
+    def _timed_out(self, limit: float) -> ServiceError:
+        """The 503 of a store call past GRAPHCACHE_TIMEOUT, counted in store_errors."""
+        self.metrics.store_errors.inc()
+        return ServiceError(
+            503, "store_unavailable", f"{self.store!r} did not answer within {limit:g}s (GRAPHCACHE_TIMEOUT)"
+        )
 
     async def read_entry(self, key: str) -> Served | Unverified | None:
         """The reader's lookup of ``key`` the way the store allows: a local
@@ -105,10 +109,7 @@ class State:
             with anyio.fail_after(limit):
                 return await self.reader.alookup(key)
         except TimeoutError:
-            self.metrics.store_errors.inc()
-            raise ServiceError(
-                503, "store_unavailable", f"{self.store!r} did not answer within {limit:g}s (GRAPHCACHE_TIMEOUT)"
-            ) from None
+            raise self._timed_out(limit) from None
         except StoreError:
             self.metrics.store_errors.inc()
             raise

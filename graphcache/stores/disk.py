@@ -283,13 +283,11 @@ class DiskStore:
                 f"free at least {human(RESERVE_BYTES)} on that filesystem, then retry",
                 free=free_bytes(self.path),
             )
-        try:
-            return write()
-        except sqlite3.OperationalError as exc:
-            if not is_full(exc, self.path):
-                raise
-            error = exc
-        if self._reserve.release():
+        error: sqlite3.OperationalError | None = None
+        # Once as things are, once more after giving the reserve's room back.
+        for retry in (False, True):
+            if retry and not self._reserve.release():
+                break
             try:
                 return write()
             except sqlite3.OperationalError as exc:
