@@ -44,8 +44,17 @@ def payload_for_frontend(payload: bytes, frontend: str) -> Any:
 
 def deserialize_into(graph: Any, handle: Any, payload: bytes, frontend: str) -> None:
     """``graph.deserialize`` in the form this frontend takes: the handle from
-    1.14, ``enforce_precompiled=True`` from 1.26 (a blob that would need
-    NVRTC to recompile fails instead of recompiling behind the cache's back)."""
+    1.14, ``enforce_precompiled=True`` from 1.26.
+
+    What ``enforce_precompiled`` does is narrow. In 1.32 (read from its
+    compiled module and ``_plan_serdes.py``) a backend blob is refused only
+    when it holds no backend data at all (``enforce_precompiled &&
+    !j.contains("cudnn_backend_data")``: "serialized graph has no precompiled
+    execution plan"); a Python-engine blob, when a kernel is neither in it
+    nor in the compiled cache. It does not stop cuDNN from doing NVRTC work
+    while it deserializes a blob that has backend data: a plan that compiles
+    at load is not refused by it. The canary (and the build's round trip) is
+    what checks that the loaded plan runs as built."""
     data = payload_for_frontend(payload, frontend)
     if available(ENFORCE_PRECOMPILED, frontend):
         graph.deserialize(handle, data, enforce_precompiled=True)
