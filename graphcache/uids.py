@@ -32,6 +32,8 @@ _RAGGED = {
     "page_table_k": 15,
     "page_table_v": 16,
 }
+# The additive score bias: only bias specs' maps hold it (same reason).
+_BIAS = {"bias": 17}
 
 
 @dataclass(frozen=True)
@@ -69,11 +71,17 @@ class UidMap:
 
     def for_spec(self, spec: Any) -> UidMap:
         """This map, with the ragged-offset and page-table roles added (at
-        their default UIDs, where this map lacks them) for a thd spec;
-        unchanged for any other. Idempotent."""
-        if getattr(spec, "layout", None) != "thd" or all(role in self.uids for role in _RAGGED):
+        their default UIDs, where this map lacks them) for a thd spec, and
+        the bias role for a spec with a ``bias``; unchanged for any other.
+        Idempotent."""
+        extra: dict[str, int] = {}
+        if getattr(spec, "layout", None) == "thd":
+            extra.update(_RAGGED)
+        if getattr(spec, "bias", None) is not None:
+            extra.update(_BIAS)
+        if all(role in self.uids for role in extra):
             return self
-        return UidMap({**_RAGGED, **self.uids})
+        return UidMap({**extra, **self.uids})
 
     def to_dict(self) -> dict[str, int]:
         return dict(self.uids)

@@ -52,6 +52,8 @@ RAGGED_OVER_PAGED = "ragged_over_paged"
 TOKEN_OFFSETS = "token_offsets"
 CU_SEQ_LEN = "cu_seq_len"
 CU_SEQ_LEN_MIXED = "cu_seq_len_mixed"
+BIAS = "bias"
+BIAS_OVERRIDE = "bias_override"
 
 
 @dataclass(frozen=True)
@@ -196,6 +198,23 @@ _ROWS = (
         "requires cuDNN v9.23.0' (W124, W132)",
         frontend="1.24",
         cudnn="9.23",
+    ),
+    # -- an additive score bias (attn_mask tensors) --
+    Feature(
+        BIAS,
+        "sdpa(bias=), an additive score bias",
+        "cudnn-frontend v1.0.0 python_bindings/pygraph/sdpa.cpp (bias=) and the flash node's pointwise ADD; "
+        "its test_mhas.py runs a (1, h, s_q, s_kv) bias from cuDNN 8.9.3; graphcache's plans need 9.0",
+        frontend="1.0",
+        cudnn="9.0",
+    ),
+    Feature(
+        BIAS_OVERRIDE,
+        "a bias under execute-time shape override",
+        "1.32 wheel node/sdpa_support_surface.h: the unified SDPA node (the override engine, "
+        "notes/shape-classes.md §2) takes a Bias input from cuDNN 9.21.0; override itself needs FE 1.24",
+        frontend="1.24",
+        cudnn="9.21",
     ),
     # -- ragged and paged (serving engines) --
     Feature(
