@@ -21,7 +21,7 @@ from typing import Any
 
 from graphcache.compilers.cudnn.dialects import DIALECTS, Dialect, refuses_keywords
 from graphcache.compilers.cudnn.graph import declare
-from graphcache.errors import BuildError, UnsupportedSpec
+from graphcache.errors import BuildError, NotSerializable, UnsupportedSpec
 from graphcache.spec import GraphSpec
 from graphcache.uids import UidMap
 
@@ -152,12 +152,14 @@ def _construct(
     graph, tensors = declare(cudnn, spec, uids, handle, mask_kwargs)
     timings: dict[str, float] = {}
     steps = BUILD_STEPS if lower else BUILD_STEPS[:1]
+    seen: list[PlanSeen] | None = None
     for step in steps:
         start = time.perf_counter()
         try:
             if step == "create_execution_plans":
                 _exclude_python_engines(graph)
                 graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+                seen = plans_seen(graph)
                 _keep_runtime_compiled(cudnn, graph)
             else:
                 getattr(graph, step)()
@@ -166,9 +168,100 @@ def _construct(
                 raise  # an unknown keyword at lowering: the dialect chain tries the next one
             raise classify_failure(cudnn, spec, step, exc, graph) from exc
         except Exception as exc:  # noqa: BLE001 - cuDNN's errors have many types; classify_failure sorts them
-            raise classify_failure(cudnn, spec, step, exc, graph) from exc
+            failure = classify_failure(cudnn, spec, step, exc, graph)
+            if step == "check_support" and isinstance(failure, UnsupportedSpec):
+                failure = _filtered_out(cudnn, spec, uids, handle, mask_kwargs, failure, seen)
+            raise failure from exc
         timings[step] = time.perf_counter() - start
     return graph, tensors, timings
+
+
+@dataclass(frozen=True)
+class PlanSeen:
+    """One plan cuDNN proposed, before the runtime-compiled filter."""
+
+    name: str
+    notes: tuple[str, ...] | None  # None: this frontend did not say
+
+    def __str__(self) -> str:
+        notes = "notes unknown" if self.notes is None else f"behavior notes [{', '.join(self.notes)}]"
+        return f"{self.name} ({notes})"
+
+
+def plans_seen(graph: Any) -> list[PlanSeen] | None:
+    """The plans ``create_execution_plans`` proposed, with their behaviour
+    notes (get_execution_plan_count, get_plan_name_at_index,
+    get_behavior_notes_for_plan_at_index: bound in the releases checked from
+    1.12); None where this frontend cannot list them."""
+    try:
+        count = int(graph.get_execution_plan_count())
+    except Exception:  # noqa: BLE001 - an old frontend, or a graph with no plan list to read
+        return None
+    seen = []
+    for index in range(count):
+        try:
+            name = str(graph.get_plan_name_at_index(index))
+        except Exception:  # noqa: BLE001 - a plan without a name (1.32's delegating entry)
+            name = f"plan {index}"
+        try:
+            notes: tuple[str, ...] | None = tuple(
+                str(n).rsplit(".", 1)[-1] for n in graph.get_behavior_notes_for_plan_at_index(index)
+            )
+        except Exception:  # noqa: BLE001 - notes this frontend cannot give for this plan
+            notes = None
+        seen.append(PlanSeen(name, notes))
+    return seen
+
+
+def _runtime_compiled_seen(seen: list[PlanSeen] | None) -> bool:
+    return bool(seen) and any(p.notes is not None and "RUNTIME_COMPILATION" in p.notes for p in seen or ())
+
+
+def _filtered_out(
+    cudnn: Any,
+    spec: GraphSpec,
+    uids: UidMap,
+    handle: Any,
+    mask_kwargs: dict[str, Any],
+    verdict: UnsupportedSpec,
+    seen: list[PlanSeen] | None,
+) -> UnsupportedSpec:
+    """What check_support's "not supported" means when the runtime-compiled
+    filter may have barred every plan ("No execution plans support the
+    graph" reads the same either way): a fresh graph without the filter runs
+    up to check_support once more. If it passes, cuDNN supports the spec and
+    cannot serialize its plans here: NotSerializable naming the plans seen
+    and their behaviour notes. Otherwise the verdict stands, the plans seen
+    added to it. No second try when a runtime-compiled plan was seen (the
+    filter emptied nothing)."""
+    listed = "; ".join(map(str, seen)) if seen else "none listed by this frontend"
+    if _runtime_compiled_seen(seen) or not _filters(cudnn):
+        return UnsupportedSpec(f"{verdict}; plans seen: {listed}", step=verdict.step)
+    try:
+        graph, _ = declare(cudnn, spec, uids, handle, mask_kwargs)
+        graph.validate()
+        graph.build_operation_graph()
+        _exclude_python_engines(graph)
+        graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+        seen = seen or plans_seen(graph)
+        graph.check_support()
+    except Exception as exc:  # noqa: BLE001 - refused without the filter too: the first verdict stands
+        return UnsupportedSpec(
+            f"{verdict}; plans seen: {listed}; without the runtime-compiled filter too: {_first_line(exc)}",
+            step=verdict.step,
+        )
+    listed = "; ".join(map(str, seen)) if seen else "none listed by this frontend"
+    return NotSerializable(
+        f"cuDNN {_backend_version(cudnn)} supports {spec.summary()} only with plans it cannot serialize: "
+        f"check_support passes without the runtime-compiled filter and refuses with it; plans seen: {listed}",
+        step=verdict.step,
+    )
+
+
+def _filters(cudnn: Any) -> bool:
+    """Whether ``_keep_runtime_compiled`` filters on this frontend."""
+    notes = getattr(cudnn, "behavior_note", None)
+    return notes is not None and hasattr(notes, "RUNTIME_COMPILATION") and hasattr(cudnn.pygraph, "select_behavior_notes")
 
 
 def _frontend_lacks(cudnn: Any, exc: AttributeError) -> bool:

@@ -1,0 +1,146 @@
+"""What first contact with a GPU is likely to hit (issue 29), tested on this CPU.
+
+Each failure is played by a stand-in that raises exactly what cudnn-frontend
+1.32 raises there, read from the installed wheel and the frontend's sources:
+
+- ``check_support`` when every plan is barred by a note filter: the C++
+  ``GRAPH_EXECUTION_PLAN_CREATION_FAILED`` "[cudnn_frontend] Error: No
+  execution plans support the graph." (include/cudnn_frontend/plans.h),
+  which ``throw_if`` (python/pycudnn.cpp) raises as
+  ``cudnn.cudnnGraphNotSupportedError``;
+
+The GPU halves are tests/test_gpu.py, tests/test_classes_gpu.py and
+tests/test_varlen_gpu.py (run by scripts/gpu_check.sh); not yet run on a GPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from graphcache import GraphCache, GraphSpec, NotSerializable, UnsupportedSpec
+from graphcache.stores import DiskStore
+from tests.fakes import TARGET, FakeCompiler
+
+NO_PLAN_SUPPORTS = "[cudnn_frontend] Error: No execution plans support the graph."
+
+
+def make(**changes) -> GraphSpec:
+    return GraphSpec.from_dict({"batch": 2, "heads_q": 8, "seq_q": 128, "head_dim": 64, "mask": "causal", **changes})
+
+
+@pytest.fixture
+def cudnn():
+    module = pytest.importorskip("cudnn", reason="needs nvidia-cudnn-frontend (1.32 runs its graph code on a CPU)")
+    if tuple(int(x) for x in module.__version__.split(".")[:2]) < (1, 32):
+        pytest.skip(f"lowering without a GPU needs frontend 1.32+, found {module.__version__}")
+    return module
+
+
+# -- 3. every plan filtered out: NotSerializable, not "unsupported" ------------------------
+
+
+class _Backend:
+    """cuDNN's plan list for one graph, as 1.32's pygraph reports it
+    (get_execution_plan_count, get_plan_name_at_index,
+    get_behavior_notes_for_plan_at_index), with check_support answering as
+    the C++ backend does: a note filter bars the plans without the note, and
+    with none left (or ``supports`` False) it raises the frontend's error."""
+
+    def __init__(self, cudnn, plans: list[tuple[str, list]], supports: bool = True) -> None:  # noqa: ANN001
+        self.cudnn, self.plans, self.supports = cudnn, plans, supports
+        self.check_support_calls: list[bool] = []
+
+    def install(self, monkeypatch) -> None:  # noqa: ANN001
+        backend = self
+        graph = self.cudnn.pygraph
+
+        def create_execution_plans(self, modes=None):  # noqa: ANN001, ANN202
+            self._standin_keep = None
+
+        def select_behavior_notes(self, notes):  # noqa: ANN001, ANN202
+            self._standin_keep = list(notes)
+            return self
+
+        def check_support(self):  # noqa: ANN001, ANN202
+            keep = getattr(self, "_standin_keep", None)
+            backend.check_support_calls.append(keep is not None)
+            left = [p for p in backend.plans if keep is None or all(n in p[1] for n in keep)]
+            if not left or not backend.supports:
+                raise backend.cudnn.cudnnGraphNotSupportedError(NO_PLAN_SUPPORTS)
+
+        monkeypatch.setattr(graph, "create_execution_plans", create_execution_plans)
+        monkeypatch.setattr(graph, "select_behavior_notes", select_behavior_notes)
+        monkeypatch.setattr(graph, "check_support", check_support)
+        monkeypatch.setattr(graph, "build_plans", lambda self: None)
+        monkeypatch.setattr(graph, "get_execution_plan_count", lambda self: len(backend.plans))
+        monkeypatch.setattr(graph, "get_plan_name_at_index", lambda self, i: backend.plans[i][0])
+        monkeypatch.setattr(graph, "get_behavior_notes_for_plan_at_index", lambda self, i: list(backend.plans[i][1]))
+
+
+def _precompiled_only(cudnn) -> list[tuple[str, list]]:  # noqa: ANN001
+    notes = cudnn.behavior_note
+    return [("eng8_k24=1", [notes.SUPPORTS_CUDA_GRAPH_NATIVE_API]), ("eng10_k3=2", [])]
+
+
+def test_a_spec_whose_plans_are_all_filtered_out_is_not_serializable_naming_engines_and_notes(cudnn, monkeypatch):
+    from graphcache.compilers.cudnn import build_graph
+
+    backend = _Backend(cudnn, _precompiled_only(cudnn))
+    backend.install(monkeypatch)
+    with pytest.raises(UnsupportedSpec) as info:
+        build_graph(cudnn, make())
+    assert isinstance(info.value, NotSerializable), f"cuDNN supports the spec, it cannot serialize it: {info.value}"
+    assert info.value.step == "check_support"
+    text = str(info.value)
+    assert "eng8_k24=1" in text and "eng10_k3=2" in text and "SUPPORTS_CUDA_GRAPH_NATIVE_API" in text
+    assert backend.check_support_calls == [True, False], "once with the filter, once more without it"
+
+
+def test_a_spec_refused_without_the_filter_too_stays_unsupported_with_the_plans_seen(cudnn, monkeypatch):
+    from graphcache.compilers.cudnn import build_graph
+
+    backend = _Backend(cudnn, _precompiled_only(cudnn), supports=False)
+    backend.install(monkeypatch)
+    with pytest.raises(UnsupportedSpec) as info:
+        build_graph(cudnn, make())
+    assert not isinstance(info.value, NotSerializable) and info.value.step == "check_support"
+    assert "No execution plans support the graph" in str(info.value)
+    assert "eng8_k24=1" in str(info.value) and "SUPPORTS_CUDA_GRAPH_NATIVE_API" in str(info.value)
+
+
+def test_no_second_try_when_a_runtime_compiled_plan_was_there(cudnn, monkeypatch):
+    from graphcache.compilers.cudnn import build_graph
+
+    plans = [("eng8_k24=1", [cudnn.behavior_note.RUNTIME_COMPILATION])]
+    backend = _Backend(cudnn, plans, supports=False)
+    backend.install(monkeypatch)
+    with pytest.raises(UnsupportedSpec) as info:
+        build_graph(cudnn, make())
+    assert not isinstance(info.value, NotSerializable)
+    assert backend.check_support_calls == [True], "the filter emptied nothing: cuDNN's verdict stands"
+
+
+class _Building(FakeCompiler):
+    """The cache above a compiler whose builds run build_graph on ``cudnn``."""
+
+    def __init__(self, cudnn) -> None:  # noqa: ANN001
+        super().__init__()
+        self.cudnn = cudnn
+
+    def build(self, spec, target, uids=None):  # noqa: ANN001, ANN201
+        from graphcache.compilers.cudnn import build_graph
+
+        self.builds += 1
+        build_graph(self.cudnn, spec, uids)
+        raise AssertionError("the stand-in backend supports no serializable plan")
+
+
+def test_the_negative_entry_records_the_plans_seen_and_is_counted(cudnn, monkeypatch, tmp_path):
+    _Backend(cudnn, _precompiled_only(cudnn)).install(monkeypatch)
+    cache = GraphCache(DiskStore(tmp_path), _Building(cudnn))
+    with pytest.raises(NotSerializable):
+        cache.get(make(), TARGET)
+    stored = cache.lookup(make(), TARGET)
+    assert stored is not None and stored.runtime["unsupported_kind"] == "NotSerializable"
+    assert "SUPPORTS_CUDA_GRAPH_NATIVE_API" in stored.unsupported and "eng10_k3=2" in stored.unsupported
+    assert cache.stats()["unsupported"] == 1
