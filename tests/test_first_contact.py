@@ -144,3 +144,15 @@ def test_the_negative_entry_records_the_plans_seen_and_is_counted(cudnn, monkeyp
     assert stored is not None and stored.runtime["unsupported_kind"] == "NotSerializable"
     assert "SUPPORTS_CUDA_GRAPH_NATIVE_API" in stored.unsupported and "eng10_k3=2" in stored.unsupported
     assert cache.stats()["unsupported"] == 1
+
+
+# -- 2. zero-length sequences: cuDNN >= 9.25 ------------------------------------------------
+
+
+def test_zero_length_sequences_are_a_row_of_the_release_table_from_cudnn_9_25():
+    from graphcache.compilers.cudnn.releases import ZERO_LENGTH, available, feature, missing
+
+    assert not available(ZERO_LENGTH, "1.32.0", "9.24.0", "9.0") and not available(ZERO_LENGTH, "1.32.0", 92200, "9.0")
+    assert available(ZERO_LENGTH, "1.32.0", "9.25.0", "9.0") and available(ZERO_LENGTH, "1.32.0", 92800, "10.0")
+    assert "cuDNN >= 9.25" in missing(ZERO_LENGTH, "1.32.0", "9.22.0", "9.0")
+    assert "test_thd_zero_seqlen" in feature(ZERO_LENGTH).source
