@@ -143,6 +143,76 @@ def bench_fetch(
     return {"gpu": False, "target": str(target), "repeat": repeat, "note": NO_GPU_NOTE, "specs": rows}
 
 
+REFERENCE_NOTE = (
+    "measured the reference compiler (torch SDPA on this machine's CPU, in this process), not cuDNN: "
+    "these figures say nothing about cuDNN's build or load times; run bench on a GPU host for those"
+)
+
+
+def bench_reference(
+    specs: list[GraphSpec],
+    store: Store,
+    repeat: int,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Cold (build, load, first run) against warm (fetch, verify, load, first
+    run) with the reference compiler, medians of ``repeat`` samples in this
+    process; missing artifacts are built and stored first."""
+    from graphcache.cache import GraphCache
+    from graphcache.compilers.reference import ReferenceCompiler
+    from graphcache.compilers.torch_sdpa import random_inputs
+
+    compiler = ReferenceCompiler()
+    target = compiler.target()
+    cache = GraphCache(store, compiler, shape_classes="exact")
+    rows = []
+    for spec in specs:
+        key = key_for(spec, target)
+        row: dict[str, Any] = {"spec": spec.to_dict(), "summary": spec.summary(), "key": key}
+        if progress:
+            progress(spec.summary())
+        try:
+            cache.get(spec)  # the warm side needs the artifact stored
+            inputs = random_inputs(spec, "cpu")
+            cold, warm = [], []
+            for _ in range(repeat):
+                t0 = time.perf_counter()
+                artifact = compiler.build(spec, target)
+                t1 = time.perf_counter()
+                compiler.load(artifact).execute(**inputs)
+                t2 = time.perf_counter()
+                cold.append({"phases": {"build": t1 - t0, "load+run": t2 - t1}, "total": t2 - t0, "init": 0.0})
+                data = store.get(key)
+                t3 = time.perf_counter()
+                if data is None:
+                    raise GraphCacheError(f"missing: {spec.summary()} vanished from {store!r}")
+                stored = Artifact.decode(data, expected_key=key)
+                t4 = time.perf_counter()
+                compiler.load(stored).execute(**inputs)
+                t5 = time.perf_counter()
+                warm.append(
+                    {
+                        "phases": {"fetch": t3 - t2, "verify": t4 - t3, "load+run": t5 - t4},
+                        "total": t5 - t2,
+                        "init": 0.0,
+                    }
+                )
+            row["cold"], row["warm"] = _median_phases(cold), _median_phases(warm)
+            row["speedup"] = row["cold"]["total"] / row["warm"]["total"]
+            row["dialect"] = "reference"
+        except GraphCacheError as exc:
+            row["error"] = str(exc)
+        rows.append(row)
+    return {
+        "gpu": False,
+        "compiler": "reference",
+        "target": str(target),
+        "repeat": repeat,
+        "note": REFERENCE_NOTE,
+        "specs": rows,
+    }
+
+
 def plot(report: dict[str, Any], path: str | Path) -> None:
     """A bar chart: cold and warm seconds per spec, stacked by phase (log scale)."""
     import matplotlib

@@ -11,7 +11,8 @@ from typing import Any
 
 from graphcache.artifact import Artifact
 from graphcache.classes import check_policy, class_of, policy_from_env
-from graphcache.compilers.base import Compiler, LoadedGraph
+from graphcache.compilers.base import LoadedGraph
+from graphcache.compilers.named import Named, resolve
 from graphcache.counters import PrefetchReport, Stats
 from graphcache.errors import (
     BuildError,
@@ -40,8 +41,8 @@ log = logging.getLogger(__name__)
 class GraphCache:
     """key -> store -> verify -> (load); on a miss, one build per key at a time.
 
-    ``store`` holds artifact bytes; ``compiler`` builds and loads (None on a
-    machine that only reads). ``signing_key`` signs what this cache builds;
+    ``store`` holds artifact bytes; ``compiler`` (or its name, as in
+    graphcache.compilers.named) builds and loads (None: read only). ``signing_key`` signs builds;
     ``require_signed`` refuses unsigned or wrongly signed artifacts (treated
     as corrupt). ``torch_fallback`` lets ``load`` run torch's SDPA where
     cuDNN cannot serve a spec here. ``shape_classes`` is the length-class
@@ -52,7 +53,7 @@ class GraphCache:
     def __init__(
         self,
         store: Store,
-        compiler: Compiler | None = None,
+        compiler: Named | None = None,
         *,
         uids: UidMap | None = None,
         signing_key: bytes | None = None,
@@ -65,7 +66,7 @@ class GraphCache:
         if require_signed and not signing_key:
             raise ValueError("require_signed needs a signing_key (GRAPHCACHE_SIGNING_KEY)")
         self.store = store
-        self.compiler = compiler
+        self.compiler = resolve(compiler)
         self.uids = uids or UidMap.default()
         self.signing_key = signing_key
         self.require_signed = require_signed
@@ -83,17 +84,16 @@ class GraphCache:
         self.lease_wait = lease_wait
 
     @classmethod
-    def from_env(cls, compiler: Compiler | None = None, settings: Settings | None = None, **options: Any) -> GraphCache:
-        """A cache configured the way a worker is: GRAPHCACHE_SERVER (a
-        service, with the local DiskStore in front), else GRAPHCACHE_STORE or
-        the DiskStore in GRAPHCACHE_DIR; GRAPHCACHE_SIGNING_KEY signs what it
-        builds, GRAPHCACHE_REQUIRE_SIGNED=1 refuses unsigned artifacts."""
+    def from_env(cls, compiler: Named | None = None, settings: Settings | None = None, **options: Any) -> GraphCache:
+        """A cache configured the way a worker is: GRAPHCACHE_SERVER (a service, with the local DiskStore in
+        front), else GRAPHCACHE_STORE or the DiskStore in GRAPHCACHE_DIR; GRAPHCACHE_SIGNING_KEY signs,
+        GRAPHCACHE_REQUIRE_SIGNED=1 refuses unsigned artifacts; GRAPHCACHE_COMPILER names one not given."""
         from graphcache.stores import worker_store
 
         settings = settings or Settings.from_env()
         return cls(
             worker_store(settings),
-            compiler,
+            compiler if compiler is not None else settings.compiler or None,
             signing_key=settings.signing_key,
             require_signed=settings.require_signed,
             **{"shape_classes": settings.shape_classes, **options},

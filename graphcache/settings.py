@@ -45,6 +45,7 @@ class Settings:
     max_batch        GRAPHCACHE_MAX_BATCH      most keys one POST /v1/batch may ask for (then 413)
     http_max_age     GRAPHCACHE_HTTP_MAX_AGE   seconds HTTP caches may keep an artifact when reads are open
     shape_classes    GRAPHCACHE_SHAPE_CLASSES  length-class policy: pow2 (default) or exact (graphcache.classes)
+    compiler         GRAPHCACHE_COMPILER       cudnn (default), reference or module:Class (graphcache.compilers.named)
     """
 
     cache_dir: Path = field(default_factory=default_cache_dir)
@@ -67,6 +68,7 @@ class Settings:
     max_batch: int = 1024
     http_max_age: int = 86400
     shape_classes: str = "pow2"
+    compiler: str = ""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:
@@ -102,6 +104,8 @@ class Settings:
         for name in ("REQUIRE_SIGNED", "BUILD", "CANARY"):
             if (v := get(name)) is not None:
                 values[name.lower()] = _bool("GRAPHCACHE_" + name, v)
+        if (v := get("COMPILER")) is not None:
+            values["compiler"] = check_compiler_name(v, "GRAPHCACHE_COMPILER")
         if (v := get("SERVER")) is not None:
             values["server"] = v.rstrip("/")
         if (v := get("TOKEN")) is not None:
@@ -123,6 +127,21 @@ class Settings:
         if settings.require_signed and not settings.signing_key:
             raise SettingsError("GRAPHCACHE_REQUIRE_SIGNED=1 needs GRAPHCACHE_SIGNING_KEY")
         return settings
+
+
+# The compilers known by name (graphcache.compilers.named makes them).
+COMPILER_NAMES = ("cudnn", "reference")
+COMPILER_HELP = "cudnn (the default), reference (no GPU: torch SDPA under a target of its own), or module:Class"
+
+
+def check_compiler_name(name: str, source: str = "compiler") -> str:
+    """``name`` stripped, if it is one of COMPILER_NAMES or looks like
+    module:Class; else SettingsError naming ``source`` and the allowed values."""
+    text = name.strip()
+    module, sep, attr = text.partition(":")
+    if text in COMPILER_NAMES or (sep and module and attr):
+        return text
+    raise SettingsError(f"{source}={name!r} names no compiler; give {COMPILER_HELP}")
 
 
 def _int(name: str, value: str, allow_zero: bool = False, unit: str = "bytes") -> int:

@@ -14,6 +14,8 @@ from rich.text import Text
 
 from graphcache.cli.common import (
     Context,
+    compiler_choice,
+    compiler_option,
     console,
     human_size,
     main,
@@ -52,6 +54,7 @@ def _manifest_specs(manifest: str | None, spec_args: tuple[str, ...]) -> list[Gr
 @click.option("--json", "json_out", default=None, type=click.Path(dir_okay=False), help="Write the report as JSON.")
 @click.option("--plot", "plot_out", default=None, type=click.Path(dir_okay=False), help="Write a PNG bar chart.")
 @click.option("--no-memory", is_flag=True, help="Skip the peak GPU memory comparison.")
+@compiler_option
 @store_options
 @pass_ctx
 def bench_cmd(
@@ -64,6 +67,7 @@ def bench_cmd(
     json_out: str | None,
     plot_out: str | None,
     no_memory: bool,
+    compiler_name: str | None,
 ) -> None:
     """Cold build vs warm start per spec, phase by phase, with the speedup."""
     from graphcache import bench
@@ -81,19 +85,25 @@ def bench_cmd(
     store = server_store(ctx, server)
     url = server or ctx.settings.server
     location = url or ctx.location or ctx.settings.store or str(ctx.settings.cache_dir)
-    gpu = bench.has_gpu()
+    choice = compiler_choice(ctx, compiler_name)
+    if choice not in ("cudnn", "reference"):
+        raise click.UsageError(f"bench measures --compiler cudnn or reference, not {choice}")
+    gpu = choice == "cudnn" and bench.has_gpu()
     with progress_bar("bench") as bar:
         task = bar.add_task("bench", total=None)
 
         def progress(text: str) -> None:
             bar.update(task, description=text)
 
-        if gpu:
+        if choice == "reference":
+            report = bench.bench_reference(specs, store, repeat, progress=progress)
+        elif gpu:
             report = bench.bench_gpu(specs, store, location, repeat, memory=not no_memory, progress=progress)
         else:
             if not target:
                 raise click.UsageError(
-                    "this machine has no GPU: give --target to measure fetch + verify of that target's artifacts"
+                    "this machine has no GPU: give --target to measure fetch + verify of that target's artifacts, "
+                    "or --compiler reference to measure the reference compiler"
                 )
             report = bench.bench_fetch(specs, store, Target.parse(target), repeat, progress=progress)
         bar.update(task, description="bench done", total=len(specs), completed=len(specs))
@@ -112,7 +122,7 @@ def _print_bench(report: dict[str, Any]) -> None:
     def ms(seconds: float) -> str:
         return f"{seconds * 1e3:.2f}"
 
-    if report["gpu"]:
+    if report["gpu"] or report.get("compiler") == "reference":
         table = Table(
             "spec", "cold ms", "warm ms", "speedup", "cold phases (ms)", "warm phases (ms)", "peak MiB cuDNN/math"
         )
@@ -134,6 +144,10 @@ def _print_bench(report: dict[str, Any]) -> None:
                 mem_text,
             )
         console.print(table)
+        if report.get("compiler") == "reference":
+            console.print(f"target {report['target']}; medians of {report['repeat']} samples in this process")
+            console.print(Text(report["note"], "yellow"))
+            return
         console.print(
             f"target {report['target']}; medians of {report['repeat']} fresh processes each; "
             "process init (torch, CUDA context, cuDNN handle) excluded from both sides"

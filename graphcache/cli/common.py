@@ -22,6 +22,9 @@ import click
 from rich.console import Console
 from rich.text import Text
 
+from graphcache.compilers.base import Compiler
+from graphcache.compilers.named import HELP as COMPILER_HELP
+from graphcache.compilers.named import compiler_named
 from graphcache.errors import GraphCacheError, NotFound, SpecError, StoreLocationError
 from graphcache.key import is_key
 from graphcache.settings import Settings
@@ -129,6 +132,26 @@ def main(ctx: click.Context, cache_dir: str | None, store: str | None) -> None:
 
 
 # -- helpers ---------------------------------------------------------------------
+
+
+def compiler_option(f: Any) -> Any:
+    """--compiler NAME: the compiler a verb builds with or whose target it names."""
+    return click.option(
+        "--compiler",
+        "compiler_name",
+        default=None,
+        help=f"Compiler: {COMPILER_HELP} (default: $GRAPHCACHE_COMPILER, else cudnn).",
+    )(f)
+
+
+def compiler_choice(ctx: Context, name: str | None) -> str:
+    """The compiler name --compiler gives, else GRAPHCACHE_COMPILER's, else ``cudnn``."""
+    return name or ctx.settings.compiler or "cudnn"
+
+
+def chosen_compiler(ctx: Context, name: str | None) -> Compiler:
+    """A new compiler of the ``compiler_choice`` (CompilerNameError for a name that names none)."""
+    return compiler_named(compiler_choice(ctx, name), "--compiler" if name else "GRAPHCACHE_COMPILER")
 
 
 def resolve_key(store: Store, text: str) -> str:

@@ -15,6 +15,9 @@ from rich.text import Text
 
 from graphcache.cli.common import (
     Context,
+    chosen_compiler,
+    compiler_choice,
+    compiler_option,
     console,
     err_console,
     fail,
@@ -27,16 +30,6 @@ from graphcache.cli.common import (
     store_options,
 )
 from graphcache.errors import NoGpu, StoreError
-
-
-def _load_compiler(path: str) -> Any:
-    import importlib
-
-    module, _, name = path.partition(":")
-    try:
-        return getattr(importlib.import_module(module), name)()
-    except (ImportError, AttributeError) as exc:
-        raise click.UsageError(f"--compiler {path}: cannot load it ({exc})") from exc
 
 
 @main.command("warm")
@@ -61,13 +54,7 @@ def _load_compiler(path: str) -> Any:
 )
 @click.option("--target", default=None, help="Target text for --check, e.g. h200-sm90-mp132-cudnn9.28.0-fe1.32.0.")
 @click.option("--no-pin", is_flag=True, help="Do not pin warmed entries against eviction.")
-@click.option(
-    "--compiler",
-    "compiler_path",
-    default="graphcache.compilers.cudnn:CudnnCompiler",
-    show_default=True,
-    help="Compiler class as module:Class.",
-)
+@compiler_option
 @click.option(
     "--json", "json_out", default=None, type=click.Path(dir_okay=False), help="Also write the report as JSON."
 )
@@ -81,7 +68,7 @@ def warm_cmd(
     check_only: bool,
     target: str | None,
     no_pin: bool,
-    compiler_path: str,
+    compiler_name: str | None,
     json_out: str | None,
 ) -> None:
     """Build and upload what MANIFEST needs for this GPU, or (--check) gate a deploy on coverage."""
@@ -93,9 +80,15 @@ def warm_cmd(
     store = server_store(ctx, server)
     policy = ctx.settings.shape_classes
     if check_only:
-        if not target:
-            raise click.UsageError("--check needs --target (the serving GPUs' target, e.g. from 'graphcache doctor')")
-        tgt = Target.parse(target)
+        if target:
+            tgt = Target.parse(target)
+        elif compiler_choice(ctx, compiler_name) != "cudnn":
+            tgt = chosen_compiler(ctx, compiler_name).target()  # reference: its own target, no GPU asked
+        else:
+            raise click.UsageError(
+                "--check needs --target (the serving GPUs' target, e.g. from 'graphcache doctor'), "
+                "or --compiler reference for the reference compiler's"
+            )
         with progress_bar(f"checking {tgt}") as bar:
             task = bar.add_task("check", total=len(specs))
             rows = ops.check(
@@ -136,7 +129,7 @@ def warm_cmd(
         return
     from graphcache.cache import GraphCache
 
-    compiler = _load_compiler(compiler_path)
+    compiler = chosen_compiler(ctx, compiler_name)
     here = compiler.target()  # NoGpu here, before the progress bar, with a clear message
     if target and Target.parse(target) != here:
         raise click.UsageError(f"--target {target} is not this machine ({here}); warm builds for this machine only")
@@ -175,13 +168,16 @@ def warm_cmd(
 @click.option(
     "--target",
     default=None,
-    help="Target text, e.g. h200-sm90-mp132-cudnn9.28.0-fe1.32.0 (default: this machine's GPU, which imports torch).",
+    help="Target text, e.g. h200-sm90-mp132-cudnn9.28.0-fe1.32.0 (default: the --compiler's: this GPU for cudnn).",
 )
 @click.option("--server", default=None, help="Service URL to fetch from (default: $GRAPHCACHE_SERVER).")
 @click.option("--strict", is_flag=True, help="Exit 1 when any spec has no stored artifact.")
+@compiler_option
 @store_options
 @pass_ctx
-def prefetch_cmd(ctx: Context, manifest: str, target: str | None, server: str | None, strict: bool) -> None:
+def prefetch_cmd(
+    ctx: Context, manifest: str, target: str | None, server: str | None, strict: bool, compiler_name: str | None
+) -> None:
     """Fill the local store with every artifact MANIFEST needs, in one request to the server."""
     from graphcache import manifest as manifest_mod
     from graphcache.cache import GraphCache
@@ -199,10 +195,8 @@ def prefetch_cmd(ctx: Context, manifest: str, target: str | None, server: str | 
     if target:
         tgt = Target.parse(target)
     else:
-        from graphcache.compilers.cudnn import CudnnCompiler
-
         try:
-            tgt = CudnnCompiler().target()
+            tgt = chosen_compiler(ctx, compiler_name).target()
         except NoGpu as exc:
             # Here --target helps: a machine without the GPU fetches for one that has it.
             raise NoGpu(f"{exc}; give --target TARGET (the serving GPU's, from 'graphcache doctor' there)") from exc

@@ -1,0 +1,119 @@
+"""The README's commands, run as a newcomer runs them: in a fresh shell
+(a clean environment, the venv activated as the README says), against a
+server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.servers import free_port, wait_for_server
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+
+
+def section(title: str) -> str:
+    """The README's text under ``## title``, up to the next ``## ``."""
+    start = README.index(f"\n## {title}\n")
+    end = README.find("\n## ", start + 1)
+    return README[start : end if end != -1 else None]
+
+
+def first_block(text: str) -> list[str]:
+    """The lines of the first indented (4-space) code block in ``text``."""
+    lines: list[str] = []
+    for line in text.splitlines():
+        if line.startswith("    ") and line.strip():
+            lines.append(line[4:])
+        elif lines:
+            break
+    return lines
+
+
+def venv_activate() -> Path:
+    """The activate script of the venv running the tests (scripts/test.sh's)."""
+    script = Path(sys.prefix) / "bin" / "activate"
+    if sys.prefix == sys.base_prefix or not script.exists():
+        pytest.skip(f"the tests run outside a venv ({sys.prefix}): the README's activation cannot be tried")
+    return script
+
+
+def fresh_shell(command: str, home: Path, cwd: Path, **popen: object) -> list[str]:
+    """argv of a fresh bash (nothing of this process's environment but a
+    plain PATH and a HOME) that activates the venv, then runs ``command``."""
+    activate = venv_activate()
+    env = f"env -i HOME={home} PATH=/usr/local/bin:/usr/bin:/bin LANG=C.UTF-8 COLUMNS=200"
+    return ["bash", "-c", f"cd {cwd} && exec {env} bash --norc -c '. {activate} && {command}'"]
+
+
+def test_the_two_commands_leave_graphcache_on_path_as_the_examples_type_it(tmp_path):
+    serve_line = first_block(section("The two commands"))[0]
+    steps = [step.strip() for step in serve_line.split("&&")]
+    activation = next(i for i, step in enumerate(steps) if step.startswith(". "))
+    venv = steps[activation].split()[1].removesuffix("/bin/activate")
+    # The venv the first command activates is the one scripts/test.sh creates.
+    assert re.search(rf"VENV=\$\{{GRAPHCACHE_VENV:-{re.escape(venv)}\}}", (ROOT / "scripts/test.sh").read_text())
+    assert steps[0].startswith(f"python3 -m venv {venv}")
+    assert activation < next(i for i, step in enumerate(steps) if step.startswith("graphcache serve"))
+    assert "graphcache warm" in README and "`. .venv/bin/activate` again" in README
+    # What activation gives a fresh shell: graphcache, from the venv.
+    out = subprocess.run(
+        fresh_shell("command -v graphcache && graphcache --version", tmp_path, ROOT),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[0] == str(Path(sys.prefix) / "bin" / "graphcache")
+    without = subprocess.run(
+        ["env", "-i", "PATH=/usr/local/bin:/usr/bin:/bin", "bash", "--norc", "-c", "command -v graphcache"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert without.returncode != 0  # a fresh shell without the activation has none
+
+
+def test_try_it_without_a_gpu_runs_as_written(tmp_path):
+    pytest.importorskip("torch")
+    commands = first_block(section("Try it without a GPU"))
+    assert len(commands) == 5 and commands[0].startswith("graphcache serve") and commands[0].endswith(" &")
+    port = free_port()
+    commands = [
+        c.replace("127.0.0.1:8080", f"127.0.0.1:{port}").replace("--port 8080", f"--port {port}") for c in commands
+    ]
+    assert all("8080" not in c for c in commands)
+    home = tmp_path / "home"
+    home.mkdir()
+    work = tmp_path / "clone"
+    work.mkdir()
+    (work / "docs").symlink_to(ROOT / "docs")  # "from the repository's root", its ./cache in tmp_path
+    server = subprocess.Popen(
+        fresh_shell(commands[0].removesuffix("&").strip(), home, work),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        wait_for_server(f"http://127.0.0.1:{port}", server, healthy=True)
+        outputs = []
+        for command in commands[1:]:
+            run = subprocess.run(fresh_shell(command, home, work), capture_output=True, text=True, timeout=300)
+            assert run.returncode == 0, f"{command}\n{run.stdout}\n{run.stderr}"
+            outputs.append(run.stdout)
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(30)
+    warm, check, prefetch, dropin = outputs
+    assert "2 built" in warm
+    assert "6/6 present for reference-sm00-cudnn0.0.0-fe0.0.0" in check
+    assert re.search(r"reference-sm00-cudnn0\.0\.0-fe0\.0\.0 │ 6 +│ 0 ", prefetch), prefetch  # present, missing
+    assert "drop-in: 6 calls, 6 hits, 0 misses" in dropin
