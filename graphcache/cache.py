@@ -11,6 +11,7 @@ from typing import Any
 
 from graphcache.artifact import Artifact
 from graphcache.classes import check_policy, class_of, policy_from_env
+from graphcache.classindex import ClassIndex, check_slack, local_headers, slack_from_env, work
 from graphcache.compilers.base import LoadedGraph
 from graphcache.compilers.named import Named, resolve
 from graphcache.counters import PrefetchReport, Stats
@@ -29,6 +30,7 @@ from graphcache.errors import (
 )
 from graphcache.key import key_for
 from graphcache.lease import Lease, Leases
+from graphcache.prefetch import fetch_all
 from graphcache.settings import Settings
 from graphcache.spec import GraphSpec
 from graphcache.stores.base import Store
@@ -47,7 +49,9 @@ class GraphCache:
     as corrupt). ``torch_fallback`` lets ``load`` run torch's SDPA where
     cuDNN cannot serve a spec here. ``shape_classes`` is the length-class
     policy ``load`` follows (``pow2`` or ``exact``; default
-    GRAPHCACHE_SHAPE_CLASSES, see graphcache.classes).
+    GRAPHCACHE_SHAPE_CLASSES, see graphcache.classes); ``class_slack`` bounds
+    the larger stored class that may serve a call whose own class is not
+    stored (default GRAPHCACHE_CLASS_SLACK, see graphcache.classindex).
     """
 
     def __init__(
@@ -58,10 +62,12 @@ class GraphCache:
         uids: UidMap | None = None,
         signing_key: bytes | None = None,
         require_signed: bool = False,
+        verify_keys: tuple[bytes, ...] = (),
         torch_fallback: bool = False,
         lease_ttl: float = 30.0,
         lease_wait: float = 900.0,
         shape_classes: str | None = None,
+        class_slack: float | None = None,
     ) -> None:
         if require_signed and not signing_key:
             raise ValueError("require_signed needs a signing_key (GRAPHCACHE_SIGNING_KEY)")
@@ -70,8 +76,13 @@ class GraphCache:
         self.uids = uids or UidMap.default()
         self.signing_key = signing_key
         self.require_signed = require_signed
+        # Every key a signature may be made with (a rotation: new and old); default the signing key.
+        self.verify_keys = verify_keys or ((signing_key,) if signing_key else ())
         self.torch_fallback = torch_fallback
         self.shape_classes = policy_from_env() if shape_classes is None else check_policy(shape_classes)
+        self.class_slack = slack_from_env() if class_slack is None else check_slack(class_slack)
+        self._classes = ClassIndex()
+        self._indexed = False  # the local store's classes read into it (at the first load)
         self._stats = Stats()
         self._unserved: set[tuple[GraphSpec, Target | None]] = set()  # classes whose build or load failed here
         self._lock = threading.Lock()
@@ -96,10 +107,9 @@ class GraphCache:
             compiler if compiler is not None else settings.compiler or None,
             signing_key=settings.signing_key,
             require_signed=settings.require_signed,
+            verify_keys=settings.verify_keys,
             **{"shape_classes": settings.shape_classes, **options},
         )
-
-    # keys and targets ---------------------------------------------------
 
     def target(self, target: Target | None = None) -> Target:
         if target is not None:
@@ -131,21 +141,52 @@ class GraphCache:
 
     def _decoded(self, key: str, data: bytes) -> Artifact | None:
         """The verified artifact in ``data``, or None after counting and
-        removing a corrupt (or, where signatures are required, unsigned) entry."""
+        dropping a corrupt (or, where signatures are required, unsigned or
+        wrongly signed) entry. Dropped here only: a store shared with others
+        (a server, Redis) is asked to ``discard`` it, which leaves their copy
+        alone (a client's own keys may be wrong, as during a key rotation;
+        the server quarantines what it finds corrupt itself)."""
         try:
             artifact = Artifact.decode(data, expected_key=key)
             if self.require_signed:
-                assert self.signing_key is not None
-                artifact.verify_signature(self.signing_key)
+                artifact.verify_signature(self.verify_keys)
         except CorruptArtifact as exc:
             self._stats.bump("corrupt")
-            log.warning("corrupt entry %s removed: %s", key[:12], exc)
+            log.warning("entry %s failed verification here (%s), dropped locally: %s", key, exc.reason, exc)
+            discard = getattr(self.store, "discard", self.store.delete)
             try:
-                self.store.delete(key)
+                discard(key)
             except GraphCacheError:
                 pass
             return None
+        if artifact.spec.is_class and not artifact.unsupported:
+            self._classes.add(artifact.spec, artifact.target)  # what prefetch, warm and remote hits bring
         return artifact
+
+    def index(self) -> ClassIndex:
+        """The class specs the local store holds: read from it at the first
+        load, and kept current by every fetch and build of a class."""
+        if not self._indexed:
+            with self._lock:
+                if not self._indexed:
+                    self._classes.fill(local_headers(self.store))
+                    self._indexed = True
+        return self._classes
+
+    def serving_class(self, spec: GraphSpec, target: Target | None = None) -> GraphSpec:
+        """The spec whose graph ``load`` tries first for ``spec``: its class
+        under the policy when that is stored (or nothing stored may serve),
+        else the smallest stored class covering it within ``class_slack``
+        (graphcache.classindex). Asks no store: one index lookup."""
+        own = class_of(spec, self.shape_classes)
+        if own == spec:
+            return own
+        try:
+            resolved = self.target(target)
+        except NoGpu:
+            return own
+        skip = {k for k, t in self._unserved if t in (target, resolved)}
+        return self.index().choose(spec, own, resolved, self.class_slack, skip)
 
     def get(self, spec: GraphSpec, target: Target | None = None, *, build: bool = True) -> Artifact:
         """The verified artifact for ``spec``, building it on a miss.
@@ -256,6 +297,8 @@ class GraphCache:
             )
         if self.signing_key:
             artifact = artifact.signed(self.signing_key)
+        if spec.is_class and not artifact.unsupported:
+            self._classes.add(spec, target)
         if artifact.key != key:
             raise GraphCacheError(f"compiler returned an artifact for {artifact.key[:12]}, asked for {key[:12]}")
         try:
@@ -284,10 +327,12 @@ class GraphCache:
         failed) runs on torch's SDPA instead, with a warning and the
         ``fallbacks`` counter.
         """
-        klass = class_of(spec, self.shape_classes)
+        klass = self.serving_class(spec, target)
         if klass != spec and (klass, target) not in self._unserved:  # the target resolved in _load, as NoGpu may be
             try:
-                return self._load(klass, target, build, fallback=False)
+                graph = self._load(klass, target, build, fallback=False)
+                self._stats.served(work(klass), work(spec), larger=klass != class_of(spec, self.shape_classes))
+                return graph
             except NotFound:  # build=False: the exact graph's lookup counts this load's miss
                 self._stats.bump("misses", -1)
             except GraphCacheError as exc:  # the exact graph serves instead
@@ -321,6 +366,7 @@ class GraphCache:
 
     def _reject(self, spec: GraphSpec, target: Target | None, exc: PlanRejected) -> None:
         key = self.key(spec, target)
+        self._classes.discard(spec, self.target(target))
         self._stats.bump("rejected")
         if exc.reason == "canary_mismatch":
             self._stats.bump("canary_failures")
@@ -346,55 +392,16 @@ class GraphCache:
 
         Raises StoreUnavailable when the remote tier failed (down, or its
         store unavailable): what it holds is unknown, not missing."""
-        from graphcache.stores.base import get_many
-
-        start = time.perf_counter()
         target = self.target(target)
-        wanted: dict[str, GraphSpec] = {}
-        classes: dict[str, GraphSpec] = {}  # the class key of each exact spec under the policy
-        for spec in specs:
-            key = key_for(spec, target, self.uids)
-            wanted.setdefault(key, spec)
-            klass = class_of(spec, self.shape_classes)
-            if klass != spec:
-                classes[key] = klass
-        class_keys = {key_for(k, target, self.uids): k for k in classes.values()}
-        failures = getattr(self.store, "remote_errors", 0)
-        # progress counts the specs' own keys (a caller's bar has one step per
-        # spec); the classes fetched beside them are not steps of it.
-        step = None if progress is None else (lambda key: progress(key) if key in wanted else None)
-        found = get_many(self.store, list(wanted) + [k for k in class_keys if k not in wanted], step)
-        if getattr(self.store, "remote_errors", 0) != failures:
-            error = getattr(self.store, "remote_error", None)
-            raise StoreUnavailable(f"prefetch failed: {error}") from error
-        present = size = corrupt = 0
-        missing: list[GraphSpec] = []
-        serving: set[GraphSpec] = set()  # classes stored as graphs (not negative entries)
-        for key, klass in class_keys.items():
-            data = found.get(key)
-            artifact = self._decoded(key, data) if data is not None else None
-            if artifact is not None and not artifact.unsupported:
-                serving.add(klass)
-                size += len(data or b"") if key not in wanted else 0
-        served_by: dict[GraphSpec, GraphSpec] = {}
-        for key, spec in wanted.items():
-            if classes.get(key) in serving:
-                present += 1
-                served_by[spec] = classes[key]
-                continue
-            data = found.get(key)
-            if data is not None and self._decoded(key, data) is not None:
-                present += 1
-                size += len(data)
-                continue
-            corrupt += data is not None
-            missing.append(spec)
-        return PrefetchReport(present, tuple(missing), size, time.perf_counter() - start, target, corrupt, served_by)
+        return fetch_all(self.store, specs, target, self.uids, self.shape_classes, self._decoded, progress)
 
     def stats(self) -> dict[str, Any]:
         """Counters: hits, misses, builds, corrupt, unsupported, fallbacks,
         store_errors, lease_waits, rejected (stored plans dropped at load),
-        canary_failures (of those, the ones whose numerical canary disagreed)
-        and build_seconds_saved (the build seconds of every artifact a hit
-        returned: GPU time not spent building)."""
+        canary_failures (of those, the ones whose numerical canary disagreed),
+        build_seconds_saved (the build seconds of every artifact a hit
+        returned: GPU time not spent building), served_by_larger (loads a
+        stored class larger than the call's own served) and declared_to_real
+        (over the loads a class served: the work the classes declare over
+        the calls' work, batch x seq_q x seq_kv)."""
         return self._stats.as_dict()

@@ -23,14 +23,27 @@ class Stats:
     rejected: int = 0
     canary_failures: int = 0
     build_seconds_saved: float = 0.0
+    served_by_larger: int = 0
+    declared_work: int = 0  # batch x seq_q x seq_kv the classes that served declare ...
+    real_work: int = 0  # ... and that of the calls they served
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def bump(self, name: str, amount: float = 1) -> None:
         with self._lock:
             setattr(self, name, getattr(self, name) + amount)
 
+    def served(self, declared: int, real: int, *, larger: bool) -> None:
+        """A class declaring ``declared`` work served a call of ``real``
+        work; ``larger``: a stored class larger than the call's own."""
+        with self._lock:
+            self.declared_work += declared
+            self.real_work += real
+            self.served_by_larger += larger
+
     def as_dict(self) -> dict[str, float]:
-        return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
+        data = {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
+        data["declared_to_real"] = round(self.declared_work / self.real_work, 3) if self.real_work else 0.0
+        return data
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,201 @@
+"""The class index: which stored class serves a call whose own class is not
+stored.
+
+Under a class policy a call's own class (``class_of``) may never have been
+warmed while a larger stored class covers it: a recording of prompts of
+37, 200 and 513 tokens stores the 128, 256 and 1024 classes, and a prompt
+of 300 falls in 512. ``ClassIndex`` holds the class specs the local store
+holds, by target and by everything a class fixes but its sizes, so the
+choice costs no store round trip: it is made once per new call shape (the
+drop-in's memo keeps it), never per call.
+
+The smallest stored class that ``covers`` the call serves it (never across
+``seq_q == 1``), as long as the work it declares (batch x seq_q x seq_kv)
+is at most ``GRAPHCACHE_CLASS_SLACK`` (default 4) times that of the call's
+own class: a graph declared far longer than the call runs it slower (short
+rows under a long declaration, up to 2.3x on B200, cudnn-frontend#1087) and
+with a larger workspace, so a much larger class is not worth the hit.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from graphcache.artifact import read_header
+from graphcache.errors import CorruptArtifact, SpecError, StoreError, TargetError
+from graphcache.settings import SettingsError
+from graphcache.spec import GraphSpec
+from graphcache.stores.disk import DiskStore
+from graphcache.target import Target
+
+log = logging.getLogger(__name__)
+
+SLACK_VAR = "GRAPHCACHE_CLASS_SLACK"
+DEFAULT_SLACK = 4.0
+HEADER_PREFIX = 64 * 1024
+_SIZES = frozenset({"batch", "seq_q", "seq_kv", "shapes"})
+_FIXED = tuple(name for name in GraphSpec.field_names() if name not in _SIZES)
+
+
+def check_slack(value: Any, source: str = "class_slack") -> float:
+    """``value`` as a slack (a number >= 1); else SettingsError naming ``source``."""
+    try:
+        slack = float(value)
+    except (TypeError, ValueError):
+        slack = float("nan")
+    if isinstance(value, bool) or not slack >= 1.0 or slack == float("inf"):
+        raise SettingsError(
+            f"{source}={value!r} is not a class slack: give a number >= 1, the most work (batch x seq_q x "
+            f"seq_kv) a stored larger class may declare as a multiple of the call's own class "
+            f"(default {DEFAULT_SLACK:g}; 1 serves only from the call's own class)"
+        )
+    return slack
+
+
+def slack_from_env(environ: Mapping[str, str] | None = None) -> float:
+    """The slack GRAPHCACHE_CLASS_SLACK names (4 when unset); SettingsError for a bad value."""
+    env = os.environ if environ is None else environ
+    value = (env.get(SLACK_VAR) or "").strip()
+    return DEFAULT_SLACK if not value else check_slack(value, SLACK_VAR)
+
+
+def work(spec: GraphSpec) -> int:
+    """The work a (class) spec declares: batch x seq_q x seq_kv."""
+    assert spec.seq_kv is not None
+    return spec.batch * spec.seq_q * spec.seq_kv
+
+
+def family(spec: GraphSpec) -> tuple[Any, ...]:
+    """What a class fixes but its sizes, and its side of ``seq_q == 1``: the
+    classes of one family differ only in the sizes they declare."""
+    return (*(getattr(spec, name) for name in _FIXED), spec.seq_q == 1)
+
+
+def _sizes(spec: GraphSpec) -> str:
+    return f"b{spec.batch} q{spec.seq_q} kv{spec.seq_kv}"
+
+
+class ClassIndex:
+    """The class specs stored (as graphs, not negative entries), by target
+    and family. Thread-safe; ``add`` and ``discard`` keep it current."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._classes: dict[tuple[Target, tuple[Any, ...]], list[GraphSpec]] = {}
+
+    def add(self, spec: GraphSpec, target: Target) -> None:
+        if not spec.is_class:
+            return
+        with self._lock:
+            members = self._classes.setdefault((target, family(spec)), [])
+            if spec not in members:
+                members.append(spec)
+                members.sort(key=lambda s: (work(s), s.seq_kv, s.seq_q, s.batch))
+
+    def discard(self, spec: GraphSpec, target: Target) -> None:
+        with self._lock:
+            members = self._classes.get((target, family(spec)), [])
+            if spec in members:
+                members.remove(spec)
+
+    def __contains__(self, item: tuple[GraphSpec, Target]) -> bool:
+        spec, target = item
+        return spec in self._classes.get((target, family(spec)), ())
+
+    def __len__(self) -> int:
+        return sum(len(v) for v in self._classes.values())
+
+    def stored(self, spec: GraphSpec, target: Target) -> list[GraphSpec]:
+        """The stored classes of ``spec``'s family on ``target``, smallest first."""
+        with self._lock:
+            return list(self._classes.get((target, family(spec)), ()))
+
+    def choose(
+        self, spec: GraphSpec, own: GraphSpec, target: Target, slack: float, skip: Iterable[GraphSpec] = ()
+    ) -> GraphSpec:
+        """The class that serves the exact ``spec``: ``own`` (its class under
+        the policy) when stored or when no stored class may serve, else the
+        smallest stored class covering ``spec`` within ``slack`` x ``own``'s
+        work (those in ``skip``, which did not serve here, left out)."""
+        if not own.is_class:
+            return own
+        members = self._classes.get((target, family(spec)))
+        if not members or own in members:
+            return own
+        bound = slack * work(own)
+        for klass in members:  # smallest first
+            if work(klass) > bound:
+                break
+            if klass.covers(spec) and klass not in skip:
+                return klass
+        return own
+
+    def why(self, spec: GraphSpec, own: GraphSpec, target: Target, slack: float) -> tuple[GraphSpec, list[str]]:
+        """``choose``'s answer and, for ``explain``, why each other stored
+        class of the family does not serve (smaller ones first)."""
+        chosen = self.choose(spec, own, target, slack)
+        reasons = []
+        if own not in self.stored(spec, target) and own.is_class:
+            reasons.append(f"{_sizes(own)} (the call's own class): not stored")
+        for klass in self.stored(spec, target):
+            if klass == chosen:
+                continue
+            if not klass.covers(spec):
+                short = [
+                    f"{name} {getattr(klass, name)} < {getattr(spec, name)}"
+                    for name in ("batch", "seq_q", "seq_kv")
+                    if getattr(klass, name) < getattr(spec, name)
+                ]
+                reasons.append(f"{_sizes(klass)}: does not cover the call ({', '.join(short)})")
+            elif work(klass) > slack * work(own):
+                ratio = work(klass) / work(own)
+                reasons.append(
+                    f"{_sizes(klass)}: declares {ratio:g}x the work of the call's own class, "
+                    f"over the slack {slack:g} ({SLACK_VAR})"
+                )
+            else:
+                reasons.append(f"{_sizes(klass)}: covers the call, but {_sizes(chosen)} declares less work")
+        return chosen, reasons
+
+    def fill(self, headers: Iterable[dict[str, Any]]) -> int:
+        """Add every class graph among stored ``headers``; returns how many."""
+        added = 0
+        for header in headers:
+            if header.get("unsupported"):
+                continue
+            try:
+                spec = GraphSpec.from_dict(header["spec"])
+                target = Target.from_dict(header["target"])
+            except (SpecError, TargetError, KeyError, TypeError):
+                continue
+            if spec.is_class:
+                self.add(spec, target)
+                added += 1
+        return added
+
+
+def local_headers(store: Any) -> Iterable[dict[str, Any]]:
+    """The headers of what the store holds on this machine, read without a
+    network round trip: a DiskStore's (a TieredStore's local tier's) entries,
+    each header read from the entry's first bytes. A remote store alone
+    (HttpStore, RedisStore) lists nothing here: its classes join the index as
+    prefetch, warm and loads bring them."""
+    local = getattr(store, "local", store)
+    if not isinstance(local, DiskStore):
+        return
+    try:
+        keys = list(local.keys())
+    except StoreError as exc:
+        log.warning("class index: cannot list %r: %s", local, exc)
+        return
+    for key in keys:
+        try:
+            data = local.head(key, HEADER_PREFIX)
+            if data is not None:
+                yield read_header(data)
+        except (StoreError, CorruptArtifact):
+            continue  # a read quarantines it; the index only lists

@@ -1,0 +1,73 @@
+"""What ``GraphCache.prefetch`` does: fetch the artifacts of many specs, and
+their classes', in as few store requests as the store allows."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+
+from graphcache.artifact import Artifact
+from graphcache.classes import class_of
+from graphcache.counters import PrefetchReport
+from graphcache.errors import StoreUnavailable
+from graphcache.key import key_for
+from graphcache.spec import GraphSpec
+from graphcache.stores.base import Store, get_many
+from graphcache.target import Target
+from graphcache.uids import UidMap
+
+
+def fetch_all(
+    store: Store,
+    specs: Iterable[GraphSpec],
+    target: Target,
+    uids: UidMap,
+    policy: str,
+    decoded: Callable[[str, bytes], Artifact | None],
+    progress: Callable[[str], None] | None = None,
+) -> PrefetchReport:
+    """Fetch ``specs`` and the class of each under ``policy`` from ``store``;
+    ``decoded(key, data)`` verifies each answer (the cache's, which counts
+    and removes a corrupt one and notes the classes it sees). See
+    ``GraphCache.prefetch``."""
+    start = time.perf_counter()
+    wanted: dict[str, GraphSpec] = {}
+    classes: dict[str, GraphSpec] = {}  # the class key of each exact spec under the policy
+    for spec in specs:
+        key = key_for(spec, target, uids)
+        wanted.setdefault(key, spec)
+        klass = class_of(spec, policy)
+        if klass != spec:
+            classes[key] = klass
+    class_keys = {key_for(k, target, uids): k for k in classes.values()}
+    failures = getattr(store, "remote_errors", 0)
+    # progress counts the specs' own keys (a caller's bar has one step per
+    # spec); the classes fetched beside them are not steps of it.
+    step = None if progress is None else (lambda key: progress(key) if key in wanted else None)
+    found = get_many(store, list(wanted) + [k for k in class_keys if k not in wanted], step)
+    if getattr(store, "remote_errors", 0) != failures:
+        error = getattr(store, "remote_error", None)
+        raise StoreUnavailable(f"prefetch failed: {error}") from error
+    present = size = corrupt = 0
+    missing: list[GraphSpec] = []
+    serving: set[GraphSpec] = set()  # classes stored as graphs (not negative entries)
+    for key, klass in class_keys.items():
+        data = found.get(key)
+        artifact = decoded(key, data) if data is not None else None
+        if artifact is not None and not artifact.unsupported:
+            serving.add(klass)
+            size += len(data or b"") if key not in wanted else 0
+    served_by: dict[GraphSpec, GraphSpec] = {}
+    for key, spec in wanted.items():
+        if classes.get(key) in serving:
+            present += 1
+            served_by[spec] = classes[key]
+            continue
+        data = found.get(key)
+        if data is not None and decoded(key, data) is not None:
+            present += 1
+            size += len(data)
+            continue
+        corrupt += data is not None
+        missing.append(spec)
+    return PrefetchReport(present, tuple(missing), size, time.perf_counter() - start, target, corrupt, served_by)
