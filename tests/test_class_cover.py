@@ -139,7 +139,7 @@ def test_a_bad_class_slack_fails_at_start_naming_it(tmp_path, monkeypatch, value
     with pytest.raises(SettingsError, match="GRAPHCACHE_CLASS_SLACK"):
         GraphCache(DiskStore(tmp_path), FakeCompiler())
     with pytest.raises(SettingsError, match="class_slack"):
-        GraphCache(DiskStore(tmp_path), FakeCompiler(), class_slack=float(0.5))
+        GraphCache(DiskStore(tmp_path), FakeCompiler(), class_slack=0.5)
 
 
 def test_the_class_slack_is_read_from_the_environment(tmp_path, monkeypatch):
