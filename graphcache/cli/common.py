@@ -174,8 +174,8 @@ def looks_like_key(text: str) -> bool:
     return len(text) >= 6 and all(c in "0123456789abcdef" for c in text)
 
 
-def load_spec_file(path: str) -> GraphSpec:
-    """One spec from a JSON or YAML file."""
+def _read_mapping(path: str) -> Any:
+    """A JSON or YAML file's data (SpecError naming the file and line)."""
     import yaml
 
     from graphcache.manifest import parse_error_text
@@ -185,13 +185,48 @@ def load_spec_file(path: str) -> GraphSpec:
     except FileNotFoundError:
         raise SpecError(f"{path}: no such file") from None
     try:
-        data = yaml.safe_load(text) if path.endswith((".yaml", ".yml")) else json.loads(text)
+        return yaml.safe_load(text) if path.endswith((".yaml", ".yml")) else json.loads(text)
     except (yaml.YAMLError, json.JSONDecodeError) as exc:
         raise SpecError(parse_error_text(path, exc)) from exc
+
+
+def load_spec_file(path: str) -> GraphSpec:
+    """One spec from a JSON or YAML file."""
+    data = _read_mapping(path)
     try:
         return GraphSpec.from_dict(data)
     except SpecError as exc:
         raise SpecError(f"{path}: {exc}", exc.field) from exc
+
+
+def is_manifest(data: Any) -> bool:
+    """A manifest (``defaults:`` and ``graphs:``) rather than one flat spec."""
+    return isinstance(data, dict) and ("graphs" in data or "defaults" in data)
+
+
+def load_specs(path: str, name: str | None = None) -> tuple[list[GraphSpec], bool]:
+    """``(specs, from_manifest)``: every spec of the manifest at ``path``
+    (only its family ``name`` when given), or the one flat spec the file
+    holds (docs/examples/spec.yaml and llama3-8b.yaml show both formats).
+
+    Raises SpecError / ManifestError naming the file and the field, and for
+    a ``name`` no family has, the names there are.
+    """
+    from graphcache.manifest import expand
+
+    data = _read_mapping(path)
+    if not is_manifest(data):
+        if name is not None:
+            raise SpecError(f"{path}: --name picks a family of a manifest (defaults: + graphs:); this file is one spec")
+        return [load_spec_file(path)], False
+    if name is not None:
+        families = [g for g in data["graphs"] or [] if isinstance(g, dict)]
+        chosen = [g for g in families if g.get("name") == name]
+        if not chosen:
+            names = ", ".join(str(g.get("name")) for g in families)
+            raise SpecError(f"{path}: no family named {name!r}; --name takes one of: {names}")
+        data = {**data, "graphs": chosen}
+    return expand(data, source=path), True
 
 
 def human_size(n: float) -> str:

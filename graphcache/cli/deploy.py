@@ -22,7 +22,7 @@ from graphcache.cli.common import (
     err_console,
     fail,
     human_size,
-    load_spec_file,
+    load_specs,
     main,
     pass_ctx,
     progress_bar,
@@ -249,16 +249,36 @@ def prefetch_cmd(
 @click.argument("spec_file")
 @click.option("--target", required=True, help="Target text the key was asked for.")
 @click.option("--server", default=None, help="Service URL (default: $GRAPHCACHE_SERVER, else the local store).")
+@click.option("--name", default=None, help="Only this family of a manifest.")
 @store_options
 @pass_ctx
-def explain_cmd(ctx: Context, spec_file: str, target: str, server: str | None) -> None:
-    """Why SPEC_FILE misses on TARGET: the nearest stored entries and the fields that differ."""
-    from graphcache import ops
+def explain_cmd(ctx: Context, spec_file: str, target: str, server: str | None, name: str | None) -> None:
+    """Why SPEC_FILE misses on TARGET: the nearest stored entries and the fields that differ.
+
+    SPEC_FILE is a flat spec file or a manifest (every spec, or those of its
+    family --name). Exits 1 when any spec is missing."""
     from graphcache.target import Target
 
-    spec = load_spec_file(spec_file)
+    specs, _ = load_specs(spec_file, name)
     tgt = Target.parse(target)
-    result = ops.explain(spec, tgt, server_store(ctx, server, read_only=True), shape_classes=ctx.settings.shape_classes)
+    store = server_store(ctx, server, read_only=True)
+    missing = 0
+    for index, spec in enumerate(specs):
+        if index:
+            console.print()
+        missing += not _explain(ctx, spec, tgt, store)
+    if len(specs) > 1:
+        console.print()
+        console.print(f"{len(specs) - missing}/{len(specs)} present on {tgt}", highlight=False)
+    if missing:
+        sys.exit(1)
+
+
+def _explain(ctx: Context, spec: Any, tgt: Any, store: Any) -> bool:
+    """Print why ``spec`` is present or missing on ``tgt``; True when present."""
+    from graphcache import ops
+
+    result = ops.explain(spec, tgt, store, shape_classes=ctx.settings.shape_classes)
     if result.klass is not None:
         state = "stored" if result.class_present else "not stored (or refused on this target)"
         console.print(
@@ -267,10 +287,10 @@ def explain_cmd(ctx: Context, spec_file: str, target: str, server: str | None) -
         )
     if result.class_present:
         console.print(f"present: {spec.summary()} on {tgt} is served by its class's graph {result.class_key}")
-        return
+        return True
     if result.present:
         console.print(f"present: {spec.summary()} on {tgt} is stored as {result.key}")
-        return
+        return True
     console.print(
         f"missing: {spec.summary()} on {tgt} (key {result.key[:12]}); {result.scanned} stored entries compared"
     )
@@ -284,7 +304,7 @@ def explain_cmd(ctx: Context, spec_file: str, target: str, server: str | None) -
         )
         for diff in cand.differences:
             console.print(f"  - {diff}")
-    sys.exit(1)
+    return False
 
 
 @main.command(

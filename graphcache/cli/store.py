@@ -17,7 +17,7 @@ from graphcache.cli.common import (
     age,
     console,
     human_size,
-    load_spec_file,
+    load_specs,
     looks_like_key,
     main,
     pass_ctx,
@@ -211,9 +211,15 @@ def pin_cmd(ctx: Context, key: str, off: bool) -> None:
 @main.command("key")
 @click.argument("spec_file")
 @click.option("--target", required=True, help="Target text, e.g. h200-sm90-mp132-cudnn9.28.0-fe1.32.0.")
-def key_cmd(spec_file: str, target: str) -> None:
-    """Print the cache key of the spec in SPEC_FILE for TARGET."""
+@click.option("--name", default=None, help="Only this family of a manifest.")
+def key_cmd(spec_file: str, target: str, name: str | None) -> None:
+    """Print the cache key of the spec in SPEC_FILE for TARGET: a flat spec
+    file prints its key; a manifest prints a key and the spec per line, for
+    every spec (or those of its family --name)."""
     from graphcache.key import key_for
     from graphcache.target import Target
 
-    click.echo(key_for(load_spec_file(spec_file), Target.parse(target)))
+    tgt = Target.parse(target)
+    specs, from_manifest = load_specs(spec_file, name)
+    for spec in specs:
+        click.echo(f"{key_for(spec, tgt)}  {spec.summary()}" if from_manifest else key_for(spec, tgt))
