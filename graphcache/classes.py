@@ -1,5 +1,6 @@
 """Length classes: which class spec serves an exact spec. The one place the
-class policy lives.
+class policy is applied (its names and their check, read at start with the
+other settings, are ``graphcache.settings``'s, re-exported here).
 
 A class spec (``shapes="class"``) declares maxima for ``batch``, ``seq_q``
 and ``seq_kv``; its graph is built once (cuDNN's execute-time shape
@@ -27,38 +28,25 @@ Policies (``GRAPHCACHE_SHAPE_CLASSES``):
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
-
-from graphcache.settings import SettingsError
+from graphcache.settings import DEFAULT_POLICY, ENV_VAR, POLICIES, check_policy, policy_from_env
 from graphcache.spec import GraphSpec
 
-POLICIES = ("pow2", "exact")
-DEFAULT_POLICY = "pow2"
-ENV_VAR = "GRAPHCACHE_SHAPE_CLASSES"
+# The policy names and their check live in graphcache.settings (read at start
+# with the other settings); re-exported here, where callers look for them.
+__all__ = [
+    "DEFAULT_POLICY",
+    "ENV_VAR",
+    "MIN_LENGTH",
+    "POLICIES",
+    "check_policy",
+    "class_of",
+    "declared",
+    "has_class",
+    "policy_from_env",
+]
+
 # The shortest declared length of a class (other than decode's seq_q of 1).
 MIN_LENGTH = 128
-
-
-def check_policy(policy: str, source: str = "shape_classes") -> str:
-    """``policy`` if it is one of POLICIES; else SettingsError naming
-    ``source`` and the allowed values."""
-    if policy not in POLICIES:
-        raise SettingsError(
-            f"{source}={policy!r} is not a shape-class policy; allowed: pow2 (one graph per power-of-two "
-            "length class, the default), exact (one graph per exact shape)"
-        )
-    return policy
-
-
-def policy_from_env(environ: Mapping[str, str] | None = None) -> str:
-    """The policy GRAPHCACHE_SHAPE_CLASSES names (``pow2`` when unset).
-
-    Raises SettingsError listing the allowed values for any other text.
-    """
-    env = os.environ if environ is None else environ
-    value = (env.get(ENV_VAR) or "").strip().lower() or DEFAULT_POLICY
-    return check_policy(value, ENV_VAR)
 
 
 def _pow2(n: int) -> int:

@@ -119,14 +119,41 @@ class Settings:
                 if not float(v) > 0:
                     raise SettingsError(f"GRAPHCACHE_{name}={v!r} must be more than 0 seconds, e.g. 5")
         # Checked here, at start, so a typo fails the worker before its first call.
-        from graphcache.classes import policy_from_env
-
         values["shape_classes"] = policy_from_env(env)
         values.update({k: val for k, val in overrides.items() if val is not None})
         settings = cls(**values)  # type: ignore[arg-type]
         if settings.require_signed and not settings.signing_key:
             raise SettingsError("GRAPHCACHE_REQUIRE_SIGNED=1 needs GRAPHCACHE_SIGNING_KEY")
         return settings
+
+
+# The length-class policies (graphcache.classes maps a spec to its class under
+# them). Read here, with the other settings, so that checking the environment
+# at start needs no spec code: classes imports settings, never the reverse.
+POLICIES = ("pow2", "exact")
+DEFAULT_POLICY = "pow2"
+ENV_VAR = "GRAPHCACHE_SHAPE_CLASSES"
+
+
+def check_policy(policy: str, source: str = "shape_classes") -> str:
+    """``policy`` if it is one of POLICIES; else SettingsError naming
+    ``source`` and the allowed values."""
+    if policy not in POLICIES:
+        raise SettingsError(
+            f"{source}={policy!r} is not a shape-class policy; allowed: pow2 (one graph per power-of-two "
+            "length class, the default), exact (one graph per exact shape)"
+        )
+    return policy
+
+
+def policy_from_env(environ: Mapping[str, str] | None = None) -> str:
+    """The policy GRAPHCACHE_SHAPE_CLASSES names (``pow2`` when unset).
+
+    Raises SettingsError listing the allowed values for any other text.
+    """
+    env = os.environ if environ is None else environ
+    value = (env.get(ENV_VAR) or "").strip().lower() or DEFAULT_POLICY
+    return check_policy(value, ENV_VAR)
 
 
 # The compilers known by name (graphcache.compilers.named makes them).

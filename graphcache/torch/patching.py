@@ -9,11 +9,13 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+import torch.nn.attention.varlen as torch_varlen
 import torch.nn.functional as F
 
-from graphcache.torch.runtime import TORCH_SDPA, Runtime
+from graphcache.torch.runtime import RUNTIME, TORCH_SDPA
+from graphcache.torch.varlen import varlen_attn
 
-RUNTIME = Runtime()
+__all__ = ["RUNTIME", "disable", "enable", "enabled", "patch", "scaled_dot_product_attention"]
 
 _SCHEMA = (
     "sdpa(Tensor query, Tensor key, Tensor value, Tensor? attn_mask, float dropout_p, bool is_causal, "
@@ -105,10 +107,6 @@ def enable() -> None:
     ``torch.nn.attention.varlen.varlen_attn`` through
     ``graphcache.torch.varlen_attn``. Counted: each enable() needs one disable()."""
     global _depth, _saved
-    import torch.nn.attention.varlen as torch_varlen
-
-    from graphcache.torch.varlen import varlen_attn  # it imports this module's RUNTIME
-
     RUNTIME.on_miss()  # a bad GRAPHCACHE_SDPA_ON_MISS fails here, not silently at the first miss
     with _patch_lock:
         if _depth == 0:
@@ -126,8 +124,6 @@ def enable() -> None:
 def disable() -> None:
     """Undo one enable(); the last one puts back exactly what was there
     (the function objects and the fast-path setting). A no-op when not enabled."""
-    import torch.nn.attention.varlen as torch_varlen
-
     global _depth, _saved
     with _patch_lock:
         if _depth == 0:

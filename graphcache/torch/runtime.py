@@ -357,3 +357,8 @@ _AUTOGRAD = Plan(None, None, "autograd", "an input requires grad: cuDNN graphs h
 
 def _derive(args: tuple[Any, ...]) -> Derived:
     return derive_args(args)
+
+
+# The one per process. The SDPA drop-in (patching.py) and varlen_attn
+# (varlen.py) share it, so it lives here, below both.
+RUNTIME = Runtime()

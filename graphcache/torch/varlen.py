@@ -29,8 +29,7 @@ from graphcache.classes import declared
 from graphcache.compilers.varlen_ref import varlen_reference
 from graphcache.errors import UnsupportedCall
 from graphcache.spec import GraphSpec
-from graphcache.torch.patching import RUNTIME
-from graphcache.torch.runtime import Plan
+from graphcache.torch.runtime import RUNTIME, Plan
 from graphcache.torch.varlen_derive import effective_window, varlen_spec
 
 # torch's own op, captured at import: the fallback never calls a patched
