@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from graphcache import spec_ragged
+from graphcache import spec_bias, spec_ragged
 from graphcache.errors import SpecError
 
 DTYPES = ("float16", "bfloat16")
@@ -42,6 +42,10 @@ class GraphSpec:
     ``pages_per_seq``; mask ``sliding_window_bottom_right``): see
     ``graphcache.spec_ragged``, which holds their rules and descriptors.
 
+    Bias: ``bias`` (None, ``bhss``, ``b1ss``, ``1hss``, ``11ss``) is an
+    additive score bias tensor, an input of the graph (an attn_mask): see
+    ``graphcache.spec_bias``.
+
     Shapes: ``shapes="exact"`` (the default) is a graph of exactly these
     sizes. ``shapes="class"`` is a length class: ``batch``, ``seq_q`` and
     ``seq_kv`` are the declared maxima, and the graph serves every real
@@ -72,6 +76,7 @@ class GraphSpec:
     page_size: int | None = None
     num_pages: int | None = None
     pages_per_seq: int | None = None
+    bias: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("batch", "heads_q", "seq_q", "head_dim"):
@@ -127,6 +132,7 @@ class GraphSpec:
             what = "dropout" if self.dropout else "ragged or paged (thd) specs, which serve many lengths already"
             raise SpecError(f"shapes='class' is not supported with {what}: use shapes='exact'", "shapes")
         spec_ragged.check(self)
+        spec_bias.check(self)
 
     def _check_window(self) -> None:
         if spec_ragged.check_window(self):
@@ -226,6 +232,7 @@ class GraphSpec:
             "dropout": {"type": "number", "minimum": 0, "exclusiveMaximum": 1},
             "shapes": {"enum": list(SHAPES)},
             **spec_ragged.json_schema_props(),
+            **spec_bias.json_schema_props(),
         }
         return {
             "type": "object",
@@ -250,7 +257,7 @@ class GraphSpec:
         data = {name: getattr(self, name) for name in _FIELDS}
         if self.shapes == "exact":
             del data["shapes"]
-        for name in spec_ragged.PAGED_FIELDS:  # likewise: only a paged spec has them
+        for name in (*spec_ragged.PAGED_FIELDS, "bias"):  # likewise: only a paged / bias spec has them
             if data[name] is None:
                 del data[name]
         return data
@@ -316,6 +323,8 @@ class GraphSpec:
             "seq_len_q": (b, 1, 1, 1),
             "seq_len_kv": (b, 1, 1, 1),
         }
+        if role == "bias":
+            return spec_bias.dims(self)
         return shapes[role]
 
     def strides(self, role: str) -> tuple[int, ...]:
@@ -351,6 +360,7 @@ class GraphSpec:
             mask = spec_ragged.mask_text(self)
         parts = [f"b{self.batch}", heads, seq, dim, _SHORT_DTYPE[self.dtype], self.layout, mask]
         parts += spec_ragged.summary_parts(self)
+        parts += spec_bias.summary_part(self)
         if self.padding:
             parts.append("padded")
         if self.generate_stats:
