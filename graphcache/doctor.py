@@ -8,6 +8,15 @@ from typing import Any
 from graphcache.spec import GraphSpec
 
 TYPICAL = GraphSpec(batch=1, heads_q=32, seq_q=1024, head_dim=128, dtype="float16", mask="causal")
+# What a missing cuDNN runtime means, for the cuDNN row.
+NO_RUNTIME = (
+    "cudnn-frontend is only the Python side; the cuDNN library (libcudnn) it calls did not load. "
+    "Only building and running cuDNN graphs need it, on a CUDA GPU: pip install nvidia-cudnn-cu12 "
+    "(nvidia-cudnn-cu13 for CUDA 13), or use a CUDA build of torch, which ships one. Serving, "
+    "warm --check, prefetch and --compiler reference work without it"
+)
+# torch's SDPBackend names, as the backend rows name them.
+SHORT = {"flash_attention": "flash", "efficient_attention": "efficient", "cudnn_attention": "cudnn", "math": "math"}
 
 
 def diagnose(spec: GraphSpec | None = None) -> dict[str, Any]:
@@ -33,7 +42,8 @@ def diagnose(spec: GraphSpec | None = None) -> dict[str, Any]:
         try:
             backend = cudnn.backend_version_string()
         except Exception as exc:  # noqa: BLE001 - runtime missing raises RuntimeError
-            backend = f"runtime not found ({str(exc).splitlines()[0][:80]})"
+            backend = f"runtime not found ({str(exc).splitlines()[0][:80]}): see below"
+            verdict.append(f"cuDNN runtime not found: {NO_RUNTIME}.")
     rows.append(("cuDNN", backend))
     gpu = torch is not None and torch.cuda.is_available()
     if gpu:
@@ -63,7 +73,10 @@ def diagnose(spec: GraphSpec | None = None) -> dict[str, Any]:
             "and fetch artifacts for another target, but cannot build or run cuDNN graphs."
         )
     if torch is not None and not gpu:
-        verdict.append("torch SDPA runs here on the CPU as a fallback (its backend choice is in the rows above).")
+        verdict.append(
+            "torch SDPA runs here on the CPU, as the fallback and as the reference compiler's plans "
+            "(graphcache warm --compiler reference: README, 'Try it without a GPU'); its choice is in the rows above."
+        )
     return {"rows": rows, "verdict": verdict}
 
 
@@ -89,34 +102,43 @@ def _sdpa_backends(torch: Any, spec: GraphSpec, gpu: bool) -> list[tuple[str, st
         ("efficient", "can_use_efficient_attention", "mem_efficient_sdp_enabled"),
         ("cudnn", "can_use_cudnn_attention", "cudnn_sdp_enabled"),
     )
+    picked = _picked(torch, q, k, v, mask, small.dropout, causal, gqa)
     rows: list[tuple[str, str]] = []
     verdicts: list[str] = []
     for name, check, enabled in checks:
+        cpu_kernel = not gpu and name == "flash"  # torch has a CPU flash-attention kernel, under the same name
         if not getattr(cuda, enabled)():
             finding = f"no: turned off (torch.backends.cuda.{enabled}() is False)"
+        elif cpu_kernel and picked == "flash":
+            finding = "yes: torch's CPU flash-attention kernel (the CUDA one needs a GPU)"
         elif not gpu:
             build = "a CPU build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
-            finding = f"no: torch.cuda.is_available() is False (torch {torch.__version__}, {build})"
+            on_cpu = f"torch's CPU kernel does not take this call, torch picks {picked}; " if cpu_kernel else ""
+            finding = f"no: {on_cpu}CUDA only, torch.cuda.is_available() is False (torch {torch.__version__}, {build})"
         else:
             finding = _torch_check(torch, getattr(cuda, check), q, k, v, mask, small.dropout, causal, gqa, warnings)
         rows.append((f"SDPA {name}", finding))
-        verdicts.append(f"{name} {'yes' if finding == 'yes' else 'no'}")
+        verdicts.append(
+            f"{name} {'yes' if finding.startswith('yes') else 'no'}{' (CPU kernel)' if cpu_kernel and finding.startswith('yes') else ''}"
+        )
     math_on = cuda.math_sdp_enabled()
     rows.append(("SDPA math", "yes" if math_on else "no: turned off (torch.backends.cuda.math_sdp_enabled() is False)"))
     verdicts.append(f"math {'yes' if math_on else 'no'}")
-    try:
-        choice = torch._fused_sdp_choice(q, k, v, mask, small.dropout, causal, enable_gqa=gqa)
-        from torch.nn.attention import SDPBackend
-
-        names = {int(member.value): name.lower() for name, member in SDPBackend.__members__.items()}
-        picked = names.get(int(choice), str(choice))
-        # On the CPU torch has kernels of its own under the same names (a CPU
-        # flash attention): not the CUDA backends the rows above are about.
-        where = "on cpu, with its CPU kernel" if device == "cpu" and picked != "math" else f"on {device}"
-        verdicts.append(f"torch picks {picked} {where}")
-    except Exception as exc:  # noqa: BLE001 - a private helper: say it, keep going
-        verdicts.append(f"torch's choice unknown ({type(exc).__name__})")
+    verdicts.append(f"torch picks {picked} on {device}" if picked else "torch's choice unknown")
     return [("torch SDPA backends", ", ".join(verdicts)), *rows]
+
+
+def _picked(torch: Any, q: Any, k: Any, v: Any, mask: Any, dropout: float, causal: bool, gqa: bool) -> str:
+    """The backend torch's dispatcher picks for the call, as the rows name
+    it (flash, efficient, cudnn, math); '' where torch does not say."""
+    try:
+        choice = torch._fused_sdp_choice(q, k, v, mask, dropout, causal, enable_gqa=gqa)
+        from torch.nn.attention import SDPBackend
+    except Exception:  # noqa: BLE001 - a private helper: the summary says it is unknown
+        return ""
+    names = {int(member.value): name.lower() for name, member in SDPBackend.__members__.items()}
+    picked = names.get(int(choice), str(choice))
+    return SHORT.get(picked, picked)
 
 
 def _torch_check(

@@ -117,3 +117,41 @@ def test_try_it_without_a_gpu_runs_as_written(tmp_path):
     assert "6/6 present for reference-sm00-cudnn0.0.0-fe0.0.0" in check
     assert re.search(r"reference-sm00-cudnn0\.0\.0-fe0\.0\.0 │ 6 +│ 0 ", prefetch), prefetch  # present, missing
     assert "drop-in: 6 calls, 6 hits, 0 misses" in dropin
+
+
+def readme_reasons() -> set[str]:
+    """The fallback reasons the README's drop-in section lists."""
+    bullet = README[README.index("- **Same result as torch.**") :]
+    bullet = bullet[: bullet.index("`spec_for` raises")]
+    return set(re.findall(r"`([a-z_0-9]+)`(?!\))", bullet))  # not `attn_mask` inside a parenthesis
+
+
+def code_reasons() -> set[str]:
+    """The reasons the SDPA drop-in's code counts calls under, read from it."""
+    text = "".join((ROOT / "graphcache" / "torch" / name).read_text() for name in ("derive.py", "runtime.py"))
+    found = re.findall(r'reason="([a-z_0-9]+)"|Plan\([^()]*?, None, "([a-z_0-9]+)"|return None, "([a-z_0-9]+)"', text)
+    return {name for groups in found for name in groups if name}
+
+
+def test_the_readmes_fallback_reasons_are_the_codes():
+    from graphcache.spec import GraphSpec
+
+    listed, counted = readme_reasons(), code_reasons()
+    assert {"device", "no_gpu", "miss", "mask"} <= counted  # the scan reads the code
+    assert counted - listed == set(), "reasons the code counts that the README does not list"
+    # A spec field a call's shape breaks is counted under the field's name (derive: exc.field).
+    assert listed - counted <= set(GraphSpec.field_names()), "reasons the README lists that the code never counts"
+
+
+def test_a_bf16_call_on_the_cpu_is_counted_under_the_reason_the_readme_gives_for_it():
+    torch = pytest.importorskip("torch")
+    import graphcache.torch as gt
+
+    gt.reset()
+    q = torch.randn(1, 4, 16, 64, dtype=torch.bfloat16)
+    gt.scaled_dot_product_attention(q, q, q, is_causal=True)
+    (reason,) = gt.stats()["fallbacks"]
+    assert reason in readme_reasons()
+    described = README[README.index(f"`{reason}` (") :].split(")", 1)[0]
+    assert "without a GPU every call, bf16 included" in described, described
+    gt.reset()
