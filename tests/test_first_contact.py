@@ -156,3 +156,40 @@ def test_zero_length_sequences_are_a_row_of_the_release_table_from_cudnn_9_25():
     assert available(ZERO_LENGTH, "1.32.0", "9.25.0", "9.0") and available(ZERO_LENGTH, "1.32.0", 92800, "10.0")
     assert "cuDNN >= 9.25" in missing(ZERO_LENGTH, "1.32.0", "9.22.0", "9.0")
     assert "test_thd_zero_seqlen" in feature(ZERO_LENGTH).source
+
+
+# -- 6. scripts/gpu_kinds.py: the first GPU run reads as a table --------------------------
+
+
+def _gpu_kinds():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "gpu_kinds.py"
+    spec = importlib.util.spec_from_file_location("gpu_kinds", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_kinds_table_says_built_served_refused_or_failed_and_why(tmp_path):
+    from graphcache import BuildError
+
+    kinds = _gpu_kinds()
+    assert set(kinds.KINDS) >= {"dense", "class", "bias", "softcap", "ragged", "paged"}
+    spec = make()
+    served = kinds.on_gpu("dense", spec, tmp_path, 2, FakeCompiler())
+    assert served["status"] == "served" and served["cold_s"] > 0 and served["warm_s"] > 0
+    refused = kinds.on_gpu("causal", spec, tmp_path, 2, FakeCompiler(unsupported={"causal"}))
+    assert refused["status"] == "refused" and "not serializable at serialize" in refused["why"]
+    failing = FakeCompiler()
+    failing.build = lambda *a, **k: (_ for _ in ()).throw(BuildError("NVRTC missing"))  # noqa: ARG005
+    failed = kinds.on_gpu("broken", spec, tmp_path, 2, failing)
+    assert failed["status"] == "failed" and "NVRTC missing" in failed["why"]
+    unknown = kinds.spec_of({"batch": 1, "heads_q": 8, "seq_q": 16, "head_dim": 64, "made_up": 1})
+    assert isinstance(unknown, str) and "made_up" in unknown
+    rows = [served, refused, failed, {"kind": "softcap", "status": "not supported by this tree", "why": unknown}]
+    text = kinds.table(rows)
+    for row in rows:
+        assert row["kind"] in text and row["status"] in text
+    assert "NVRTC missing" in text and "made_up" in text

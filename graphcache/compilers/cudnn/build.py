@@ -261,7 +261,9 @@ def _filtered_out(
 def _filters(cudnn: Any) -> bool:
     """Whether ``_keep_runtime_compiled`` filters on this frontend."""
     notes = getattr(cudnn, "behavior_note", None)
-    return notes is not None and hasattr(notes, "RUNTIME_COMPILATION") and hasattr(cudnn.pygraph, "select_behavior_notes")
+    return (
+        notes is not None and hasattr(notes, "RUNTIME_COMPILATION") and hasattr(cudnn.pygraph, "select_behavior_notes")
+    )
 
 
 def _frontend_lacks(cudnn: Any, exc: AttributeError) -> bool:
