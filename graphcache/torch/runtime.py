@@ -25,6 +25,7 @@ import torch
 
 from graphcache.cache import GraphCache
 from graphcache.classes import class_of
+from graphcache.classindex import work
 from graphcache.compilers.base import LoadedGraph
 from graphcache.compilers.classgraph import bind
 from graphcache.compilers.torch_sdpa import _run_views
@@ -66,6 +67,9 @@ class Plan:
     message: str = ""
     copy_q: bool = False
     views: bool = False  # the graph takes torch's (b, h, s, d) views as they are (run_views)
+    declared: int = 0  # batch x seq_q x seq_kv the serving graph declares ...
+    real: int = 0  # ... and this call shape's
+    larger: bool = False  # served by a stored class larger than the call's own (GraphCache.serving_class)
 
     def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Execute the graph on (b, h, s, d) tensors; returns (b, h, s, d)."""
@@ -103,6 +107,8 @@ class Runtime:
             self._served: set[int] = set()
             self._missed: dict[GraphSpec, int] = {}
             self._hits = 0
+            self._larger = 0  # hits served by a class larger than the call's own
+            self._declared = self._real = 0  # the work the graphs of the hits declared, and the calls'
             self._misses = 0
             self._raised = 0  # calls that raised NotFound (on_miss=error)
             self._fallbacks: Counter[str] = Counter()
@@ -201,6 +207,9 @@ class Runtime:
             out = plan.run(query, key, value)
             with self._count_lock:
                 self._hits += 1
+                self._larger += plan.larger
+                self._declared += plan.declared
+                self._real += plan.real
             if self.recorders:
                 self._note(memo_key, args)
             return out
@@ -286,7 +295,7 @@ class Runtime:
         if cache is None:
             where = f"{self._device}" if self._device is not None else "a CUDA GPU"
             return Plan(spec, None, "device", f"tensors are on {device}; the graphs run on {where}")
-        klass = class_of(spec, cache.shape_classes)
+        klass = cache.serving_class(spec)  # its own class, or the smallest stored one covering it
         graph = self._graphs.get(klass) if klass not in self._classless else None
         if graph is None:
             graph = self._graphs.get(spec)
@@ -297,12 +306,14 @@ class Runtime:
             self._graphs[graph.spec] = graph
             if klass != spec and graph.spec != klass:
                 self._classless.add(klass)
+        serving = graph.spec
+        larger = serving.is_class and serving != class_of(spec, cache.shape_classes)
         graph = bind(graph, spec)
         self._served.add(hash(spec))
         views = callable(getattr(graph, "run_views", None)) and not (
             spec.dropout or spec.padding or spec.generate_stats
         )
-        return Plan(spec, graph, "", copy_q=derived.copy_q, views=views)
+        return Plan(spec, graph, "", "", derived.copy_q, views, work(serving), work(spec), larger)
 
     def _load(self, cache: GraphCache, spec: GraphSpec) -> tuple[LoadedGraph | None, str, str]:
         """Load ``spec``'s graph, or say why not. Misses follow on_miss."""
@@ -335,13 +346,18 @@ class Runtime:
     # counters ---------------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
-        """calls, hits, misses, fallbacks by reason, graphs loaded, the
-        distinct call shapes (exact specs) they served, and the specs that missed."""
+        """calls, hits, served_by_larger (hits a stored class larger than
+        the call's own served), declared_to_real (over the hits: the work the
+        graphs declare over the calls', batch x seq_q x seq_kv), misses,
+        fallbacks by reason, graphs loaded, the distinct call shapes (exact
+        specs) they served, and the specs that missed."""
         with self._count_lock:
             fallbacks = dict(self._fallbacks)
             return {
                 "calls": self._hits + sum(fallbacks.values()) + self._raised,
                 "hits": self._hits,
+                "served_by_larger": self._larger,
+                "declared_to_real": round(self._declared / self._real, 3) if self._real else 0.0,
                 "misses": self._misses,
                 "fallbacks": fallbacks,
                 "graphs_loaded": len(self._graphs),
