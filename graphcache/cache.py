@@ -108,7 +108,7 @@ class GraphCache:
             signing_key=settings.signing_key,
             require_signed=settings.require_signed,
             verify_keys=settings.verify_keys,
-            **{"shape_classes": settings.shape_classes, **options},
+            **{"shape_classes": settings.shape_classes, "class_slack": settings.class_slack, **options},
         )
 
     def target(self, target: Target | None = None) -> Target:

@@ -20,47 +20,34 @@ with a larger workspace, so a much larger class is not worth the hit.
 from __future__ import annotations
 
 import logging
-import os
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 from graphcache.artifact import read_header
 from graphcache.errors import CorruptArtifact, SpecError, StoreError, TargetError
-from graphcache.settings import SettingsError
+from graphcache.settings import DEFAULT_SLACK, SLACK_VAR, check_slack, slack_from_env
 from graphcache.spec import GraphSpec
 from graphcache.stores.disk import DiskStore
 from graphcache.target import Target
 
 log = logging.getLogger(__name__)
 
-SLACK_VAR = "GRAPHCACHE_CLASS_SLACK"
-DEFAULT_SLACK = 4.0
+# The slack is read at start with the other settings; re-exported here.
+__all__ = [
+    "DEFAULT_SLACK",
+    "SLACK_VAR",
+    "ClassIndex",
+    "check_slack",
+    "family",
+    "local_headers",
+    "slack_from_env",
+    "work",
+]
+
 HEADER_PREFIX = 64 * 1024
 _SIZES = frozenset({"batch", "seq_q", "seq_kv", "shapes"})
 _FIXED = tuple(name for name in GraphSpec.field_names() if name not in _SIZES)
-
-
-def check_slack(value: Any, source: str = "class_slack") -> float:
-    """``value`` as a slack (a number >= 1); else SettingsError naming ``source``."""
-    try:
-        slack = float(value)
-    except (TypeError, ValueError):
-        slack = float("nan")
-    if isinstance(value, bool) or not slack >= 1.0 or slack == float("inf"):
-        raise SettingsError(
-            f"{source}={value!r} is not a class slack: give a number >= 1, the most work (batch x seq_q x "
-            f"seq_kv) a stored larger class may declare as a multiple of the call's own class "
-            f"(default {DEFAULT_SLACK:g}; 1 serves only from the call's own class)"
-        )
-    return slack
-
-
-def slack_from_env(environ: Mapping[str, str] | None = None) -> float:
-    """The slack GRAPHCACHE_CLASS_SLACK names (4 when unset); SettingsError for a bad value."""
-    env = os.environ if environ is None else environ
-    value = (env.get(SLACK_VAR) or "").strip()
-    return DEFAULT_SLACK if not value else check_slack(value, SLACK_VAR)
 
 
 def work(spec: GraphSpec) -> int:

@@ -45,6 +45,8 @@ class Settings:
     max_batch        GRAPHCACHE_MAX_BATCH      most keys one POST /v1/batch may ask for (then 413)
     http_max_age     GRAPHCACHE_HTTP_MAX_AGE   seconds HTTP caches may keep an artifact when reads are open
     shape_classes    GRAPHCACHE_SHAPE_CLASSES  length-class policy: pow2 (default) or exact (graphcache.classes)
+    class_slack      GRAPHCACHE_CLASS_SLACK    a larger stored class serves a call when it declares at most this
+                                               many times the work of the call's own class (default 4; classindex)
     compiler         GRAPHCACHE_COMPILER       cudnn (default), reference or module:Class (graphcache.compilers.named)
     """
 
@@ -68,6 +70,7 @@ class Settings:
     max_batch: int = 1024
     http_max_age: int = 86400
     shape_classes: str = "pow2"
+    class_slack: float = 4.0
     compiler: str = ""
 
     @classmethod
@@ -120,6 +123,7 @@ class Settings:
                     raise SettingsError(f"GRAPHCACHE_{name}={v!r} must be more than 0 seconds, e.g. 5")
         # Checked here, at start, so a typo fails the worker before its first call.
         values["shape_classes"] = policy_from_env(env)
+        values["class_slack"] = slack_from_env(env)
         values.update({k: val for k, val in overrides.items() if val is not None})
         settings = cls(**values)  # type: ignore[arg-type]
         if settings.require_signed and not settings.signing_key:
@@ -154,6 +158,34 @@ def policy_from_env(environ: Mapping[str, str] | None = None) -> str:
     env = os.environ if environ is None else environ
     value = (env.get(ENV_VAR) or "").strip().lower() or DEFAULT_POLICY
     return check_policy(value, ENV_VAR)
+
+
+# How much larger than a call's own class a stored class may be and still
+# serve it (graphcache.classindex applies it).
+SLACK_VAR = "GRAPHCACHE_CLASS_SLACK"
+DEFAULT_SLACK = 4.0
+
+
+def check_slack(value: object, source: str = "class_slack") -> float:
+    """``value`` as a slack (a finite number >= 1); else SettingsError naming ``source``."""
+    try:
+        slack = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        slack = float("nan")
+    if isinstance(value, bool) or not 1.0 <= slack < float("inf"):
+        raise SettingsError(
+            f"{source}={value!r} is not a class slack: give a number >= 1, the most work (batch x seq_q x "
+            f"seq_kv) a stored larger class may declare, as a multiple of the call's own class "
+            f"(default {DEFAULT_SLACK:g}; 1: only the call's own class serves)"
+        )
+    return slack
+
+
+def slack_from_env(environ: Mapping[str, str] | None = None) -> float:
+    """The slack GRAPHCACHE_CLASS_SLACK names (4 when unset); SettingsError for a bad value."""
+    env = os.environ if environ is None else environ
+    value = (env.get(SLACK_VAR) or "").strip()
+    return check_slack(value, SLACK_VAR) if value else DEFAULT_SLACK
 
 
 # The compilers known by name (graphcache.compilers.named makes them).

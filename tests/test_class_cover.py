@@ -10,7 +10,7 @@ import pytest
 from graphcache import GraphCache, NotFound, UnsupportedSpec
 from graphcache.classes import class_of
 from graphcache.classindex import ClassIndex, work
-from graphcache.settings import SettingsError
+from graphcache.settings import Settings, SettingsError
 from graphcache.stores import DiskStore
 from tests.fakes import TARGET, FakeCompiler, spec
 
@@ -138,6 +138,10 @@ def test_a_bad_class_slack_fails_at_start_naming_it(tmp_path, monkeypatch, value
     monkeypatch.setenv("GRAPHCACHE_CLASS_SLACK", value)
     with pytest.raises(SettingsError, match="GRAPHCACHE_CLASS_SLACK"):
         GraphCache(DiskStore(tmp_path), FakeCompiler())
+    with pytest.raises(SettingsError, match="GRAPHCACHE_CLASS_SLACK"):
+        Settings.from_env()  # a worker, the server and the CLI read it at start
+    with pytest.raises(SettingsError, match="GRAPHCACHE_CLASS_SLACK"):
+        GraphCache.from_env(FakeCompiler())
     with pytest.raises(SettingsError, match="class_slack"):
         GraphCache(DiskStore(tmp_path), FakeCompiler(), class_slack=0.5)
 
@@ -145,5 +149,8 @@ def test_a_bad_class_slack_fails_at_start_naming_it(tmp_path, monkeypatch, value
 def test_the_class_slack_is_read_from_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("GRAPHCACHE_CLASS_SLACK", "16")
     assert GraphCache(DiskStore(tmp_path), FakeCompiler()).class_slack == 16.0
+    assert Settings.from_env().class_slack == 16.0
+    settings = Settings.from_env({"GRAPHCACHE_DIR": str(tmp_path), "GRAPHCACHE_CLASS_SLACK": "8"})
+    assert GraphCache.from_env(FakeCompiler(), settings=settings).class_slack == 8.0
     monkeypatch.delenv("GRAPHCACHE_CLASS_SLACK")
     assert GraphCache(DiskStore(tmp_path), FakeCompiler()).class_slack == 4.0
