@@ -19,8 +19,9 @@ MAY_IMPORT = {
     "dialects": {"releases"},
     "graph": {"releases", "ragged"},
     "ragged": {"releases"},
-    "build": {"dialects", "graph", "releases"},
-    "serialize": {"build", "releases"},
+    "failures": set(),
+    "build": {"dialects", "failures", "graph", "releases"},
+    "serialize": {"failures", "releases"},
     "override": {"releases", "loaded"},  # loaded for its type only, under TYPE_CHECKING
     "loaded": {"compiler", "override", "ragged"},  # compiler for its type only, under TYPE_CHECKING
     "compiler": {"build", "loaded", "override", "ragged", "releases", "serialize"},

@@ -3,6 +3,18 @@
 Each failure is played by a stand-in that raises exactly what cudnn-frontend
 1.32 raises there, read from the installed wheel and the frontend's sources:
 
+- ``execute`` refused by the backend: ``_CUDNN_CHECK_CUDNN_ERROR`` around
+  ``execute(handle, plan->get_raw_desc(), variant_pack_descriptor.get_ptr())``
+  (include/cudnn_frontend/plans.h, graph_helpers.h) returns
+  ``CUDNN_BACKEND_API_FAILED`` with "<call> failed with message: <cuDNN's last
+  error>, and code: <status>", which ``throw_if`` raises as a RuntimeError
+  (both strings are in 1.32's ``_compiled_module``); a status such as
+  ``CUDNN_STATUS_NOT_SUPPORTED_INVALID_DYNAMIC_SHAPE`` (an override the plan
+  refuses, cudnn-frontend#1087) or ``CUDNN_STATUS_BAD_PARAM`` (PR #1148). The
+  last-error text is cuDNN's own and was not read: the stand-ins leave it
+  short. 1.32's Python layer raises ``cudnn.cudnnGraphNotSupportedError``
+  itself (``cudnn_graph_not_supported``) and ValueError for a plan that takes
+  no overrides;
 - ``check_support`` when every plan is barred by a note filter: the C++
   ``GRAPH_EXECUTION_PLAN_CREATION_FAILED`` "[cudnn_frontend] Error: No
   execution plans support the graph." (include/cudnn_frontend/plans.h),
@@ -22,6 +34,12 @@ from graphcache.stores import DiskStore
 from tests.fakes import TARGET, FakeCompiler
 
 NO_PLAN_SUPPORTS = "[cudnn_frontend] Error: No execution plans support the graph."
+BACKEND_EXECUTE = "execute(handle, plan->get_raw_desc(), variant_pack_descriptor.get_ptr())"
+
+
+def refused_at_execute(status: str) -> RuntimeError:
+    """What 1.32 raises when cuDNN's execute returns ``status``."""
+    return RuntimeError(f"{BACKEND_EXECUTE} failed with message: (cuDNN's last error), and code: {status}")
 
 
 def make(**changes) -> GraphSpec:
@@ -193,3 +211,35 @@ def test_the_kinds_table_says_built_served_refused_or_failed_and_why(tmp_path):
     for row in rows:
         assert row["kind"] in text and row["status"] in text
     assert "NVRTC missing" in text and "made_up" in text
+
+
+# -- 1. execute-time errors in the build checks: classified as build errors are ----------
+
+
+@pytest.mark.parametrize(
+    ("make_exc", "verdict", "named"),
+    [
+        (lambda c: refused_at_execute("CUDNN_STATUS_NOT_SUPPORTED_INVALID_DYNAMIC_SHAPE"), "unsupported",
+         "CUDNN_STATUS_NOT_SUPPORTED_INVALID_DYNAMIC_SHAPE"),
+        (lambda c: c.cudnnGraphNotSupportedError("no plan in the list could be built"), "unsupported",
+         "cudnnGraphNotSupportedError"),
+        (lambda c: refused_at_execute("CUDNN_STATUS_BAD_PARAM"), "error", "CUDNN_STATUS_BAD_PARAM"),
+        (lambda c: refused_at_execute("CUDNN_STATUS_EXECUTION_FAILED"), "error", "EXECUTION_FAILED"),
+        (lambda c: refused_at_execute("CUDNN_STATUS_NOT_SUPPORTED_ARCH_MISMATCH: driver too old"), "error", "driver"),
+        (lambda c: ValueError("sdpa_fwd_prefill_sm90: this plan does not support execute-time shape or stride "
+                              "overrides"), "error", "ValueError"),
+        (lambda c: RuntimeError("CUDNN_STATUS_ALLOC_FAILED"), "error", "out of memory"),
+    ],
+    ids=["invalid-dynamic-shape", "graph-not-supported", "bad-param", "execution-failed", "host-words", "value-error",
+         "oom"],
+)  # fmt: skip
+def test_an_execute_failure_is_sorted_as_a_build_failure(cudnn, make_exc, verdict, named):
+    from graphcache import BuildError
+    from graphcache.compilers.cudnn import execute_failure
+
+    failure = execute_failure(cudnn, make(), make_exc(cudnn), "the class check")
+    if verdict == "unsupported":
+        assert isinstance(failure, UnsupportedSpec) and failure.step == "check"
+    else:
+        assert isinstance(failure, BuildError) and not isinstance(failure, UnsupportedSpec)
+    assert named in str(failure) and "the class check" in str(failure) and make().summary() in str(failure)

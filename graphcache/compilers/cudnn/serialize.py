@@ -4,7 +4,7 @@ what a failed serialize or deserialize means.
 
 Which form a frontend takes is the release table's answer (releases.py).
 
-May import: build (failure words), releases, graphcache.artifact/spec/errors.
+May import: failures (failure words), releases, graphcache.artifact/spec/errors.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from graphcache.artifact import Artifact
-from graphcache.compilers.cudnn.build import ENVIRONMENT, _first_line
+from graphcache.compilers.cudnn.failures import ENVIRONMENT, _first_line
 from graphcache.compilers.cudnn.releases import (
     BYTES_PAYLOAD,
     DESERIALIZE_HANDLE,
