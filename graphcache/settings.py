@@ -48,6 +48,7 @@ class Settings:
     class_slack      GRAPHCACHE_CLASS_SLACK    a larger stored class serves a call when it declares at most this
                                                many times the work of the call's own class (default 4; classindex)
     compiler         GRAPHCACHE_COMPILER       cudnn (default), reference or module:Class (graphcache.compilers.named)
+    manifests        GRAPHCACHE_MANIFESTS      folder of manifests the status page may name (GET /?manifest=NAME)
     """
 
     cache_dir: Path = field(default_factory=default_cache_dir)
@@ -72,6 +73,7 @@ class Settings:
     shape_classes: str = "pow2"
     class_slack: float = 4.0
     compiler: str = ""
+    manifests: Path | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:
@@ -107,6 +109,8 @@ class Settings:
         for name in ("REQUIRE_SIGNED", "BUILD", "CANARY"):
             if (v := get(name)) is not None:
                 values[name.lower()] = _bool("GRAPHCACHE_" + name, v)
+        if (v := get("MANIFESTS")) is not None:
+            values["manifests"] = Path(v).expanduser()
         if (v := get("COMPILER")) is not None:
             values["compiler"] = check_compiler_name(v, "GRAPHCACHE_COMPILER")
         if (v := get("SERVER")) is not None:

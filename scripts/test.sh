@@ -40,6 +40,14 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
   $SUDO apt-get update -qq && $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
+# chromium: tests/test_status_page.py renders the status page in a real headless
+# browser. Where it cannot be installed (no Debian package, no sudo) that test
+# skips saying so; nothing else needs it.
+if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
+  { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq chromium >/dev/null; } ||
+    echo "chromium could not be installed: the status page's browser test will skip" >&2
+fi
 
 # Old cudnn-frontend releases beside a shared cuDNN runtime, for
 # tests/test_frontend_versions.py (their real bindings on CPU). About 20 s and

@@ -24,7 +24,7 @@ from graphcache.stores import Store, open_store
 from service import docs
 from service.asgi import ArtifactFastPath, GraphcacheApp, RequestMetrics
 from service.errors import install_handlers
-from service.routes import artifacts, batch, builds, catalog, health
+from service.routes import artifacts, batch, builds, catalog, health, status
 from service.state import State
 
 __all__ = ["GraphcacheApp", "create_app", "create_app_from_env"]
@@ -57,7 +57,7 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None, 
     )
     app.state.gc = state
     install_handlers(app)
-    for module in (artifacts, catalog, batch, builds, health):
+    for module in (artifacts, catalog, batch, builds, health, status):
         module.add_routes(app, state)
     docs.add_routes(app)
     app.add_middleware(RequestMetrics, metrics=state.metrics)

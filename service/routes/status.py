@@ -1,0 +1,280 @@
+"""The status page: ``GET /``, one HTML page for ops (no JavaScript, no
+external assets) with the store, its entries by target, the counters since
+this server process started, and a manifest's coverage.
+
+A manifest is named (``GET /?manifest=NAME``: a file in the folder
+GRAPHCACHE_MANIFESTS names, and only a plain file name listed there, so no
+path leaves that folder) or posted (``POST /``: the manifest's YAML or JSON
+as the body, or a form's ``manifest`` field, within the server's small-body
+limit). Its coverage is given for every target the store holds entries of.
+Behind read tokens when they are set, as every read route is.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import re
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qs
+
+from fastapi import FastAPI, Request, Response
+
+from graphcache.errors import CorruptArtifact, GraphCacheError
+from graphcache.stores import Store, stored_header
+from graphcache.stores.space import free_bytes, human
+from graphcache.target import Target
+from service.errors import ServiceError
+from service.state import State
+
+MANIFEST_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*\.(yaml|yml|json)$")
+STYLE = """
+body { font: 14px/1.45 system-ui, sans-serif; margin: 2em; color: #1d1d1f; background: #fafafa; }
+h1 { font-size: 1.5em; margin: 0 0 .2em; } h2 { font-size: 1.15em; margin: 1.6em 0 .4em; }
+table { border-collapse: collapse; background: #fff; min-width: 30em; }
+th, td { border: 1px solid #d0d0d5; padding: .3em .7em; text-align: left; }
+th { background: #eef0f4; } td.n { text-align: right; font-variant-numeric: tabular-nums; }
+.ok { color: #11703a; font-weight: 600; } .bad { color: #b00020; font-weight: 600; }
+.muted { color: #666; } textarea { width: 40em; height: 8em; font-family: monospace; }
+"""
+
+
+@dataclass
+class TargetRow:
+    """The entries one target holds."""
+
+    count: int = 0
+    bytes: int = 0
+    pinned: int = 0
+    negative: int = 0
+
+
+@dataclass
+class Holdings:
+    """What the store holds, by target text."""
+
+    targets: dict[str, TargetRow] = field(default_factory=dict)
+    corrupt: int = 0
+
+
+def add_routes(app: FastAPI, state: State) -> None:
+    @app.get("/", summary="Status page (HTML): store, entries by target, counters, a named manifest's coverage")
+    async def status_page(request: Request, manifest: str | None = None) -> Response:
+        state.auth.require(request, "read")
+        text, source = None, None
+        if manifest is not None:
+            text, source = _named_manifest(state, manifest), manifest
+        return await _page(state, text, source)
+
+    @app.post("/", summary="Status page (HTML) with the coverage of the manifest in the body")
+    async def status_posted(request: Request) -> Response:
+        state.auth.require(request, "read")
+        body = (await request.body()).decode("utf-8", "replace")
+        if request.headers.get("content-type", "").startswith("application/x-www-form-urlencoded"):
+            body = (parse_qs(body).get("manifest") or [""])[0]
+        return await _page(state, body, "posted manifest")
+
+
+async def _page(state: State, manifest_text: str | None, source: str | None) -> Response:
+    holdings = await state.store_call(_holdings, state.store, bounded=False)
+    coverage: list[tuple[str, int, int]] | None = None
+    problem = None
+    if manifest_text is not None:
+        try:
+            coverage = await state.store_call(_coverage, manifest_text, list(holdings.targets), state, bounded=False)
+        except GraphCacheError as exc:
+            problem = str(exc)
+    store = await state.store_call(_store_facts, state, bounded=False)
+    page = _render(state, store, holdings, _counters(state), coverage, source, problem)
+    return Response(page, media_type="text/html; charset=utf-8", headers={"cache-control": "no-store"})
+
+
+def _named_manifest(state: State, name: str) -> str:
+    """The text of manifest ``name`` in GRAPHCACHE_MANIFESTS: a plain file
+    name listed in that folder (404 otherwise, 400 for a name that is not one)."""
+    folder = state.settings.manifests
+    if folder is None:
+        raise ServiceError(
+            404, "not_found", "this server names no manifests: start it with GRAPHCACHE_MANIFESTS=DIR, or POST one to /"
+        )
+    if not MANIFEST_NAME.match(name):
+        raise ServiceError(
+            400, "bad_request", f"manifest={name!r} must be a file name in GRAPHCACHE_MANIFESTS (NAME.yaml), no path"
+        )
+    base = folder.resolve()
+    names = set(os.listdir(base)) if base.is_dir() else set()
+    path = (base / name).resolve()
+    if name not in names or path.parent != base or not path.is_file():
+        listed = ", ".join(sorted(n for n in names if MANIFEST_NAME.match(n))) or "none"
+        raise ServiceError(404, "not_found", f"no manifest {name!r} in GRAPHCACHE_MANIFESTS (it has: {listed})")
+    return path.read_text()
+
+
+def _holdings(store: Store) -> Holdings:
+    """Every entry's header, counted by target (a full scan of headers)."""
+    found = Holdings()
+    is_pinned = getattr(store, "pinned", None)
+    for key in store.keys():
+        try:
+            header = stored_header(store, key)
+        except CorruptArtifact:
+            found.corrupt += 1
+            continue
+        if header is None:
+            continue
+        row = found.targets.setdefault(str(header.get("target_text", "?")), TargetRow())
+        row.count += 1
+        row.bytes += int(header.get("payload_size") or 0)
+        row.negative += bool(header.get("unsupported"))
+        row.pinned += bool(is_pinned is not None and is_pinned(key))
+    return found
+
+
+def _coverage(text: str, targets: Iterable[str], state: State) -> list[tuple[str, int, int]]:
+    """(target, present, specs) of the manifest ``text`` for each target."""
+    import yaml
+
+    from graphcache import manifest, ops
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise GraphCacheError(f"the manifest is not valid YAML or JSON: {' '.join(str(exc).split())}") from exc
+    specs = manifest.expand(data, source="the manifest")
+    rows = []
+    for target in sorted(targets):
+        try:
+            tgt = Target.parse(target)
+        except GraphCacheError:
+            continue
+        checked = ops.check(specs, tgt, state.store, shape_classes=state.settings.shape_classes)
+        rows.append((target, sum(r.present for r in checked), len(checked)))
+    return rows
+
+
+def _store_facts(state: State) -> dict[str, Any]:
+    store = state.store
+    folder = getattr(store, "path", None)
+    volume = getattr(store, "volume", None)
+    try:
+        size: int | None = int(volume()) if callable(volume) else None
+    except (GraphCacheError, OSError):
+        size = None
+    reason = state.unwritable()
+    return {
+        "kind": type(store).__name__,
+        "where": repr(store),
+        "size": size,
+        "free": free_bytes(folder) if folder is not None else None,
+        "writable": reason is None,
+        "reason": reason,
+    }
+
+
+def _counters(state: State) -> dict[str, float]:
+    reg = state.metrics.registry
+
+    def total(name: str, **labels: str) -> float:
+        return float(reg.get_sample_value(name, labels) or 0)
+
+    quarantined = sum(
+        s.value for m in state.metrics.quarantined.collect() for s in m.samples if s.name.endswith("_total")
+    )
+    return {
+        "hits": total("graphcache_hits_total"),
+        "misses": total("graphcache_misses_total"),
+        "uploads": total("graphcache_uploads_total", result="created"),
+        "quarantined": quarantined,
+        "gpu_seconds_saved": total("graphcache_served_build_seconds_total"),
+        "uptime": time.time() - state.started,
+    }
+
+
+def _size(n: int | None) -> str:
+    return "unknown" if n is None else human(n)
+
+
+def _render(
+    state: State,
+    store: dict[str, Any],
+    holdings: Holdings,
+    counters: dict[str, float],
+    coverage: list[tuple[str, int, int]] | None,
+    source: str | None,
+    problem: str | None,
+) -> str:
+    e = html.escape
+    writable = (
+        '<span class="ok">yes</span>'
+        if store["writable"]
+        else f'<span class="bad">no</span> <span class="muted">({e(store["reason"] or "")})</span>'
+    )
+    parts = [
+        "<!doctype html><html lang=en><head><meta charset=utf-8>",
+        "<meta name=viewport content='width=device-width, initial-scale=1'>",
+        f"<title>graphcache status</title><style>{STYLE}</style></head><body>",
+        "<h1>graphcache</h1>",
+        f"<p class=muted>this server process, up {counters['uptime'] / 60:.0f} min; "
+        "figures as of this page's load (reload to refresh)</p>",
+        "<h2>Store</h2><table>",
+        f"<tr><th>kind</th><td id=store-kind>{e(store['kind'])}</td></tr>",
+        f"<tr><th>where</th><td>{e(store['where'])}</td></tr>",
+        f"<tr><th>size</th><td id=store-size>{_size(store['size'])}</td></tr>",
+        f"<tr><th>free space</th><td id=store-free>{_size(store['free'])}</td></tr>",
+        f"<tr><th>writable</th><td id=store-writable>{writable}</td></tr></table>",
+        "<h2>Entries by target</h2>",
+    ]
+    if holdings.targets:
+        parts.append(
+            "<table id=targets><tr><th>target</th><th>entries</th><th>bytes</th><th>pinned</th><th>negative</th></tr>"
+        )
+        for target, row in sorted(holdings.targets.items()):
+            parts.append(
+                f"<tr><td>{e(target)}</td><td class=n>{row.count}</td><td class=n>{e(_size(row.bytes))}</td>"
+                f"<td class=n>{row.pinned}</td><td class=n>{row.negative}</td></tr>"
+            )
+        parts.append("</table>")
+    else:
+        parts.append("<p>The store holds no entries yet (graphcache warm MANIFEST uploads them).</p>")
+    if holdings.corrupt:
+        parts.append(f"<p class=bad>{holdings.corrupt} corrupt entr{'y' if holdings.corrupt == 1 else 'ies'}</p>")
+    parts += [
+        "<h2>Since this server started</h2><table id=counters>",
+        f"<tr><th>hits</th><td class=n>{counters['hits']:.0f}</td></tr>",
+        f"<tr><th>misses</th><td class=n>{counters['misses']:.0f}</td></tr>",
+        f"<tr><th>uploads</th><td class=n>{counters['uploads']:.0f}</td></tr>",
+        f"<tr><th>quarantined</th><td class=n>{counters['quarantined']:.0f}</td></tr>",
+        f"<tr><th>GPU seconds saved</th><td class=n>{counters['gpu_seconds_saved']:.1f}</td></tr>",
+        "</table><p class=muted>the build seconds of every artifact served; with several workers "
+        "(graphcache serve --workers), this worker's share</p>",
+        "<h2>Manifest coverage</h2>",
+    ]
+    if problem is not None:
+        parts.append(f"<p class=bad>{e(source or 'manifest')}: {e(problem)}</p>")
+    elif coverage is not None:
+        parts.append(f"<p>{e(source or 'manifest')}</p><table id=coverage>")
+        parts.append("<tr><th>target</th><th>present</th><th>specs</th><th>coverage</th></tr>")
+        for target, present, total in coverage:
+            mark = "ok" if present == total else "bad"
+            parts.append(
+                f"<tr><td>{e(target)}</td><td class=n>{present}</td><td class=n>{total}</td>"
+                f"<td class='n {mark}'>{100 * present / total if total else 0:.0f}%</td></tr>"
+            )
+        parts.append("</table>" if coverage else "</table><p>No target holds entries to check against.</p>")
+    named = state.settings.manifests is not None
+    parts.append(
+        "<p class=muted>Name one of GRAPHCACHE_MANIFESTS with <code>/?manifest=NAME.yaml</code>, or post one:</p>"
+        if named
+        else "<p class=muted>Post a manifest (or start the server with GRAPHCACHE_MANIFESTS=DIR and open "
+        "<code>/?manifest=NAME.yaml</code>):</p>"
+    )
+    parts += [
+        "<form method=post action='/'><textarea name=manifest placeholder='defaults: ...&#10;graphs: ...'>"
+        "</textarea><br><button type=submit>check coverage</button></form>",
+        "<p class=muted><a href='/metrics'>/metrics</a> · <a href='/v1/stats'>/v1/stats</a> · "
+        "<a href='/healthz'>/healthz</a> · <a href='/docs'>/docs</a></p></body></html>",
+    ]
+    return "\n".join(parts)
