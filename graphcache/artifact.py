@@ -22,6 +22,7 @@ import hmac
 import json
 import socket
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -133,14 +134,21 @@ class Artifact:
         unsigned = dataclasses.replace(self, signature=None)
         return dataclasses.replace(self, signature=_mac(secret, unsigned.header()))
 
-    def verify_signature(self, secret: bytes) -> None:
-        """Raises SignatureError when unsigned or signed with another secret."""
+    def verify_signature(self, secret: bytes | Sequence[bytes]) -> None:
+        """Raises SignatureError when unsigned or signed with none of the
+        secrets given (one, or several during a key rotation: any may match)."""
         if not self.signature:
             raise SignatureError(f"artifact {self.key[:12]} is unsigned; a signature is required", "unsigned")
+        secrets = [secret] if isinstance(secret, bytes) else list(secret)
         head = dataclasses.replace(self, signature=None).header()
-        if not hmac.compare_digest(self.signature, _mac(secret, head)):
+        ok = False
+        for one in secrets:  # every key tried: the time taken does not tell which matched
+            ok |= hmac.compare_digest(self.signature, _mac(one, head))
+        if not ok:
+            which = "the signing key" if len(secrets) == 1 else f"any of the {len(secrets)} signing keys"
             raise SignatureError(
-                f"artifact {self.key[:12]} has a wrong signature (signed with another key, or altered after signing)",
+                f"artifact {self.key[:12]} has a wrong signature (not signed with {which} of "
+                "GRAPHCACHE_SIGNING_KEY, or altered after signing)",
                 "bad_signature",
             )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -10,6 +11,8 @@ from pathlib import Path
 from graphcache.errors import GraphCacheError
 
 MiB = 1024**2
+UPLOAD_BUDGET_UPLOADS = 4  # the default GRAPHCACHE_UPLOAD_BUDGET, in largest uploads
+log = logging.getLogger(__name__)
 DEFAULT_HEADER_TIMEOUT = 10.0
 
 
@@ -30,12 +33,14 @@ class Settings:
     store            GRAPHCACHE_STORE          '' (DiskStore in cache_dir), redis://..., http://...
     size_limit       GRAPHCACHE_SIZE_LIMIT     DiskStore bytes before LRU eviction
     max_upload       GRAPHCACHE_MAX_UPLOAD     largest accepted upload, bytes
+    upload_budget    GRAPHCACHE_UPLOAD_BUDGET  body bytes one server worker takes in at once (4 x max_upload)
     hot_cache_bytes  GRAPHCACHE_HOT_CACHE      memory for small verified entries the server keeps hot (0: off)
     write_tokens     GRAPHCACHE_WRITE_TOKENS   comma-separated bearer tokens for PUT/build
     read_tokens      GRAPHCACHE_READ_TOKENS    tokens for reads; reads are open when unset
     admin_tokens     GRAPHCACHE_ADMIN_TOKENS   tokens for DELETE and purge
-    signing_key      GRAPHCACHE_SIGNING_KEY    HMAC key: builders sign, the server requires it
-    require_signed   GRAPHCACHE_REQUIRE_SIGNED clients refuse unsigned artifacts (1/0)
+    signing_key      GRAPHCACHE_SIGNING_KEY    HMAC key(s), comma-separated: the first signs, every one verifies
+    signing_keys                               all of them (``verify_keys``: what a signature is checked against)
+    require_signed   GRAPHCACHE_REQUIRE_SIGNED clients and the server refuse unsigned artifacts (1/0; 1 with a key)
     server           GRAPHCACHE_SERVER         service URL the CLI and workers use
     token            GRAPHCACHE_TOKEN          bearer token the CLI and workers send
     timeout          GRAPHCACHE_TIMEOUT        client timeout in seconds; the server's bound on each store call
@@ -55,11 +60,13 @@ class Settings:
     store: str = ""
     size_limit: int = 10 * 1024 * MiB
     max_upload: int = 64 * MiB
+    upload_budget: int = 0  # 0: UPLOAD_BUDGET_UPLOADS x max_upload
     hot_cache_bytes: int = 64 * MiB
     write_tokens: tuple[str, ...] = ()
     read_tokens: tuple[str, ...] = ()
     admin_tokens: tuple[str, ...] = ()
     signing_key: bytes | None = None
+    signing_keys: tuple[bytes, ...] = ()
     require_signed: bool = False
     server: str = ""
     token: str | None = None
@@ -94,9 +101,9 @@ class Settings:
             values["store"] = v
         if (v := get("HOT_CACHE")) is not None:
             values["hot_cache_bytes"] = _int("GRAPHCACHE_HOT_CACHE", v, allow_zero=True)
-        for name, attr in (("SIZE_LIMIT", "size_limit"), ("MAX_UPLOAD", "max_upload")):
+        for name in ("SIZE_LIMIT", "MAX_UPLOAD", "UPLOAD_BUDGET"):
             if (v := get(name)) is not None:
-                values[attr] = _int("GRAPHCACHE_" + name, v)
+                values[name.lower()] = _int("GRAPHCACHE_" + name, v)
         if (v := get("MAX_BATCH")) is not None:
             values["max_batch"] = _int("GRAPHCACHE_MAX_BATCH", v, unit="keys")
         if (v := get("HTTP_MAX_AGE")) is not None:
@@ -105,7 +112,13 @@ class Settings:
             if (v := get(name)) is not None:
                 values[name.lower()] = tuple(t.strip() for t in v.split(",") if t.strip())
         if (v := get("SIGNING_KEY")) is not None:
-            values["signing_key"] = v.encode("utf-8")
+            # Several keys during a rotation: the first signs, all verify.
+            keys = tuple(k.strip().encode("utf-8") for k in v.split(",") if k.strip())
+            if not keys:
+                raise SettingsError(f"GRAPHCACHE_SIGNING_KEY={v!r} holds no key; give KEY or NEW,OLD")
+            values["signing_key"], values["signing_keys"] = keys[0], keys
+            # A key set protects clients by default: unsigned artifacts are refused.
+            values["require_signed"] = True
         for name in ("REQUIRE_SIGNED", "BUILD", "CANARY"):
             if (v := get(name)) is not None:
                 values[name.lower()] = _bool("GRAPHCACHE_" + name, v)
@@ -132,7 +145,23 @@ class Settings:
         settings = cls(**values)  # type: ignore[arg-type]
         if settings.require_signed and not settings.signing_key:
             raise SettingsError("GRAPHCACHE_REQUIRE_SIGNED=1 needs GRAPHCACHE_SIGNING_KEY")
+        if settings.signing_key and not settings.require_signed:
+            log.warning(
+                "GRAPHCACHE_REQUIRE_SIGNED=0 with GRAPHCACHE_SIGNING_KEY set: unsigned and wrongly signed "
+                "artifacts are loaded and served (uploads are still checked)"
+            )
         return settings
+
+    def __post_init__(self) -> None:
+        if not self.upload_budget:
+            object.__setattr__(self, "upload_budget", UPLOAD_BUDGET_UPLOADS * self.max_upload)
+        if self.signing_key and not self.signing_keys:
+            object.__setattr__(self, "signing_keys", (self.signing_key,))
+
+    @property
+    def verify_keys(self) -> tuple[bytes, ...]:
+        """Every key a signature may be made with (empty: no signing)."""
+        return self.signing_keys
 
 
 # The length-class policies (graphcache.classes maps a spec to its class under

@@ -7,6 +7,8 @@
 - ``service.state``: what routes share, and GET/HEAD of one artifact;
 - ``service.asgi``: the ASGI layers in front of FastAPI (artifact fast path,
   header limits, request metrics);
+- ``service.intake``: request bodies before any route (token from the head,
+  size limits, deadline, upload budget, JSON checks);
 - ``service.routes``: the FastAPI routes by resource;
 - ``service.docs``: Swagger UI at /docs from packaged assets (no CDN);
 - ``service.auth``, ``service.models``, ``service.errors``, ``service.metrics``.
@@ -24,6 +26,7 @@ from graphcache.stores import Store, open_store
 from service import docs
 from service.asgi import ArtifactFastPath, GraphcacheApp, RequestMetrics
 from service.errors import install_handlers
+from service.intake import BodyGate
 from service.routes import artifacts, batch, builds, catalog, health, status
 from service.state import State
 
@@ -61,6 +64,7 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None, 
         module.add_routes(app, state)
     docs.add_routes(app)
     app.add_middleware(RequestMetrics, metrics=state.metrics)
+    app.gate = BodyGate(state)
     app.fast_path = ArtifactFastPath(state)
     app.batch_path = batch.BatchFastPath(state, app.routed)
     return app

@@ -17,6 +17,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from service.errors import JSON, ServiceError, body, from_library, send_error
+from service.intake import BodyGate, arrived, declares_body
 from service.metrics import Metrics
 from service.reader import file_chunks
 from service.state import State
@@ -96,10 +97,18 @@ class GraphcacheApp(FastAPI):
 
     fast_path: ArtifactFastPath | None = None
     batch_path: Any = None  # service.routes.batch.BatchFastPath
+    gate: BodyGate | None = None  # every request body passes it first (service.intake)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await self._serve(scope, receive, send)
+        finally:
+            arrived(scope)  # however it was answered, its body is no longer awaited
+
+    async def _serve(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
-            if sum(len(k) + len(v) for k, v in scope["headers"]) > MAX_HEADER_BYTES:
+            headers = scope["headers"]
+            if sum(len(k) + len(v) for k, v in headers) > MAX_HEADER_BYTES:
                 # httptools sets no limit of its own on a request's head.
                 await send_error(send, 431, "headers_too_large", f"request headers exceed {MAX_HEADER_BYTES} bytes")
                 return
@@ -112,6 +121,13 @@ class GraphcacheApp(FastAPI):
                 # A decoded %2F or ../ in a key, whatever the method.
                 await send_error(send, 400, "invalid_key", "a key is 64 lowercase hex characters")
                 return
+            if self.gate is not None and declares_body(dict(headers)):
+                await self.gate(scope, receive, send, self.dispatch)
+                return
+        await self.dispatch(scope, receive, send)
+
+    async def dispatch(self, scope: Any, receive: Any, send: Any) -> None:
+        """The fast paths, else FastAPI."""
         fast = self.fast_path
         if fast is not None and fast.handles(scope):
             await fast.serve(scope, send)

@@ -133,21 +133,19 @@ def install_handlers(app: FastAPI) -> None:
         if any(tuple(e.get("loc", ()))[:2] == ("path", "key") for e in exc.errors()):
             return error_response(ServiceError(400, "invalid_key", "a key is 64 lowercase hex characters"))
         errors = list(exc.errors())
-        bad_json = next((e for e in errors if e.get("type") == "json_invalid"), None)
-        why = "" if bad_json is None else (bad_json.get("ctx") or {}).get("error", "")
-        if bad_json is None and isinstance(exc.body, (bytes, bytearray)) and exc.body:
+        bad = next((e for e in errors if e.get("type") == "json_invalid"), None)
+        why = "" if bad is None else (bad.get("ctx") or {}).get("error", "")
+        raw = request.scope.get(RAW_BODY)
+        if bad is not None and isinstance(raw, bytes):
+            # The same words as the layers in front of FastAPI (service.intake
+            # keeps the body as it came: FastAPI's has been decoded).
+            why = _not_json(raw) or why
+        if bad is None and isinstance(exc.body, (bytes, bytearray)) and exc.body:
             # Sent under another Content-Type, the body reached validation as
             # bytes; what is not JSON is bad_json whatever the header said.
             why = _not_json(bytes(exc.body))
-        if bad_json is not None or why:
-            return error_response(
-                ServiceError(
-                    400,
-                    "bad_json",
-                    f"body is not JSON ({why}): send a JSON object with Content-Type: application/json; "
-                    "see /docs for this route's fields",
-                )
-            )
+        if bad is not None or why:
+            return error_response(bad_json(why))
         ctype = request.headers.get("content-type") or "none"
         if isinstance(exc.body, (bytes, bytearray)) and exc.body and "json" not in ctype:
             # JSON under another Content-Type: FastAPI does not read it, and
@@ -183,11 +181,61 @@ def install_handlers(app: FastAPI) -> None:
 
 def _not_json(data: bytes) -> str:
     """Why ``data`` is not JSON ('' when it is)."""
+    return json_problem(data) or ""
+
+
+MAX_JSON_DEPTH = 32
+RAW_BODY = "graphcache.body"  # scope key: a request's body as service.intake read it
+
+
+def json_problem(data: bytes, max_depth: int = MAX_JSON_DEPTH) -> str | None:
+    """What is wrong with ``data`` as a JSON body (None: nothing): its
+    encoding, its syntax, numbers Python will not convert, or nesting deeper
+    than ``max_depth``. Never raises."""
     try:
-        json.loads(data)
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return f"not UTF-8: byte {exc.start} is 0x{data[exc.start]:02x}"
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        return f"nested too deep (more than {max_depth} levels)"
+    except json.JSONDecodeError as exc:
+        return f"{exc.msg} at line {exc.lineno} column {exc.colno}"
     except ValueError as exc:
-        return str(exc).split(":")[0]
-    return ""
+        return str(exc)
+    if _depth(value, max_depth) > max_depth:
+        return f"nested too deep (more than {max_depth} levels)"
+    return None
+
+
+def _depth(value: Any, stop: int) -> int:
+    """Nesting depth of a parsed value (iterative; stops past ``stop``)."""
+    deepest = 0
+    todo: list[tuple[Any, int]] = [(value, 0)]
+    while todo:
+        item, level = todo.pop()
+        if isinstance(item, dict):
+            item = item.values()
+        elif not isinstance(item, list):
+            continue
+        level += 1
+        if level > deepest:
+            deepest = level
+            if deepest > stop:
+                return deepest
+        todo.extend((child, level) for child in item if isinstance(child, (dict, list)))
+    return deepest
+
+
+def bad_json(problem: str) -> ServiceError:
+    """The 400 for a body that is not JSON, saying why."""
+    return ServiceError(
+        400,
+        "bad_json",
+        f"body is not JSON ({problem}): send a JSON object with Content-Type: application/json; "
+        "see /docs for this route's fields",
+    )
 
 
 def _problem(error: Any) -> str:

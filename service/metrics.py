@@ -80,6 +80,12 @@ class Metrics:
         self.rejected = Counter(
             "graphcache_uploads_rejected_total", "refused uploads by reason", ["reason"], registry=r
         )
+        self.refused = Counter(
+            "graphcache_refused_total",
+            "stored entries not served for their signature (unsigned, bad_signature); left in the store",
+            ["reason"],
+            registry=r,
+        )
         self.quarantined = Counter(
             "graphcache_quarantined_total",
             "stored entries that failed verification and were set aside",

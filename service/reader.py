@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from graphcache.artifact import Artifact
-from graphcache.errors import CorruptArtifact, StoreError
+from graphcache.errors import CorruptArtifact, SignatureError, StoreError
 from graphcache.stores import Store
 from graphcache.stores.disk import read_all
 from service.metrics import Metrics
@@ -71,8 +71,16 @@ class ArtifactReader:
     moved to a quarantine folder and counted.
     """
 
-    def __init__(self, store: Store, metrics: Metrics, quarantine: Path | None, hot_bytes: int = 0) -> None:
+    def __init__(
+        self,
+        store: Store,
+        metrics: Metrics,
+        quarantine: Path | None,
+        hot_bytes: int = 0,
+        verify_keys: tuple[bytes, ...] = (),
+    ) -> None:
         self.store = store
+        self.verify_keys = verify_keys
         self.metrics = metrics
         self.quarantine = quarantine
         self._open = getattr(store, "open", None)
@@ -131,13 +139,24 @@ class ArtifactReader:
         return Unverified(data, None)
 
     def verify(self, key: str, entry: Unverified) -> Served | str:
-        """Slow part (hashing): the verified entry, or, after quarantining
-        it, the reason it failed (CorruptArtifact's reason)."""
+        """Slow part (hashing): the verified entry, or why it is not served:
+        ``quarantined: REASON`` after quarantining a corrupt entry, ``not
+        served: REASON`` for one whose signature ``verify_keys`` refuse (left
+        in the store: a client's upload signed with the current key replaces
+        it, and a server given the wrong keys must not delete its store)."""
         try:
             artifact = Artifact.decode(entry.data, expected_key=key)
         except CorruptArtifact as exc:
             self._quarantine(key, entry.data, exc)
-            return exc.reason
+            return f"quarantined: {exc.reason}"
+        if self.verify_keys:
+            try:
+                artifact.verify_signature(self.verify_keys)
+            except SignatureError as exc:
+                log.warning("stored entry %s not served: %s", key, exc)
+                self.metrics.refused.labels(exc.reason).inc()
+                self.forget(key)
+                return f"not served: {exc.reason}"
         served = Served(entry.data, artifact.payload_sha256, len(entry.data), build_seconds=artifact.build_seconds)
         if entry.identity is not None:
             self._memo[key] = (entry.identity, served.etag, served.build_seconds)

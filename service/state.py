@@ -40,7 +40,10 @@ class State:
         quarantine = None
         if hasattr(store, "path"):
             quarantine = Path(store.path) / "quarantine"
-        self.reader = ArtifactReader(store, self.metrics, quarantine, settings.hot_cache_bytes)
+        # With a signing key, what is served is verified against every key
+        # (unless GRAPHCACHE_REQUIRE_SIGNED=0), not only what is uploaded.
+        keys = settings.verify_keys if settings.require_signed else ()
+        self.reader = ArtifactReader(store, self.metrics, quarantine, settings.hot_cache_bytes, keys)
         self.metrics.watch_store(self.unwritable, lambda: int(getattr(store, "bookkeeping_errors", 0)))
         sweep = getattr(store, "sweep_orphans", None)
         if sweep is not None:
@@ -159,7 +162,10 @@ class State:
         served: Served | None = None
         if isinstance(found, Unverified):
             checked = await anyio.to_thread.run_sync(self.reader.verify, key, found)
-            served = checked if isinstance(checked, Served) else None  # quarantined
+            if not isinstance(checked, Served):
+                self.metrics.misses.inc()
+                raise ServiceError(404, "not_found", f"no servable artifact for key {key} ({checked})")
+            served = checked
         elif found is not None:
             served = found
         if served is None:

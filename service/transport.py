@@ -33,6 +33,14 @@ GRAPHCACHE_HEADER_TIMEOUT seconds is closed (408 when it had begun one), so
 idle sockets cannot use up the concurrency limit; and the answers uvicorn
 itself gives (400 for a malformed request, 503 over the concurrency limit,
 500 when the app fails before answering) are the API's JSON error bodies.
+
+A request refused over the limit is closed after its 503. The limit counts
+requests being answered: requests whose body is still arriving (listed in
+``scope["extensions"]["graphcache.arriving"]`` until service.intake has the
+body) are left out, so slow senders cannot hold it: each is cut at its
+deadline (GRAPHCACHE_UPLOAD_TIMEOUT, 408 and closed); at most
+``ARRIVING_PER_LIMIT`` x --limit-concurrency of them are taken in, and open
+connections are bounded at (1 + ``ARRIVING_PER_LIMIT``) x the limit.
 """
 
 from __future__ import annotations
@@ -48,6 +56,8 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 from graphcache.settings import DEFAULT_HEADER_TIMEOUT
 
 EXTENSION = "graphcache.body_pieces"
+ARRIVING = "graphcache.arriving"  # the requests whose body is arriving (service.intake)
+ARRIVING_PER_LIMIT = 4
 PIECES = "graphcache.response.body_pieces"
 _CYCLE_STATE = (
     "transport",
@@ -81,7 +91,10 @@ async def over_limit(scope: Any, receive: Any, send: Any) -> None:
         }
     ).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
-    await send({"type": "http.response.start", "status": 503, "headers": [*headers, (b"retry-after", b"1")]})
+    # Closed after the answer: a refused client that goes on sending is not
+    # read, and its connection does not hold a place under the limit.
+    headers += [(b"retry-after", b"1"), (b"connection", b"close")]
+    await send({"type": "http.response.start", "status": 503, "headers": headers})
     await send({"type": "http.response.body", "body": data})
 
 
@@ -183,11 +196,42 @@ class GraphcacheHttpProtocol(HttpToolsProtocol):
         self.transport.close()
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        arriving = self._arriving()
+        body = _declares_body(cycle.scope["headers"])
         if app is httptools_impl.service_unavailable:
-            app = over_limit
+            app = self.app if self._admits(len(arriving), body) else over_limit
         cycle.__class__ = PiecesCycle  # same state, one more message type
-        cycle.scope.setdefault("extensions", {})[EXTENSION] = {}  # type: ignore[index]
+        extensions = cycle.scope.setdefault("extensions", {})
+        extensions[EXTENSION] = {}  # type: ignore[index]
+        if body and app is not over_limit:
+            # Listed until its body has come (service.intake takes it off).
+            arriving.add(cycle)
+            extensions[ARRIVING] = {"requests": arriving, "token": cycle}  # type: ignore[index]
         super()._start_asgi_task(cycle, app)
+
+    def _arriving(self) -> set[object]:
+        """This server's requests whose body is still arriving: one set for
+        every connection of the worker."""
+        found: set[object] | None = getattr(self.server_state, "graphcache_arriving", None)
+        if found is None:
+            found = set()
+            self.server_state.graphcache_arriving = found  # type: ignore[attr-defined]
+        return found
+
+    def _admits(self, arriving: int, body: bool) -> bool:
+        """Whether a request uvicorn would refuse (its connections or tasks
+        at --limit-concurrency) is taken after all: requests whose body is
+        still arriving are not counted as being served (each is bounded by
+        its deadline and the upload budget). Bounds: at most
+        ARRIVING_PER_LIMIT x the limit of them, and (1 + ARRIVING_PER_LIMIT)
+        x the limit of open connections (idle ones are closed at the header
+        and keep-alive timeouts)."""
+        limit = self.limit_concurrency
+        if limit is None or len(self.connections) >= (1 + ARRIVING_PER_LIMIT) * limit:
+            return False
+        if body:
+            return arriving < ARRIVING_PER_LIMIT * limit
+        return len(self.tasks) - arriving < limit
 
 
 def _compatible() -> bool:
@@ -199,6 +243,15 @@ def _compatible() -> bool:
         and hasattr(httptools_impl, "STATUS_LINE")
         and all(name in probe for name in _CYCLE_STATE)
     )
+
+
+def _declares_body(headers: Any) -> bool:
+    for name, value in headers:
+        if name == b"content-length":
+            return bytes(value).strip() not in (b"0", b"")
+        if name == b"transfer-encoding" and b"chunked" in bytes(value).lower():
+            return True
+    return False
 
 
 # What service.server gives uvicorn as its HTTP protocol.

@@ -204,6 +204,14 @@ class HttpStore:
         _expect(response, 204)
         return True
 
+    def discard(self, key: str) -> bool:
+        """What a client does with an entry it could not verify: nothing on
+        the server (GraphCache counts and logs it). The server verifies what
+        it serves and quarantines what it finds corrupt; a client's failed
+        check (a wrong signing key during a rotation) must not delete a good
+        shared entry. ``delete`` is the admin's removal."""
+        return False
+
     def keys(self) -> Iterator[str]:
         for item in self._pages({"limit": 1000, "keys_only": "true"}):
             yield item["key"]

@@ -16,6 +16,11 @@ from graphcache.key import FORMAT_VERSION
 # Unpinned entries carry this TTL so that `maxmemory-policy volatile-lru`
 # may evict them; pinned entries have none and are never evicted.
 EVICTABLE_TTL = 365 * 24 * 3600
+# Connections of ``aget``'s pool (one pool per event loop, i.e. per server
+# worker): one per request a worker serves at once, graphcache serve's
+# --limit-concurrency default. Past it a read waits for a free connection,
+# bounded by the timeout (GRAPHCACHE_TIMEOUT).
+ASYNC_CONNECTIONS = 1024
 
 _RENEW = """
 if redis.call('get', KEYS[1]) == ARGV[1] then
@@ -41,8 +46,11 @@ class RedisStore:
     when nothing is pinned).
     """
 
-    def __init__(self, url: str, *, timeout: float = 5.0, prefix: str = "graphcache") -> None:
+    def __init__(
+        self, url: str, *, timeout: float = 5.0, prefix: str = "graphcache", max_connections: int = ASYNC_CONNECTIONS
+    ) -> None:
         self.url = url
+        self.max_connections = max_connections
         self.prefix = f"{prefix}:v{FORMAT_VERSION}"
         self._redis = redis.Redis.from_url(
             url, socket_timeout=timeout, socket_connect_timeout=min(timeout, 2.0), health_check_interval=30
@@ -53,6 +61,7 @@ class RedisStore:
         # Why the last write was refused for memory, until a write succeeds:
         # what /healthz reports as "writable": false (no Redis call to know it).
         self._refused: str | None = None
+        self._refused_need = 0  # the size of that write
         # aget's clients, one per event loop (an asyncio client belongs to the loop it runs on).
         self._async: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
 
@@ -92,12 +101,19 @@ class RedisStore:
         loop = asyncio.get_running_loop()
         client = self._async.get(loop)
         if client is None:
-            client = self._async[loop] = redis.asyncio.Redis.from_url(
+            # A request waits for a free connection (up to the timeout)
+            # rather than failing: redis-py's default pool refuses the
+            # 101st concurrent read with "Too many connections", which a
+            # busy server answered as 503 store_unavailable from a healthy Redis.
+            pool = redis.asyncio.BlockingConnectionPool.from_url(
                 self.url,
+                max_connections=self.max_connections,
+                timeout=self._timeout,
                 socket_timeout=self._timeout,
                 socket_connect_timeout=min(self._timeout, 2.0),
                 health_check_interval=30,
             )
+            client = self._async[loop] = redis.asyncio.Redis(connection_pool=pool)
         try:
             value: Any = await client.get(self._k(key))
         except (redis.ConnectionError, redis.TimeoutError) as exc:
@@ -115,16 +131,31 @@ class RedisStore:
         pinned = current is not None and ttl == -1
         if current is not None and bytes(current) == bytes(data) and (pinned or not pin):
             return False
-        if pin or pinned:
-            self._call(self._redis.set, name, bytes(data))
-        else:
-            self._call(self._redis.set, name, bytes(data), ex=EVICTABLE_TTL)
+        try:
+            if pin or pinned:
+                self._call(self._redis.set, name, bytes(data))
+            else:
+                self._call(self._redis.set, name, bytes(data), ex=EVICTABLE_TTL)
+        except StoreFull:
+            self._refused_need = len(data)
+            raise
         self._refused = None
         return True
 
     def unwritable(self) -> str | None:
-        """Why an upload would be refused now (the last write was refused
-        for memory and none has succeeded since), or None."""
+        """Why an upload would be refused now, or None: the last write was
+        refused for memory, none has succeeded since, and Redis still uses
+        its maxmemory (checked again each call: deletes and evictions free
+        room without a write)."""
+        if self._refused is None:
+            return None
+        try:
+            memory = self._call(self._redis.info, "memory")
+        except StoreUnavailable:
+            return self._refused
+        limit = int(memory.get("maxmemory") or 0)
+        if limit == 0 or int(memory.get("used_memory") or 0) + self._refused_need <= limit:
+            self._refused = None
         return self._refused
 
     def head(self, key: str, size: int) -> bytes | None:
@@ -137,6 +168,11 @@ class RedisStore:
 
     def delete(self, key: str) -> bool:
         return bool(self._call(self._redis.delete, self._k(key)))
+
+    def discard(self, key: str) -> bool:
+        """An entry one client could not verify stays in the shared Redis
+        (see HttpStore.discard): that client's keys may be the wrong ones."""
+        return False
 
     def keys(self) -> Iterator[str]:
         start = len(self.prefix) + 3

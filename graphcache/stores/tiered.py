@@ -101,6 +101,16 @@ class TieredStore:
             self._remote_failed("delete", key, exc)
         return removed
 
+    def discard(self, key: str) -> bool:
+        """Drop this machine's copy of an entry it could not verify; the
+        remote's copy is left alone (HttpStore/RedisStore.discard): this
+        client's keys may be the wrong ones, and the server verifies its own."""
+        removed = self.local.delete(key)
+        drop = getattr(self.remote, "discard", None)
+        if drop is not None:
+            removed = drop(key) or removed
+        return removed
+
     def keys(self) -> Iterator[str]:
         seen = set()
         for key in self.local.keys():

@@ -73,18 +73,11 @@ def add_routes(app: FastAPI, state: State) -> None:
     )
     async def put_artifact(key: KeyPath, request: Request) -> Response:
         state.auth.require(request, "write")
+        # service.intake took the body in: within GRAPHCACHE_MAX_UPLOAD (413),
+        # GRAPHCACHE_UPLOAD_TIMEOUT (408) and GRAPHCACHE_UPLOAD_BUDGET (503).
+        data = await request.body()
         try:
-            with anyio.fail_after(state.settings.upload_timeout):
-                data = await _read_limited(request, state.settings.max_upload, state)
-        except TimeoutError:
-            state.metrics.rejected.labels("timeout").inc()
-            raise ServiceError(
-                408,
-                "timeout",
-                f"the upload took longer than {state.settings.upload_timeout:g}s (GRAPHCACHE_UPLOAD_TIMEOUT)",
-            ) from None
-        try:
-            artifact = await anyio.to_thread.run_sync(_verify_upload, data, key, state.settings.signing_key)
+            artifact = await anyio.to_thread.run_sync(_verify_upload, data, key, state.settings.verify_keys)
         except CorruptArtifact as exc:
             state.metrics.rejected.labels(exc.reason).inc()
             raise ServiceError(400, exc.reason, f"upload refused: {exc}") from exc
@@ -160,31 +153,10 @@ def _raw_headers(request: Request) -> dict[bytes, bytes]:
     return dict(request.scope["headers"])
 
 
-async def _read_limited(request: Request, limit: int, state: State) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        if not declared.isdigit():
-            raise ServiceError(400, "bad_request", "Content-Length must be a number")
-        if int(declared) > limit:
-            state.metrics.rejected.labels("too_large").inc()
-            raise ServiceError(
-                413,
-                "too_large",
-                f"upload of {declared} bytes exceeds the limit of {limit} bytes (GRAPHCACHE_MAX_UPLOAD)",
-            )
-    chunks = bytearray()
-    async for chunk in request.stream():
-        chunks += chunk
-        if len(chunks) > limit:
-            state.metrics.rejected.labels("too_large").inc()
-            raise ServiceError(413, "too_large", f"upload exceeds the limit of {limit} bytes (GRAPHCACHE_MAX_UPLOAD)")
-    return bytes(chunks)
-
-
-def _verify_upload(data: bytes, key: str, signing_key: bytes | None) -> Artifact:
+def _verify_upload(data: bytes, key: str, signing_keys: tuple[bytes, ...]) -> Artifact:
     """The server never trusts what it is sent: full decode, key recomputed,
     the path key matched, and the signature checked when signing is on."""
     artifact = Artifact.decode(data, expected_key=key)
-    if signing_key:
-        artifact.verify_signature(signing_key)
+    if signing_keys:
+        artifact.verify_signature(signing_keys)
     return artifact

@@ -8,7 +8,6 @@ sent entry by entry, with bounded memory (see ``send_batch``).
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import AsyncGenerator
 from typing import Any
@@ -21,7 +20,8 @@ from starlette.responses import StreamingResponse
 from graphcache.batch import ABSENT, ENVELOPE, MAGIC, MEDIA_TYPE, end_record, record, record_head
 from graphcache.errors import StoreError
 from graphcache.key import is_key
-from service.errors import ServiceError, body, send_error
+from service.errors import ServiceError, bad_json, body, json_problem
+from service.intake import plain_keys, refuse, replay
 from service.models import ErrorBody, error_responses
 from service.reader import Served, Unverified, file_chunks
 from service.state import State
@@ -82,23 +82,17 @@ def add_routes(app: FastAPI, state: State) -> None:
         return BatchResponse(state, unique)
 
 
-# The largest request body read: GRAPHCACHE_MAX_BATCH keys with room for
-# indentation (a key is 64 hex characters, quoted, and a separator). Past it,
-# 413 before anything is parsed.
-BODY_PER_KEY = 128
-BODY_SLACK = 4096
-
-
 class BatchFastPath:
     """POST /v1/batch in front of FastAPI, for the request every worker sends
     at start-up: a JSON ``{"keys": [...]}`` of valid keys, with a read token
     where one is needed. FastAPI's routing, dependency and validation
     machinery cost about as much as resolving a hundred entries; here the
-    body is parsed and checked directly. Every body is read here, within
-    GRAPHCACHE_UPLOAD_TIMEOUT (408) and a size bound (413); anything but
-    that request (another content type, a bad token, a body that is not such
-    an object, an empty, oversized or invalid key list) is then handed to
-    the FastAPI route with the body as read, so every other error is the
+    body is parsed and checked directly. The body was taken in by
+    service.intake (token, size bound, deadline); a JSON body that does not
+    parse is 400 ``bad_json`` naming what is wrong; anything else but that
+    request (another content type, a bad token, a body that is not such an
+    object, an empty, oversized or invalid key list) is handed to the
+    FastAPI route with the body as read, so every other error is the
     route's own, word for word.
     """
 
@@ -114,41 +108,26 @@ class BatchFastPath:
     async def serve(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         state = self.state
         limit = state.settings.max_batch
-        body_max = BODY_SLACK + BODY_PER_KEY * limit
         headers = dict(scope["headers"])
-        declared = headers.get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > body_max:
-            await self._refuse(send, 413, "too_large", _too_large(body_max))
-            return
-        chunks: list[bytes] = []
-        size = 0
-        more = True
-        try:
-            with anyio.fail_after(state.settings.upload_timeout):
-                while more:
-                    message = await receive()
-                    if message["type"] != "http.request":
-                        return  # the client went away
-                    chunk = message.get("body", b"")
-                    chunks.append(chunk)
-                    size += len(chunk)
-                    more = message.get("more_body", False)
-                    if size > body_max:
-                        await self._refuse(send, 413, "too_large", _too_large(body_max))
-                        return
-        except TimeoutError:
-            detail = f"the request body took longer than {state.settings.upload_timeout:g}s (GRAPHCACHE_UPLOAD_TIMEOUT)"
-            await self._refuse(send, 408, "timeout", detail)
-            return
-        data = b"".join(chunks)
+        # service.intake took the body in (token, size, deadline) and
+        # hands it over in one message; none was declared: empty.
+        message = await receive()
+        if message["type"] != "http.request":
+            return  # the client went away
+        data = message.get("body", b"")
         ctype = headers.get(b"content-type", b"")
         keys = None
         if ctype.partition(b";")[0].strip().lower() == b"application/json" and state.auth.allows(
             headers.get(b"authorization"), "read"
         ):
-            keys = _plain_keys(data, limit)
+            keys = plain_keys(data, limit)
+            problem = None if keys is not None or not data else json_problem(data)
+            if problem is not None:
+                state.metrics.requests.labels("/v1/batch", "POST", "400").inc()
+                await refuse(send, bad_json(problem), close=False)
+                return
         if keys is None:
-            await self.fallback(scope, _replay(data, receive), send)
+            await self.fallback(scope, replay(data, receive), send)
             return
         state.metrics.batches.inc()
         status = await send_batch(state, list(dict.fromkeys(keys)), scope, receive, send)
@@ -156,46 +135,6 @@ class BatchFastPath:
             self.counter.inc()
         else:
             state.metrics.requests.labels("/v1/batch", "POST", str(status)).inc()
-
-    async def _refuse(self, send: Any, status: int, code: str, detail: str) -> None:
-        self.state.metrics.requests.labels("/v1/batch", "POST", str(status)).inc()
-        await send_error(send, status, code, detail)
-
-
-def _too_large(body_max: int) -> str:
-    return f"the request body is over {body_max} bytes, more than GRAPHCACHE_MAX_BATCH keys take; split the batch"
-
-
-def _plain_keys(data: bytes, limit: int) -> list[str] | None:
-    """The keys of a well-formed batch request, or None to let the route judge it."""
-    try:
-        parsed = json.loads(data)
-    except ValueError:
-        return None
-    if type(parsed) is not dict or len(parsed) != 1:
-        return None
-    keys = parsed.get("keys")
-    if type(keys) is not list or not 0 < len(keys) <= limit:
-        return None
-    for key in keys:
-        if type(key) is not str or not is_key(key):
-            return None
-    return keys
-
-
-def _replay(data: bytes, receive: Any) -> Any:
-    """A receive that gives the body read, then what the client sends next
-    (a disconnect)."""
-    given = False
-
-    async def replayed() -> dict[str, Any]:
-        nonlocal given
-        if not given:
-            given = True
-            return {"type": "http.request", "body": data, "more_body": False}
-        return await receive()
-
-    return replayed
 
 
 class BatchResponse(Response):
@@ -321,7 +260,7 @@ async def _verify(state: State, key: str, entry: Unverified) -> tuple[Served | N
     served = await anyio.to_thread.run_sync(state.reader.verify, key, entry)
     if isinstance(served, Served):
         return served, b""
-    return None, f"quarantined: {served}".encode()
+    return None, served.encode()
 
 
 async def _resolve(state: State, key: str) -> tuple[Served | None, bytes]:

@@ -1,0 +1,251 @@
+"""Request bodies, taken in before any route sees them.
+
+Every request that declares a body (a Content-Length above 0, or chunked)
+passes here first (``BodyGate``), in this order, each step answered at once
+and the connection closed (``connection: close``: what the client still sends
+is never read):
+
+1. the route's token is checked from the head (401/403), before any body
+   byte is read;
+2. the declared size against the route's own limit (413; see ``rule_for``):
+   an upload GRAPHCACHE_MAX_UPLOAD, a batch what GRAPHCACHE_MAX_BATCH keys
+   take, /v1/resolve and /v1/build ``SPEC_BODY_MAX``, every other route
+   ``SMALL_BODY_MAX``;
+3. the upload budget: bytes of bodies in flight in this worker (declared,
+   or the route's limit when chunked) past GRAPHCACHE_UPLOAD_BUDGET get 503
+   with Retry-After;
+4. the body is read within its hard deadline, GRAPHCACHE_UPLOAD_TIMEOUT
+   from the end of the head (408), and never past the limit (413);
+5. a JSON route's body must parse, as UTF-8 JSON nested at most
+   ``service.errors.MAX_JSON_DEPTH`` levels (400 ``bad_json`` naming what
+   is wrong).
+
+The route then gets the body as one message. While a body is arriving its
+request is listed in the protocol's ``arriving`` set (service.transport), so
+slow senders do not count against --limit-concurrency: they are bounded by
+the budget and their deadline instead.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+
+from graphcache.key import is_key
+from service.errors import JSON, RAW_BODY, ServiceError, bad_json, body, json_problem
+from service.state import State
+from service.transport import ARRIVING
+
+SPEC_BODY_MAX = 64 * 1024  # /v1/resolve, /v1/build: a spec and a target are a few hundred bytes
+SMALL_BODY_MAX = 4 * 1024  # routes that take no body (purge, pin, DELETE, GET): what a proxy may add
+BATCH_BODY_PER_KEY = 128  # a key is 64 hex characters, quoted, with a separator and indentation
+BATCH_BODY_SLACK = 4096
+ARTIFACTS = "/v1/artifacts/"
+
+
+@dataclass(frozen=True)
+class Rule:
+    need: str | None  # the token a route needs ("read", "write", "admin"), None: its own affair
+    limit: int  # bytes
+    json: bool  # the body must be JSON (checked here)
+    what: str  # the limit's name in a 413
+
+
+def batch_body_max(max_batch: int) -> int:
+    return BATCH_BODY_SLACK + BATCH_BODY_PER_KEY * max_batch
+
+
+def rule_for(state: State, method: str, path: str) -> Rule:
+    """What a request's body may be, from its head alone."""
+    small = Rule(None, SMALL_BODY_MAX, False, f"{SMALL_BODY_MAX} bytes (this route takes no body)")
+    if path.startswith(ARTIFACTS):
+        rest = path[len(ARTIFACTS) :]
+        if method == "PUT" and "/" not in rest:
+            return Rule("write", state.settings.max_upload, False, "GRAPHCACHE_MAX_UPLOAD")
+        if rest.endswith("/pin") and method in ("POST", "DELETE"):
+            return Rule("write", small.limit, False, small.what)
+        if method == "DELETE" and "/" not in rest:
+            return Rule("admin", small.limit, False, small.what)
+        return small
+    if method != "POST":
+        return small
+    if path == "/v1/batch":
+        limit = batch_body_max(state.settings.max_batch)
+        return Rule("read", limit, False, f"{limit} bytes, what GRAPHCACHE_MAX_BATCH keys take; split the batch")
+    if path == "/v1/resolve":
+        return Rule("read", SPEC_BODY_MAX, True, f"{SPEC_BODY_MAX} bytes for a spec and a target")
+    if path == "/v1/build":
+        return Rule("write", SPEC_BODY_MAX, True, f"{SPEC_BODY_MAX} bytes for a spec")
+    if path == "/v1/purge":
+        return Rule("admin", small.limit, False, small.what)
+    return small
+
+
+def declares_body(headers: dict[bytes, bytes]) -> bool:
+    length = headers.get(b"content-length")
+    if length is not None:
+        return length.strip() not in (b"0", b"")
+    return b"chunked" in headers.get(b"transfer-encoding", b"").lower()
+
+
+class Budget:
+    """Bytes of request bodies in flight in this worker (one event loop)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+    def take(self, size: int) -> bool:
+        if self.used + size > self.limit:
+            return False
+        self.used += size
+        return True
+
+    def give(self, size: int) -> None:
+        self.used -= size
+
+
+class BodyGate:
+    """Reads a request's body for the routes, as the module says."""
+
+    def __init__(self, state: State) -> None:
+        self.state = state
+        self.budget = Budget(state.settings.upload_budget)
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any, app: Callable[..., Any]) -> None:
+        """Take the body in, then ``app(scope, replay, send)``; or answer an error and close."""
+        state = self.state
+        headers = dict(scope["headers"])
+        rule = rule_for(state, scope["method"], scope["path"])
+        declared_text = headers.get(b"content-length")
+        path = scope["path"]
+        try:
+            if path.startswith(ARTIFACTS) and not is_key(path[len(ARTIFACTS) :].removesuffix("/pin")):
+                raise ServiceError(400, "invalid_key", "a key is 64 lowercase hex characters")
+            if rule.need is not None:
+                state.auth.check(headers.get(b"authorization"), rule.need)
+            if declared_text is not None and not declared_text.strip().isdigit():
+                raise ServiceError(400, "bad_request", "Content-Length must be a number of bytes")
+            declared = int(declared_text) if declared_text is not None else None
+            if declared is not None and declared > rule.limit:
+                state.metrics.rejected.labels("too_large").inc()
+                raise _too_large(declared, rule)
+        except ServiceError as err:
+            await refuse(send, err)
+            return
+        reserve = declared if declared is not None else rule.limit
+        if not self.budget.take(reserve):
+            state.metrics.rejected.labels("budget").inc()
+            detail = (
+                f"the server holds {self.budget.used} bytes of uploads in flight; this body of {reserve} bytes "
+                f"would pass GRAPHCACHE_UPLOAD_BUDGET ({self.budget.limit} bytes); retry shortly"
+            )
+            await refuse(send, ServiceError(503, "upload_budget", detail, {"retry-after": "1"}))
+            return
+        try:
+            data = await self._read(scope, receive, send, rule)
+            if data is None:
+                return
+            scope[RAW_BODY] = data
+            await app(scope, replay(data, receive), send)
+        finally:
+            self.budget.give(reserve)
+
+    async def _read(self, scope: dict[str, Any], receive: Any, send: Any, rule: Rule) -> bytes | None:
+        state = self.state
+        chunks: list[bytes] = []
+        size = 0
+        more = True
+        try:
+            with anyio.fail_after(state.settings.upload_timeout):
+                while more:
+                    message = await receive()
+                    if message["type"] != "http.request":
+                        return None  # the client went away
+                    chunk = message.get("body", b"")
+                    size += len(chunk)
+                    if size > rule.limit:
+                        state.metrics.rejected.labels("too_large").inc()
+                        await refuse(send, _too_large(size, rule))
+                        return None
+                    chunks.append(chunk)
+                    more = message.get("more_body", False)
+        except TimeoutError:
+            state.metrics.rejected.labels("timeout").inc()
+            detail = (
+                f"the request body did not arrive within {state.settings.upload_timeout:g}s "
+                f"(GRAPHCACHE_UPLOAD_TIMEOUT; {size} bytes came)"
+            )
+            await refuse(send, ServiceError(408, "timeout", detail))
+            return None
+        finally:
+            arrived(scope)
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        if rule.json and data:
+            problem = json_problem(data)
+            if problem is not None:
+                await refuse(send, bad_json(problem), close=False)
+                return None
+        return data
+
+
+def arrived(scope: dict[str, Any]) -> None:
+    """Take a request off the protocol's list of bodies arriving
+    (service.transport), once its body has come or it is answered."""
+    listed = scope.get("extensions", {}).get(ARRIVING)
+    if listed is not None:
+        listed["requests"].discard(listed["token"])
+
+
+def _too_large(size: int, rule: Rule) -> ServiceError:
+    return ServiceError(
+        413, "too_large", f"the request body of {size} bytes or more is over this route's limit: {rule.what}"
+    )
+
+
+async def refuse(send: Any, err: ServiceError, *, close: bool = True) -> None:
+    """An error answer; ``close``: and the connection closed after it (the
+    body, unread, is not read)."""
+    data = body(err.code, err.detail, **err.extra)
+    headers = [(b"content-type", JSON), (b"content-length", str(len(data)).encode())]
+    headers += [(k.encode(), v.encode()) for k, v in err.headers.items()]
+    if close:
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": err.status, "headers": headers})
+    await send({"type": "http.response.body", "body": data})
+
+
+def replay(data: bytes, receive: Any) -> Any:
+    """A receive that gives the body read, then what the client sends next
+    (a disconnect)."""
+    given = False
+
+    async def replayed() -> dict[str, Any]:
+        nonlocal given
+        if not given:
+            given = True
+            return {"type": "http.request", "body": data, "more_body": False}
+        return await receive()
+
+    return replayed
+
+
+def plain_keys(data: bytes, limit: int) -> list[str] | None:
+    """The keys of a well-formed batch request, or None to let the route judge it."""
+    try:
+        parsed = json.loads(data)
+    except (ValueError, RecursionError):
+        return None
+    if type(parsed) is not dict or len(parsed) != 1:
+        return None
+    keys = parsed.get("keys")
+    if type(keys) is not list or not 0 < len(keys) <= limit:
+        return None
+    for key in keys:
+        if type(key) is not str or not is_key(key):
+            return None
+    return keys
