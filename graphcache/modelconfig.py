@@ -1,0 +1,230 @@
+"""A transformers model's attention, read from its ``config.json``.
+
+``read(path)`` takes a ``config.json`` or a folder holding one (a model
+folder), offline: no hub, no transformers import. ``describe(config)`` says
+which attentions the model calls, per layer type: heads, GQA heads, head dims,
+scale, causal or not, the sliding window and the layers that use each, for
+the decoder and, for encoder-decoders, the encoder and the cross-attention.
+
+Families read (the field names of transformers 5.24's configs):
+
+- decoders: llama, mistral, mixtral, qwen2, qwen3, phi3, gemma, gemma2,
+  gemma3 / gemma3_text (a gemma3 checkpoint's ``text_config``), gpt2;
+- encoder-decoders: bart, mbart, whisper.
+
+A family read here whose attention graphcache cannot describe is refused
+naming what is missing (softcap: Gemma 2; relative position bias: T5; a scale
+per layer: GPT-2 with ``scale_attn_by_inverse_layer_idx``), and so is every
+other ``model_type``: nothing is skipped silently.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from graphcache.errors import ManifestError
+from graphcache.spec import GraphSpec
+
+DECODERS = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3", "gemma3_text", "gpt2")
+ENCODER_DECODERS = ("bart", "mbart", "whisper")
+FAMILIES = DECODERS + ENCODER_DECODERS
+# Read here but refused, with what graphcache's specs lack for them.
+REFUSED = {
+    "t5": "relative position bias: T5 adds a learned (heads, q, kv) bias to every attention call as a float mask",
+    "mt5": "relative position bias: mT5 adds a learned (heads, q, kv) bias to every attention call as a float mask",
+    "gpt_oss": "attention sinks (s_aux): no sink field in graphcache's specs",
+}
+
+
+@dataclass(frozen=True)
+class Attention:
+    """One kind of attention call a model makes."""
+
+    role: str  # "self" (a decoder's), "encoder" or "cross"
+    layers: tuple[int, ...]
+    heads_q: int
+    heads_kv: int
+    head_dim: int
+    scale: float
+    causal: bool
+    window: int | None = None  # a sliding window: the keys a query sees, itself included (transformers' sliding_window)
+    fixed_kv: int | None = None  # the encoder length when the model fixes it (Whisper's 1500 frames)
+    max_q: int | None = None  # the longest decoder sequence the model allows (Whisper's 448)
+
+    def users(self) -> str:
+        """``decoder layers 0-31 (sliding window 4096)``: who makes these calls."""
+        stack = {"self": "decoder", "encoder": "encoder", "cross": "decoder cross-attention,"}[self.role]
+        kind = f"sliding window {self.window}" if self.window else ("causal" if self.causal else "bidirectional")
+        return f"{stack} layers {_ranges(self.layers)} ({kind})"
+
+
+@dataclass(frozen=True)
+class Model:
+    model_type: str
+    attentions: tuple[Attention, ...]
+    softcap: float | None = None
+
+    @property
+    def encoder_decoder(self) -> bool:
+        return any(a.role == "cross" for a in self.attentions)
+
+
+def read(path: str | Path) -> dict[str, Any]:
+    """The config mapping in ``path``: a config.json, or a folder holding one.
+
+    Raises ManifestError naming the path and what is wrong."""
+    path = Path(path)
+    file = path / "config.json" if path.is_dir() else path
+    if path.is_dir() and not file.is_file():
+        raise ManifestError(f"{path}: no config.json in this folder (give a model folder or its config.json)")
+    try:
+        data = json.loads(file.read_text())
+    except OSError as exc:
+        raise ManifestError(f"{file}: cannot read: {exc.strerror or exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise ManifestError(f"{file}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}") from exc
+    if not isinstance(data, dict):
+        raise ManifestError(f"{file}: a config.json is a JSON object")
+    return data
+
+
+def describe(config: dict[str, Any], source: str = "config.json") -> Model:
+    """The attentions the model of ``config`` calls. Raises ManifestError for
+    a model type not read here, a feature graphcache cannot describe, or a
+    missing or bad field (each naming it)."""
+    kind = config.get("model_type")
+    if kind == "gemma3" and isinstance(config.get("text_config"), dict):
+        config, kind = {**config["text_config"], "model_type": "gemma3_text"}, "gemma3_text"
+    if kind in REFUSED:
+        raise ManifestError(f"{source}: model_type {kind!r} cannot be described: {REFUSED[kind]}")
+    if kind not in FAMILIES:
+        raise ManifestError(
+            f"{source}: model_type {kind!r} is not a family graphcache manifest reads; it reads "
+            f"{', '.join(FAMILIES)} (others: record a run with graphcache record)"
+        )
+    fields = _Fields(config, source, kind)
+    if kind in ENCODER_DECODERS:
+        return Model(kind, _encoder_decoder(fields, kind))
+    softcap = config.get("attn_logit_softcapping")
+    if softcap is not None and "softcap" not in GraphSpec.field_names():
+        raise ManifestError(
+            f"{source}: attn_logit_softcapping={softcap} ({kind}) cannot be described: graphcache's specs have "
+            "no softcap field (and transformers' sdpa refuses softcap)"
+        )
+    return Model(kind, _decoder(fields, kind), softcap)
+
+
+class _Fields:
+    """Typed reads of a config's fields, each error naming the field."""
+
+    def __init__(self, config: dict[str, Any], source: str, kind: str) -> None:
+        self.config, self.source, self.kind = config, source, kind
+
+    def int(self, name: str, default: int | None = None) -> int:
+        value = self.config.get(name, default)
+        if value is None and default is not None:
+            value = default
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            what = "is missing" if value is None else f"={value!r} is not a positive integer"
+            raise ManifestError(f"{self.source}: {name} {what} (model_type {self.kind!r} needs it)")
+        return value
+
+    def number(self, name: str, default: float) -> float:
+        value = self.config.get(name, default)
+        value = default if value is None else value
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise ManifestError(f"{self.source}: {name}={value!r} is not a positive number")
+        return float(value)
+
+
+def _decoder(f: _Fields, kind: str) -> tuple[Attention, ...]:
+    c = f.config
+    if kind == "gpt2":
+        heads, layers = f.int("n_head"), f.int("n_layer")
+        head_dim = f.int("n_embd") // heads
+        if c.get("scale_attn_by_inverse_layer_idx"):
+            raise ManifestError(
+                f"{f.source}: scale_attn_by_inverse_layer_idx=true cannot be described yet: each layer has its "
+                "own scale (1/sqrt(d)/(layer+1)), not written out per layer here"
+            )
+        scale = head_dim**-0.5 if c.get("scale_attn_weights", True) else 1.0
+        return (Attention("self", tuple(range(layers)), heads, heads, head_dim, scale, True),)
+    heads, layers = f.int("num_attention_heads"), f.int("num_hidden_layers")
+    heads_kv = f.int("num_key_value_heads", heads)
+    head_dim = f.int("head_dim", f.int("hidden_size") // heads)
+    if kind in ("gemma2", "gemma3", "gemma3_text"):
+        scale = f.number("query_pre_attn_scalar", float(head_dim)) ** -0.5
+    else:
+        scale = head_dim**-0.5
+    window = c.get("sliding_window")
+    types = _layer_types(f, kind, layers, window)
+    groups: dict[int | None, list[int]] = {}
+    for index, layer_type in enumerate(types):
+        if layer_type == "sliding_attention":
+            groups.setdefault(f.int("sliding_window"), []).append(index)
+        elif layer_type == "full_attention":
+            groups.setdefault(None, []).append(index)
+        else:
+            raise ManifestError(
+                f"{f.source}: layer_types[{index}]={layer_type!r} cannot be described: graphcache manifest "
+                "reads full_attention and sliding_attention layers"
+            )
+    return tuple(
+        Attention("self", tuple(members), heads, heads_kv, head_dim, scale, True, w) for w, members in groups.items()
+    )
+
+
+def _layer_types(f: _Fields, kind: str, layers: int, window: Any) -> list[str]:
+    """The config's ``layer_types``, or what transformers derives without one."""
+    given = f.config.get("layer_types")
+    if given is not None:
+        if not isinstance(given, list) or len(given) != layers:
+            raise ManifestError(f"{f.source}: layer_types must list one type per layer ({layers})")
+        return given
+    full, sliding = "full_attention", "sliding_attention"
+    if window is None or kind in ("llama", "gemma", "gpt2"):
+        return [full] * layers
+    if kind in ("qwen2", "qwen3"):
+        if not f.config.get("use_sliding_window", False):
+            return [full] * layers
+        first = f.config.get("max_window_layers", layers)
+        return [sliding if i >= first else full for i in range(layers)]
+    if kind == "gemma2":
+        return [sliding if (i + 1) % 2 else full for i in range(layers)]
+    if kind in ("gemma3", "gemma3_text"):
+        pattern = f.int("sliding_window_pattern", 6)
+        return [sliding if (i + 1) % pattern else full for i in range(layers)]
+    return [sliding] * layers  # mistral, mixtral, phi3: every layer
+
+
+def _encoder_decoder(f: _Fields, kind: str) -> tuple[Attention, ...]:
+    width = f.int("d_model")
+    enc_heads, dec_heads = f.int("encoder_attention_heads"), f.int("decoder_attention_heads")
+    enc_layers, dec_layers = f.int("encoder_layers"), f.int("decoder_layers")
+    enc_dim, dec_dim = width // enc_heads, width // dec_heads
+    fixed = f.int("max_source_positions") if kind == "whisper" else None
+    max_q = f.int("max_target_positions") if kind == "whisper" else None
+    enc = tuple(range(enc_layers))
+    dec = tuple(range(dec_layers))
+    return (
+        Attention("encoder", enc, enc_heads, enc_heads, enc_dim, enc_dim**-0.5, False, fixed_kv=fixed),
+        Attention("self", dec, dec_heads, dec_heads, dec_dim, dec_dim**-0.5, True, max_q=max_q),
+        Attention("cross", dec, dec_heads, dec_heads, dec_dim, dec_dim**-0.5, False, fixed_kv=fixed, max_q=max_q),
+    )
+
+
+def _ranges(layers: tuple[int, ...]) -> str:
+    """``0-3,6`` for (0, 1, 2, 3, 6)."""
+    parts: list[str] = []
+    start = prev = None
+    for n in layers + (None,):  # type: ignore[operator]
+        if start is not None and n == prev + 1:  # type: ignore[operator]
+            prev = n
+            continue
+        if start is not None:
+            parts.append(str(start) if start == prev else f"{start}-{prev}")
+        start = prev = n
+    return ",".join(parts)

@@ -1,0 +1,207 @@
+"""Every graph a described model (graphcache.modelconfig) can call, as the
+specs ``warm`` builds: the manifest ``graphcache manifest`` writes.
+
+Sizes follow the pow2 class policy (graphcache.classes): batches 1, 2, 4 ...
+up to the max batch rounded up, lengths 128, 256 ... up to the max sequence
+rounded up; a dense call's graph is a class spec (it serves every smaller
+batch and length, ``covers``), a ragged (thd) call's graph is declared at the
+rounded sizes (``classes.declared``).
+
+What each attention of a model calls, by route (what transformers hands
+graphcache; read from transformers 5.24 and checked by recording tiny models
+of each family through ``graphcache.torch.record``):
+
+- a decoder's self-attention: prefill causal with as many queries as keys
+  (``bhsd``: q and the cache's k/v as transformers' sdpa sees them), decode
+  one query over the cache (mask none). A sliding window in reach (more keys
+  than the window) and a padded batch (batch > 1) arrive as a mask tensor on
+  route ``sdpa``, served by bias graphs (``bias: b1ss``); on route
+  ``graphcache`` (graphcache.hf) they are ragged graphs with bottom-right
+  masks (``thd``), padding as per-sequence offsets. ``--chunk`` adds chunked
+  prefill (fewer queries than keys), the same way.
+- an encoder's self-attention: bidirectional (mask none, ``bshd``), at the
+  model's fixed length where it has one (Whisper: 1500 frames).
+- an encoder-decoder's decoder: its self-attention as a decoder's (its first
+  step arrives ``bshd``, later ones ``bhsd``), and cross-attention from one
+  query (decode) or a prompt (prefill) to the encoder's output.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from graphcache.classes import MIN_LENGTH
+from graphcache.modelconfig import Attention, Model
+from graphcache.spec import GraphSpec
+
+ROUTES = ("sdpa", "graphcache")
+DEFAULT_ROUTE = "sdpa"
+# The cold-build estimate's default: ~0.4 s per cuDNN SDPA build, reported in
+# sglang#4650 (docs/benchmarks.md, "Graphs per workload"); cited, not measured here.
+SECONDS_PER_BUILD = 0.4
+
+
+@dataclass
+class ModelSpecs:
+    """The specs, each with who calls it, and what the route needs that no
+    spec here expresses yet (``missing``)."""
+
+    users: dict[GraphSpec, list[str]] = field(default_factory=dict)
+    missing: list[str] = field(default_factory=list)
+
+    def add(self, spec: GraphSpec, user: str) -> None:
+        users = self.users.setdefault(spec, [])
+        if user not in users:
+            users.append(user)
+
+    def lack(self, what: str) -> None:
+        if what not in self.missing:
+            self.missing.append(what)
+
+
+def _pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
+def lengths(longest: int) -> list[int]:
+    """The length classes up to ``longest``: 128, 256, ... (at least one)."""
+    out = [MIN_LENGTH]
+    while out[-1] < longest:
+        out.append(out[-1] * 2)
+    return out
+
+
+def batches(largest: int) -> list[int]:
+    return [1 << i for i in range(_pow2(largest).bit_length())]
+
+
+def _low(size: int) -> int:
+    """The shortest length a class of ``size`` serves (its own: the smallest class starts at 1)."""
+    return 1 if size <= MIN_LENGTH else size // 2 + 1
+
+
+def specs_for(
+    model: Model,
+    *,
+    max_batch: int,
+    max_seq: int,
+    route: str = DEFAULT_ROUTE,
+    dtype: str = "bfloat16",
+    decode: bool = True,
+    chunk: int | None = None,
+) -> ModelSpecs:
+    """Every spec ``model`` can call with batches up to ``max_batch`` and
+    sequences up to ``max_seq`` on ``route`` (see the module's text)."""
+    if route not in ROUTES:
+        raise ValueError(f"route={route!r} is not one of {', '.join(ROUTES)}")
+    out = ModelSpecs()
+    maker = _Maker(out, route, dtype, "bias" in GraphSpec.field_names())
+    for attention in model.attentions:
+        longest = min(max_seq, attention.max_q) if attention.max_q else max_seq
+        for batch in batches(max_batch):
+            if attention.role == "encoder":
+                seqs = lengths(attention.fixed_kv or max_seq)[-1:] if attention.fixed_kv else lengths(max_seq)
+                for s in seqs:
+                    maker.call(attention, batch, s, s, "bshd", "encoder")
+            elif attention.role == "cross":
+                keys = lengths(attention.fixed_kv)[-1:] if attention.fixed_kv else lengths(max_seq)
+                for kv in keys:
+                    if decode:
+                        maker.call(attention, batch, 1, kv, "bhsd", "decode")
+                    for q in lengths(longest):
+                        maker.call(attention, batch, q, kv, "bhsd", "prefill")
+            else:
+                prefill = "bshd" if model.encoder_decoder else "bhsd"
+                padded = not model.encoder_decoder  # a decoder's own inputs are not padded in an encoder-decoder
+                for s in lengths(longest):
+                    maker.call(attention, batch, s, s, prefill, "prefill", padded)
+                if decode:
+                    if model.encoder_decoder:  # the first step: k/v of the one token, not the cache
+                        maker.call(attention, batch, 1, MIN_LENGTH, "bshd", "first decode step", padded)
+                    for kv in lengths(longest):
+                        maker.call(attention, batch, 1, kv, "bhsd", "decode", padded)
+                for q in lengths(chunk) if chunk else []:
+                    for kv in lengths(longest):
+                        if kv > q:
+                            maker.call(
+                                attention, batch, q, kv, "bhsd", f"chunked prefill (chunks up to {chunk})", padded
+                            )
+    return out
+
+
+class _Maker:
+    def __init__(self, out: ModelSpecs, route: str, dtype: str, bias: bool) -> None:
+        self.out, self.route, self.dtype, self.bias = out, route, dtype, bias
+
+    def call(self, a: Attention, batch: int, q: int, kv: int, layout: str, phase: str, padded: bool = True) -> None:
+        """The graphs of one attention's calls of one class of sizes: plain,
+        with its window in reach, and padded (batch > 1, where ``padded``)."""
+        user = f"{a.users()}: {phase}"
+        window = a.window
+        # Plain: no mask tensor, as many queries as keys (or one), the window out of reach.
+        chunked = a.causal and 1 < q < kv
+        if not chunked and (window is None or _low(kv) <= window):
+            mask = "causal" if a.causal and q > 1 else "none"
+            self.out.add(self._dense(a, batch, q, kv, layout, mask), user)
+        reach = window is not None and kv > window
+        if reach or chunked:
+            self._masked(a, batch, q, kv, layout, user + (", window in reach" if reach else ""))
+        if padded and batch > 1:
+            self._masked(a, batch, q, kv, layout, user + ", padded batch")
+
+    def _masked(self, a: Attention, batch: int, q: int, kv: int, layout: str, user: str) -> None:
+        if self.route == "sdpa":
+            if not self.bias:
+                self.out.lack(
+                    "bias graphs (GraphSpec has no bias field here): route sdpa passes a mask tensor for padded "
+                    "batches, windows in reach and chunked prefill; those calls run torch's SDPA"
+                )
+                return
+            self.out.add(self._dense(a, batch, q, kv, layout, "none", bias="b1ss"), user)
+            return
+        window = a.window
+        if window is None or _low(kv) <= window - 1:
+            self.out.add(self._thd(a, batch, q, kv, {"mask": "causal_bottom_right" if a.causal else "none"}), user)
+        if window is not None and kv >= window:
+            right = 0 if a.causal else window - 1
+            band: dict[str, object] = {"mask": "sliding_window_bottom_right", "window_left": window - 1}
+            self.out.add(self._thd(a, batch, q, kv, {**band, "window_right": right}), user)
+
+    def _fields(self, a: Attention) -> dict[str, object]:
+        return dict(heads_q=a.heads_q, heads_kv=a.heads_kv, head_dim=a.head_dim, dtype=self.dtype, attn_scale=a.scale)
+
+    def _dense(self, a: Attention, b: int, q: int, kv: int, layout: str, mask: str, **extra: object) -> GraphSpec:
+        fields = self._fields(a)
+        return GraphSpec.from_dict(
+            {**fields, "batch": b, "seq_q": q, "seq_kv": kv, "layout": layout, "mask": mask, "shapes": "class", **extra}
+        )
+
+    def _thd(self, a: Attention, b: int, q: int, kv: int, mask: dict[str, object]) -> GraphSpec:
+        return GraphSpec.from_dict({**self._fields(a), "batch": b, "seq_q": q, "seq_kv": kv, "layout": "thd", **mask})
+
+
+def render(specs: ModelSpecs, header: list[str]) -> str:
+    """The manifest text: ``header`` as comments, then one family per spec
+    but its batch (the batches as a list), each under a comment naming the
+    layers and phases that call it. ``graphcache.manifest.load`` reads it."""
+    groups: dict[str, tuple[GraphSpec, list[int], list[str]]] = {}
+    for spec, users in specs.users.items():
+        rest = spec.to_dict()
+        del rest["batch"]
+        key = json.dumps(rest, sort_keys=True)
+        entry = groups.setdefault(key, (spec, [], []))
+        entry[1].append(spec.batch)
+        entry[2].extend(u for u in users if u not in entry[2])
+    lines = [f"# {line}" if line else "#" for line in header]
+    lines += ["graphs:"]
+    for index, (spec, sizes, users) in enumerate(groups.values()):
+        lines += [f"  # {user}" for user in users]
+        summary = " ".join(spec.summary().split()[1:])
+        lines.append(f"  - name: {json.dumps(f'g{index + 1} {summary}')}")
+        lines.append(f"    batch: {json.dumps(sorted(sizes))}")
+        for name, value in spec.to_dict().items():
+            # What the spec's defaults give again is left out (the same spec is read back).
+            if name != "batch" and value not in (None, False) and not (name == "dropout" and value == 0.0):
+                lines.append(f"    {name}: {json.dumps(value)}")
+    return "\n".join(lines) + "\n"

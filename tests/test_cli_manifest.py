@@ -1,0 +1,182 @@
+"""``graphcache manifest``: every graph a model can call, from its config.json
+(issue 26, item 3), read back by warm and warm --check."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from graphcache import GraphCache, ManifestError, manifest, ops
+from graphcache.modelconfig import describe, read
+from graphcache.modelspecs import specs_for
+from graphcache.spec import GraphSpec
+from graphcache.stores import DiskStore
+from tests.clirun import cli
+from tests.fakes import TARGET, FakeCompiler
+
+CONFIGS = Path(__file__).parent.parent / "docs" / "examples" / "configs"
+BIAS = "bias" in GraphSpec.field_names()
+
+
+def write(tmp_path: Path, **config) -> Path:  # noqa: ANN003
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def llama(**changes) -> dict:  # noqa: ANN003
+    base = dict(
+        model_type="llama",
+        hidden_size=256,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        num_hidden_layers=2,
+    )
+    return {**base, **changes}
+
+
+def test_llama_3_8b_lists_prefill_and_decode_per_batch_and_length_class(tmp_path):
+    out = tmp_path / "m.yaml"
+    run = cli("manifest", str(CONFIGS / "llama-3-8b"), "--max-batch", "64", "--max-seq", "8192", "-o", str(out))
+    assert run.returncode == 0, run.stderr
+    specs = manifest.load(out)
+    plain = [s for s in specs if getattr(s, "bias", None) is None]
+    # 7 batch classes (1..64) x 7 length classes (128..8192), prefill and decode.
+    assert len(plain) == 2 * 7 * 7
+    assert len(specs) == 98 + (6 * 14 if BIAS else 0)  # padded batches (> 1) as bias graphs on route sdpa
+    assert {(s.heads_q, s.heads_kv, s.head_dim, s.dtype, s.layout) for s in specs} == {(32, 8, 128, "bfloat16", "bhsd")}
+    assert {s.mask for s in plain if s.seq_q > 1} == {"causal"} and {s.mask for s in plain if s.seq_q == 1} == {"none"}
+    assert all(s.is_class for s in specs)
+    assert f"{len(specs)} graph(s) for llama on route sdpa, cold build ~" in run.stdout
+    text = out.read_text()
+    assert "# decoder layers 0-31 (causal): prefill\n" in text
+    assert f"cold build ~{len(specs) * 0.4:.1f} s at 0.4 s per graph" in text
+
+
+def test_mistral_sliding_window_on_each_route(tmp_path):
+    model = describe(read(CONFIGS / "mistral-7b-v0.1"))
+    (attention,) = model.attentions
+    assert attention.window == 4096 and attention.layers == tuple(range(32))
+    sdpa = specs_for(model, max_batch=1, max_seq=8192).users
+    # The 8192 class's calls all have more keys than the window: a mask tensor on route sdpa.
+    assert {s.seq_kv for s in sdpa if getattr(s, "bias", None) is None} == {128, 256, 512, 1024, 2048, 4096}
+    ragged = specs_for(model, max_batch=1, max_seq=8192, route="graphcache").users
+    windows = [s for s in ragged if s.layout == "thd"]
+    assert windows and {(s.mask, s.window_left, s.window_right) for s in windows} == {
+        ("sliding_window_bottom_right", 4095, 0)
+    }
+    assert {(s.seq_q, s.seq_kv) for s in windows} == {(8192, 8192), (1, 8192)}
+
+
+def test_gemma3_layer_types_give_one_family_per_window(tmp_path):
+    config = dict(
+        model_type="gemma3",
+        text_config=dict(
+            hidden_size=256,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=64,
+            num_hidden_layers=6,
+            sliding_window=512,
+            query_pre_attn_scalar=64,
+        ),
+    )
+    model = describe(config)
+    by_window = {a.window: a.layers for a in model.attentions}
+    assert by_window == {512: (0, 1, 2, 3, 4), None: (5,)}
+    assert {a.scale for a in model.attentions} == {64**-0.5}
+
+
+def test_bart_has_encoder_decoder_and_cross_attention(tmp_path):
+    config = dict(
+        model_type="bart",
+        d_model=256,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_layers=2,
+        decoder_layers=3,
+    )
+    specs = specs_for(describe(config), max_batch=1, max_seq=256).users
+    users = {u.split(":")[0] for us in specs.values() for u in us}
+    assert users == {
+        "encoder layers 0-1 (bidirectional)",
+        "decoder layers 0-2 (causal)",
+        "decoder cross-attention, layers 0-2 (bidirectional)",
+    }
+    encoder = [s for s, us in specs.items() if us[0].startswith("encoder")]
+    assert {(s.layout, s.mask, s.seq_q, s.seq_kv) for s in encoder} == {
+        ("bshd", "none", 128, 128),
+        ("bshd", "none", 256, 256),
+    }
+
+
+def test_whisper_encoder_length_is_fixed(tmp_path):
+    config = dict(
+        model_type="whisper",
+        d_model=384,
+        encoder_attention_heads=6,
+        decoder_attention_heads=6,
+        encoder_layers=4,
+        decoder_layers=4,
+        max_source_positions=1500,
+        max_target_positions=448,
+    )
+    specs = specs_for(describe(config), max_batch=1, max_seq=8192).users
+    encoder = [s for s, us in specs.items() if us[0].startswith("encoder")]
+    assert [(s.seq_q, s.seq_kv) for s in encoder] == [(2048, 2048)]
+    assert max(s.seq_q for s in specs if s not in encoder) == 512  # the decoder's 448 tokens
+
+
+@pytest.mark.parametrize(
+    ("config", "named"),
+    [
+        (llama(model_type="gemma2", attn_logit_softcapping=50.0, head_dim=64), "attn_logit_softcapping"),
+        ({"model_type": "t5", "d_model": 512}, "relative position bias"),
+        ({"model_type": "mamba"}, "model_type 'mamba' is not a family"),
+        (llama(num_attention_heads=None), "num_attention_heads is missing"),
+        (llama(layer_types=["full_attention", "chunked_attention"]), "chunked_attention"),
+        (llama(model_type="gpt2", n_head=4, n_embd=256, n_layer=2, scale_attn_by_inverse_layer_idx=True), "per layer"),
+    ],
+    ids=["gemma2-softcap", "t5", "unknown", "missing-field", "layer-type", "gpt2-layer-scale"],
+)
+def test_what_cannot_be_described_is_refused_naming_it(tmp_path, config, named):
+    path = write(tmp_path, **config)
+    with pytest.raises(ManifestError, match=named):
+        describe(read(path), str(path))
+    run = cli("manifest", str(path), "--max-batch", "1", "--max-seq", "128")
+    assert run.returncode != 0 and "error:" in run.stderr and named in run.stderr and not run.stdout
+
+
+def test_a_folder_without_config_json_or_bad_json_is_named(tmp_path):
+    with pytest.raises(ManifestError, match="no config.json"):
+        read(tmp_path)
+    (tmp_path / "config.json").write_text("{")
+    with pytest.raises(ManifestError, match=r"config.json:1:2: not valid JSON"):
+        read(tmp_path)
+
+
+def test_warm_builds_and_warm_check_accepts_the_manifest(tmp_path):
+    out = tmp_path / "m.yaml"
+    path = write(tmp_path, **llama())
+    run = cli("manifest", str(path), "--max-batch", "2", "--max-seq", "256", "--route", "graphcache", "-o", str(out))
+    assert run.returncode == 0, run.stderr
+    specs = manifest.load(out)
+    store = DiskStore(tmp_path / "store")
+    rows = ops.warm(specs, GraphCache(store, FakeCompiler(), shape_classes="pow2"))
+    assert {r.status for r in rows} == {"built"} and len(rows) == len(specs)
+    check = cli("warm", str(out), "--check", "--target", str(TARGET), env={"GRAPHCACHE_DIR": str(tmp_path / "store")})
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert f"{len(specs)}/{len(specs)} present" in check.stdout
+
+
+def test_decode_and_chunk_options(tmp_path):
+    model = describe(llama())
+    without = specs_for(model, max_batch=1, max_seq=512, decode=False).users
+    assert all(s.seq_q > 1 for s in without) and len(without) == 3
+    chunked = specs_for(model, max_batch=1, max_seq=512, route="graphcache", chunk=128).users
+    assert {(s.seq_q, s.seq_kv, s.mask) for s in chunked if s.layout == "thd"} == {
+        (128, 256, "causal_bottom_right"),
+        (128, 512, "causal_bottom_right"),
+    }
