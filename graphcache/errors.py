@@ -157,3 +157,8 @@ class UnsupportedCall(UnsupportedSpec):
     def __init__(self, message: str, reason: str) -> None:
         super().__init__(message)
         self.reason = reason
+
+
+class UnsupportedVersion(GraphCacheError, ImportError):
+    """A library graphcache integrates with (transformers, for graphcache.hf)
+    is a release outside the range it supports; the message names both."""

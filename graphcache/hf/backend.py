@@ -1,0 +1,269 @@
+"""The ``graphcache`` attention function transformers calls (registered by
+``graphcache.hf.register``): one call of a model's attention layer, served by
+graphcache.torch's runtime where a graph can express it.
+
+How a call is served (docs/models.md has the table):
+
+- no padding mask: causal with as many queries as keys, a decode step (one
+  query), or no causal mask (encoders, cross-attention) is the SDPA drop-in's
+  dense graph (``graphcache.torch.scaled_dot_product_attention``, bshd/bhsd);
+  more queries than one but fewer than the keys (a prompt continued on a
+  cache), and a sliding window in reach, are a ragged (thd) graph with a
+  bottom-right mask (``graphcache.torch.varlen_attn``);
+- a padding mask (``graphcache.hf.masks.padding_mask``): left padding, and
+  any padding of a non-causal call, is a thd graph whose key offsets start
+  each sequence at its first token inside the padded tensors (``cu_seq_k``,
+  ``seqused_k``: device arithmetic, no host sync); right padding of a causal
+  prompt is a dense graph with ``padding`` (``seq_len_q`` / ``seq_len_kv``)
+  (``graphcache.hf.padded``);
+- what no graph expresses falls back, counted under its reason in
+  ``graphcache.torch.stats()``: ``softcap`` and ``sinks`` (to the model's
+  ``eager``: transformers' sdpa refuses softcap), ``output_attentions``
+  (eager), ``kwarg`` (an argument this backend does not know), ``dropout``
+  with a padding mask, ``shape`` (more queries than keys); a 4-D mask (a
+  custom pattern, padding with holes) and T5's ``position_bias`` run
+  transformers' sdpa under the drop-in, which counts them itself (``mask``).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import torch
+
+import graphcache.torch as gt
+from graphcache.hf.masks import PADDING_ATTR, dense_mask, padding_side
+from graphcache.hf.padded import run_padded
+from graphcache.torch.runtime import Plan
+
+# Keyword arguments models pass that change nothing in the attention itself.
+_INERT = frozenset(
+    {
+        "position_ids",
+        "cache_position",
+        "use_cache",
+        "past_key_values",
+        "past_key_value",
+        "layer_idx",
+        "output_hidden_states",
+        "return_dict",
+    }
+)
+
+
+def attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    is_causal: bool | None = None,
+    s_aux: torch.Tensor | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention interface: query (b, h_q, s_q, d), key and
+    value (b, h_kv, s_kv, d) in, (b, s_q, h_q, d_v) out (and no weights)."""
+    causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
+    call = _Call(module, query, key, value, attention_mask, dropout, scaling, sliding_window, causal, kwargs)
+    if softcap is not None:
+        return call.eager(
+            "softcap", "softcap (tanh score capping): cuDNN 1.32's score modifier does not serialize", softcap=softcap
+        )
+    if s_aux is not None:
+        return call.eager("sinks", "attention sinks (s_aux): no sink field in graphcache's specs yet", s_aux=s_aux)
+    if kwargs.get("output_attentions"):
+        return call.eager("output_attentions", "output_attentions=True needs the weights: eager")
+    if kwargs.get("position_bias") is not None or (attention_mask is not None and attention_mask.dim() != 2):
+        return call.through_dropin()
+    unknown = sorted(k for k, v in kwargs.items() if v is not None and k not in _INERT and k != "output_attentions")
+    if unknown:
+        return call.sdpa("kwarg", f"argument(s) {', '.join(unknown)}: not known to the graphcache backend")
+    sq, skv = query.shape[2], key.shape[2]
+    if causal and sq > skv:
+        return call.sdpa("shape", f"causal with more queries ({sq}) than keys ({skv})")
+    window = sliding_window if sliding_window is not None and skv > sliding_window else None
+    if attention_mask is None:
+        if window is None and (not causal or sq == skv or sq == 1):
+            return call.dense()
+        if window is not None and not causal and sq != skv:
+            return call.sdpa("window", f"a bidirectional window with {sq} queries and {skv} keys")
+        return call.ragged(None)
+    if dropout:
+        return call.sdpa("dropout", "dropout with a padding mask: the ragged graphs take no dropout")
+    side = getattr(attention_mask, PADDING_ATTR, None) or padding_side(attention_mask.to(torch.bool))
+    if side == "holes":
+        return call.through_dropin()
+    if side == "right" and causal and sq > 1:
+        if window is not None or sq != skv:
+            return call.sdpa("padding", "right padding with a window or a cache: no graph expresses it")
+        return call.padded()
+    return call.ragged(attention_mask.to(torch.bool), left=side == "left")
+
+
+class _Call:
+    """One attention call's arguments and the ways to serve it."""
+
+    def __init__(
+        self,
+        module: Any,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        mask: Any,
+        dropout: float,
+        scaling: float | None,
+        window: int | None,
+        causal: bool,
+        kwargs: dict[str, Any],
+    ) -> None:
+        self.module, self.q, self.k, self.v, self.mask = module, q, k, v, mask
+        self.dropout, self.scaling, self.window, self.causal, self.kwargs = dropout, scaling, window, causal, kwargs
+
+    # served ---------------------------------------------------------------------
+
+    def dense(self) -> tuple[torch.Tensor, None]:
+        """The SDPA drop-in's dense graph: what transformers' sdpa would call."""
+        q, k = self.q, self.k
+        out = gt.scaled_dot_product_attention(
+            q,
+            k,
+            self.v,
+            dropout_p=self.dropout,
+            is_causal=self.causal and q.shape[2] > 1,
+            scale=self.scaling,
+            enable_gqa=q.shape[1] != k.shape[1],
+        )
+        return out.transpose(1, 2).contiguous(), None
+
+    def ragged(self, pad: torch.Tensor | None, left: bool = True) -> tuple[torch.Tensor, None]:
+        """A thd graph over the padded tensors: each sequence's queries are
+        its s_q rows, its keys start at its first token (``cu_seq_k``) and
+        count its tokens (``seqused_k``); the mask is bottom-right aligned."""
+        if self.dropout:
+            return self.sdpa("dropout", "dropout: the ragged graphs take no dropout")
+        q, k, v = self.q, self.k, self.v
+        b, hq, sq, _ = q.shape
+        skv = k.shape[2]
+        dev = q.device
+        qt, kt, vt = (_tokens(t) for t in (q, k, v))
+        step = torch.arange(b + 1, device=dev, dtype=torch.int32)
+        cu_q = step * sq
+        cu_k = step * skv
+        used = None
+        if pad is not None:
+            used = pad.sum(dim=1, dtype=torch.int32)
+            if left:  # the first token of row i is at skv - used[i]
+                cu_k = cu_k + torch.nn.functional.pad(skv - used, (0, 1))
+        if self.causal:
+            window_size = (-1 if self.window is None else self.window - 1, 0)
+        else:
+            window_size = (-1, -1) if self.window is None else (self.window - 1, self.window - 1)
+        out = gt.varlen_attn(
+            qt,
+            kt,
+            vt,
+            cu_q,
+            cu_k,
+            sq,
+            skv,
+            scale=self.scaling,
+            window_size=window_size,
+            enable_gqa=hq != k.shape[1],
+            seqused_k=used,
+        )
+        assert isinstance(out, torch.Tensor)
+        out = out.view(b, sq, hq, out.shape[-1])
+        if pad is not None and self.causal and sq > 1:
+            # A padded query row sees no key: zero, whatever the kernel left there.
+            out = out * pad[:, -sq:].view(b, sq, 1, 1).to(out.dtype)
+        return out, None
+
+    def padded(self) -> tuple[torch.Tensor, None]:
+        """A dense graph with per-sequence lengths (right padding, causal)."""
+        out = run_padded(self.q, self.k, self.v, self.mask.sum(dim=1, dtype=torch.int32), self.scaling)
+        if out is None:
+            return self.sdpa_uncounted()
+        return out, None
+
+    # fallbacks ----------------------------------------------------------------------
+
+    def sdpa(self, reason: str, message: str) -> tuple[torch.Tensor, None]:
+        """transformers' own sdpa, counted under ``reason``."""
+        _count(reason, message)
+        return self.sdpa_uncounted()
+
+    def sdpa_uncounted(self) -> tuple[torch.Tensor, None]:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(
+            self.module,
+            self.q,
+            self.k,
+            self.v,
+            self._dense_mask(),
+            dropout=self.dropout,
+            scaling=self.scaling,
+            is_causal=self.causal,
+            **{k: v for k, v in self.kwargs.items() if k != "output_attentions"},
+        )
+
+    def through_dropin(self) -> tuple[torch.Tensor, None]:
+        """transformers' sdpa with a tensor mask (or T5's position bias),
+        under the SDPA drop-in, which serves or counts the call itself."""
+        with gt.patch():
+            return self.sdpa_uncounted()
+
+    def eager(self, reason: str, message: str, **extra: Any) -> tuple[torch.Tensor, None]:
+        """The model's own eager attention (softcap, sinks, weights), counted under ``reason``."""
+        _count(reason, message)
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        own = getattr(sys.modules.get(type(self.module).__module__), "eager_attention_forward", None)
+        eager = own if callable(own) else sdpa_attention_forward
+        mask = self._dense_mask(explicit=True)  # eager applies no causal pattern of its own
+        if mask is not None and mask.dtype == torch.bool:  # eager adds its mask to the scores
+            mask = torch.zeros(mask.shape, dtype=self.q.dtype, device=self.q.device).masked_fill(
+                ~mask, torch.finfo(self.q.dtype).min
+            )
+        out, _ = eager(
+            self.module,
+            self.q,
+            self.k,
+            self.v,
+            mask,
+            dropout=self.dropout,
+            scaling=self.scaling,
+            sliding_window=self.window,
+            **extra,
+            **self.kwargs,
+        )
+        return out, None
+
+    def _dense_mask(self, explicit: bool = False) -> Any:
+        if self.mask is not None and self.mask.dim() != 2:
+            return self.mask
+        sq, skv = self.q.shape[2], self.k.shape[2]
+        window = self.window if self.window is not None and skv > self.window else None
+        causal = self.causal and sq > 1
+        if self.mask is None and window is None and (not causal or (sq == skv and not explicit)):
+            return None  # sdpa's own is_causal says it
+        return dense_mask(self.mask, sq, skv, causal, window, self.q.device)
+
+
+def _tokens(t: torch.Tensor) -> torch.Tensor:
+    """(b, h, s, d) as varlen_attn's token-major (b * s, h, d): a view where
+    the tensor is a transposed (b, s, h, d) one, else one copy."""
+    b, h, s, d = t.shape
+    return t.transpose(1, 2).contiguous().view(b * s, h, d)
+
+
+def _count(reason: str, message: str) -> None:
+    """Count one call that no graph serves, in the drop-in's stats and recorders."""
+    gt.RUNTIME.count(Plan(None, None, reason, message))
+    for recorder in list(gt.RUNTIME.recorders):
+        recorder.count((reason, message))

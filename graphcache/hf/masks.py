@@ -1,0 +1,147 @@
+"""The mask side of the Hugging Face backend: what transformers hands the
+``graphcache`` attention as its ``attention_mask``, and the dense masks the
+fallbacks need.
+
+``padding_mask`` (registered with AttentionMaskInterface) gives the
+attention what transformers' flash-attention paths get: ``None`` when no
+token is padding, else the per-token (batch, kv) boolean padding mask,
+tagged with the side its padding is on (``PADDING_ATTR``: "left" or
+"right"). Telling those apart reads the mask once per forward and mask kind
+(one host sync, as transformers' own ``flash_attention_mask`` and
+``sdpa_mask`` make); each attention call then works on the device only.
+
+A mask pattern other than causal, bidirectional and sliding windows (packed
+sequences, chunked attention, a model's own ``or``/``and`` mask functions),
+and a padding mask with holes (a row that is not padding then tokens, or
+tokens then padding), get transformers' own 4-D ``sdpa_mask``: the
+attention runs them through the SDPA drop-in (counted there under ``mask``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+# The attribute of a 2-D padding mask that says where its padding is.
+PADDING_ATTR = "graphcache_padding"
+
+# masking_utils' own pattern functions that the backend expresses as spec
+# fields (causal, bidirectional, sliding windows) and the combinators that
+# join them; any other function in the pattern makes it a custom one.
+_PLAIN = frozenset(
+    {
+        "causal_mask_function",
+        "bidirectional_mask_function",
+        "sliding_window_overlay.<locals>.inner_mask",
+        "sliding_window_bidirectional_overlay.<locals>.inner_mask",
+        "sliding_window_causal_mask_function",
+        "sliding_window_bidirectional_mask_function",
+        "and_masks.<locals>.and_mask",
+    }
+)
+
+
+def plain_pattern(fn: Any, depth: int = 0) -> bool:
+    """True when the mask function ``fn`` is built only from masking_utils'
+    causal, bidirectional and sliding-window functions (what the attention's
+    own ``is_causal`` and ``sliding_window`` arguments say again)."""
+    if fn is None:
+        return True
+    if depth > 8 or not callable(fn):
+        return False
+    if getattr(fn, "__module__", "") != "transformers.masking_utils" or fn.__qualname__ not in _PLAIN:
+        return False
+    for cell in getattr(fn, "__closure__", None) or ():
+        content = cell.cell_contents
+        parts = content if isinstance(content, (tuple, list)) else (content,)
+        for part in parts:
+            if callable(part) and not plain_pattern(part, depth + 1):
+                return False
+    return True
+
+
+def padding_side(pad: torch.Tensor) -> str:
+    """``"none"``, ``"left"``, ``"right"`` or ``"holes"`` for a (batch, kv)
+    boolean padding mask (True = a token). Reads the mask (one host sync)."""
+    if pad.shape[-1] < 2:
+        return "none" if bool(pad.all()) else "holes"
+    rises = (pad[:, 1:] & ~pad[:, :-1]).any()  # padding after a token
+    falls = (~pad[:, 1:] & pad[:, :-1]).any()  # a token after padding
+    everything, rises_any, falls_any = torch.stack([pad.all(), rises, falls]).tolist()
+    if everything:
+        return "none"
+    if not falls_any:
+        return "left"  # padding then tokens, in every row
+    if not rises_any:
+        return "right"
+    return "holes"
+
+
+def padding_mask(
+    batch_size: int,
+    q_length: int,
+    kv_length: int,
+    q_offset: Any = 0,
+    kv_offset: int = 0,
+    mask_function: Callable[..., Any] | None = None,
+    attention_mask: torch.Tensor | None = None,
+    **kwargs: Any,
+) -> Any:
+    """transformers' mask interface for the ``graphcache`` attention:
+    ``None`` (no padding), the (batch, kv_length) boolean padding mask
+    tagged with its side, or transformers' 4-D ``sdpa_mask`` for a custom
+    pattern or padding with holes."""
+    from transformers.masking_utils import causal_mask_function, sdpa_mask
+
+    def dense() -> Any:
+        return sdpa_mask(
+            batch_size=batch_size,
+            q_length=q_length,
+            kv_length=kv_length,
+            q_offset=q_offset,
+            kv_offset=kv_offset,
+            mask_function=mask_function or causal_mask_function,
+            attention_mask=attention_mask,
+            **kwargs,
+        )
+
+    if kwargs.get("use_vmap") or not plain_pattern(mask_function):
+        return dense()
+    if attention_mask is None:
+        return None
+    pad = attention_mask[:, -kv_length:].to(torch.bool)
+    if pad.shape[-1] != kv_length:  # a static cache longer than the tokens seen: sdpa's mask slices it
+        return dense()
+    side = padding_side(pad)
+    if side == "none":
+        return None
+    if side == "holes":
+        return dense()
+    setattr(pad, PADDING_ATTR, side)
+    return pad
+
+
+def dense_mask(
+    pad: torch.Tensor | None, q_len: int, kv_len: int, causal: bool, window: int | None, device: Any
+) -> torch.Tensor | None:
+    """The (batch or 1, 1, q_len, kv_len) boolean mask (True = attend) that
+    says what the backend's arguments say, for the fallbacks: queries are
+    the last ``q_len`` of the ``kv_len`` positions (bottom-right), causal
+    and ``window`` (a query sees the ``window`` positions up to its own) as
+    transformers applies them, ``pad`` (batch, kv_len) the tokens. None when
+    nothing is masked and no causal pattern is needed."""
+    if pad is None and not causal and window is None:
+        return None
+    i = torch.arange(q_len, device=device).view(-1, 1) + (kv_len - q_len)
+    j = torch.arange(kv_len, device=device).view(1, -1)
+    allowed = torch.ones((q_len, kv_len), dtype=torch.bool, device=device)
+    if causal:
+        allowed = allowed & (j <= i)
+    if window is not None:
+        allowed = allowed & (j > i - window) if causal else allowed & ((j - i).abs() < window)
+    mask = allowed.view(1, 1, q_len, kv_len)
+    if pad is not None:
+        mask = mask & pad.to(torch.bool).view(pad.shape[0], 1, 1, kv_len)
+    return mask

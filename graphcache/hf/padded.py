@@ -1,0 +1,82 @@
+"""Right-padded causal prompts through a dense graph with ``padding``: each
+sequence's tokens are its first ``length`` rows, and cuDNN's padding mask
+(``seq_len_q`` / ``seq_len_kv``) ends it there. The graph comes from
+graphcache.torch's runtime (its cache, length classes, loaded graphs and
+counters); the memo entry of a call shape is made once."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+import graphcache.torch as gt
+from graphcache.errors import UnsupportedCall
+from graphcache.spec import GraphSpec
+from graphcache.torch.derive import Derived, derive
+from graphcache.torch.runtime import Plan
+
+_MEMO_TAG = "hf-padded"  # shares the runtime's memo (configure/reset clear it), never its keys
+
+
+def padded_spec(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None, dtype: str | None) -> Derived:
+    """The causal, padded dense spec of a call (UnsupportedCall says why not)."""
+    found = derive(q, k, v, is_causal=True, scale=scale, enable_gqa=q.shape[1] != k.shape[1], dtype=dtype)
+    return Derived(found.spec.replace(padding=True), found.copy_q)
+
+
+def run_padded(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor, scale: float | None
+) -> torch.Tensor | None:
+    """(b, s, h_q, d_v) from the graph, counted as a hit; or None (the call
+    counted under its reason) for the caller to run transformers' sdpa.
+    ``lengths`` (b,) int32: each sequence's tokens, on the device."""
+    runtime = gt.RUNTIME
+    memo_key = (_MEMO_TAG, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, q.device, scale)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        plan = Plan(None, None, "autograd", "an input requires grad: cuDNN graphs here are forward-only")
+    else:
+        plan = runtime._memo.get(memo_key) or _plan(memo_key, q, k, v, scale)
+    _note(q, k, v, scale)
+    runtime.count(plan)
+    if plan.graph is None or plan.spec is None:
+        return None
+    spec = plan.spec
+    b = q.shape[0]
+    lens = lengths.view(b, 1, 1, 1)
+    if spec.layout == "bshd":
+        qs = q.transpose(1, 2)
+        qs = qs.contiguous() if plan.copy_q else qs
+        out = plan.graph.execute(qs, k.transpose(1, 2), v.transpose(1, 2), seq_len_q=lens, seq_len_kv=lens)
+        return out
+    qs = q.contiguous() if plan.copy_q else q
+    out = plan.graph.execute(qs, k, v, seq_len_q=lens, seq_len_kv=lens)
+    return out.transpose(1, 2).contiguous()
+
+
+def _plan(memo_key: tuple[Any, ...], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None) -> Plan:
+    runtime = gt.RUNTIME
+    with runtime._lock:
+        plan = runtime._memo.get(memo_key)
+        if plan is not None:
+            return plan
+        try:
+            derived = padded_spec(q, k, v, scale, None)
+        except UnsupportedCall as exc:
+            plan = Plan(None, None, exc.reason, str(exc))
+        else:
+            plan = runtime._plan_for(derived, q.device)
+        runtime._memo[memo_key] = plan
+        return plan
+
+
+def _note(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None) -> None:
+    """Count the call in each recorder (graphcache.torch.record) as its spec
+    in the recorder's dtype, or as why it cannot be one."""
+    for recorder in list(gt.RUNTIME.recorders):
+        found: GraphSpec | tuple[str, str]
+        try:
+            found = padded_spec(q, k, v, scale, recorder.dtype).spec
+        except UnsupportedCall as exc:
+            found = (exc.reason, str(exc))
+        recorder.count(found)

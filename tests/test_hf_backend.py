@@ -1,0 +1,212 @@
+"""graphcache.hf: the "graphcache" attention backend for Hugging Face
+transformers. Each attention call is checked against transformers' own
+sdpa (given transformers' own 4-D mask for the same padding and pattern),
+served from graphs of a CPU stand-in compiler that executes them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="graphcache.hf needs torch (pip install '.[dev]')")
+transformers = pytest.importorskip("transformers", reason="needs Hugging Face transformers (the dev extra)")
+
+from transformers.integrations.sdpa_attention import sdpa_attention_forward  # noqa: E402
+from transformers.masking_utils import (  # noqa: E402
+    bidirectional_mask_function,
+    causal_mask_function,
+    sdpa_mask,
+    sliding_window_causal_mask_function,
+)
+from transformers.models.gemma2.modeling_gemma2 import eager_attention_forward  # noqa: E402, F401 - Layer's eager
+
+import graphcache.hf  # noqa: E402
+import graphcache.torch as gt  # noqa: E402
+from graphcache import GraphCache  # noqa: E402
+from graphcache.errors import UnsupportedVersion  # noqa: E402
+from graphcache.hf.backend import attention  # noqa: E402
+from graphcache.hf.masks import PADDING_ATTR, padding_mask  # noqa: E402
+from graphcache.stores import DiskStore  # noqa: E402
+from tests.torch_standins import CpuGraphCompiler  # noqa: E402
+
+B, HQ, HKV, D = 3, 8, 2, 32
+
+
+class Layer(torch.nn.Module):
+    """What transformers' attention functions read off a model's attention
+    layer; its module's ``eager_attention_forward`` (Gemma 2's, which caps
+    scores) is the eager attention the backend falls back to."""
+
+    def __init__(self, causal: bool = True) -> None:
+        super().__init__()
+        self.is_causal = causal
+        self.num_key_value_groups = HQ // HKV
+        self.head_dim = D
+        self.training = False
+
+
+@pytest.fixture(autouse=True)
+def served(tmp_path):
+    gt.reset()
+    gt.configure(GraphCache(DiskStore(tmp_path / "store"), CpuGraphCompiler()), device="cpu", on_miss="build")
+    yield
+    gt.reset()
+
+
+def qkv(b: int, sq: int, skv: int, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    # As models hand them over: q a transposed (b, s, h, d) projection, k/v contiguous cache tensors.
+    q = torch.randn((b, sq, HQ, D), generator=gen).to(torch.bfloat16).transpose(1, 2)
+    k = torch.randn((b, HKV, skv, D), generator=gen).to(torch.bfloat16)
+    v = torch.randn((b, HKV, skv, D), generator=gen).to(torch.bfloat16)
+    return q, k, v
+
+
+def tokens(lengths: list[int], total: int, left: bool) -> torch.Tensor:
+    pad = torch.zeros((len(lengths), total), dtype=torch.bool)
+    for row, n in enumerate(lengths):
+        pad[row, total - n :] = True if left else False
+        if not left:
+            pad[row, :n] = True
+    return pad
+
+
+def torch_answer(layer, q, k, v, pad, pattern=causal_mask_function, **kwargs):  # noqa: ANN001, ANN003
+    """transformers' sdpa with transformers' own 4-D mask for this padding."""
+    sq, skv = q.shape[2], k.shape[2]
+    mask = sdpa_mask(
+        batch_size=q.shape[0],
+        q_length=sq,
+        kv_length=skv,
+        q_offset=skv - sq,
+        mask_function=pattern,
+        attention_mask=pad,
+        allow_is_causal_skip=False,
+    )
+    return sdpa_attention_forward(layer, q, k, v, mask, **kwargs)[0]
+
+
+def ours(layer, q, k, v, pad, pattern=causal_mask_function, **kwargs):  # noqa: ANN001, ANN003
+    """The backend's answer, with the mask transformers would hand it."""
+    sq, skv = q.shape[2], k.shape[2]
+    mask = padding_mask(q.shape[0], sq, skv, skv - sq, 0, pattern, pad)
+    return attention(layer, q, k, v, mask, **kwargs)[0]
+
+
+def assert_close_on(rows: torch.Tensor, got: torch.Tensor, want: torch.Tensor) -> None:
+    """Equal (bf16 rounding) on the query rows that are tokens."""
+    keep = rows.view(*rows.shape, *[1] * (got.dim() - 2)).expand_as(got)
+    torch.testing.assert_close(got[keep].float(), want[keep].float(), atol=2e-2, rtol=2e-2)
+
+
+def hits() -> int:
+    return gt.stats()["hits"]
+
+
+def test_importing_graphcache_hf_imports_neither_transformers_nor_torch():
+    code = "import sys, graphcache.hf; assert not {'transformers', 'torch'} & set(sys.modules), sorted(sys.modules)"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_an_unsupported_transformers_release_is_refused_naming_both_versions(monkeypatch):
+    graphcache.hf.check_version("5.24.0")
+    with pytest.raises(UnsupportedVersion, match=r"transformers >=5\.24,<6 .*found 4\.57\.1"):
+        graphcache.hf.check_version("4.57.1")
+    monkeypatch.setattr(sys.modules["transformers"], "__version__", "6.0.0")  # what register() imports
+    with pytest.raises(UnsupportedVersion, match="found 6.0.0"):
+        graphcache.hf.register()
+
+
+def test_left_padded_prefill_and_decode_are_one_ragged_graph_each():
+    layer, pad = Layer(), tokens([20, 7, 13], 20, left=True)
+    q, k, v = qkv(B, 20, 20)
+    assert_close_on(pad, ours(layer, q, k, v, pad), torch_answer(layer, q, k, v, pad))
+    q, k, v = qkv(B, 1, 21, seed=1)
+    step = torch.cat([pad, torch.ones((B, 1), dtype=torch.bool)], dim=1)
+    assert_close_on(step[:, -1:], ours(layer, q, k, v, step), torch_answer(layer, q, k, v, step))
+    assert hits() == 2 and gt.stats()["fallbacks"] == {}
+    assert {s.layout for s in gt.RUNTIME._graphs} == {"thd"}
+
+
+def test_right_padded_causal_prompt_is_a_padded_dense_graph():
+    layer, pad = Layer(), tokens([16, 5, 11], 16, left=False)
+    q, k, v = qkv(B, 16, 16)
+    assert_close_on(pad, ours(layer, q, k, v, pad), torch_answer(layer, q, k, v, pad))
+    assert hits() == 1
+    [spec] = gt.RUNTIME._graphs
+    assert spec.padding and spec.mask == "causal" and spec.layout != "thd"
+
+
+def test_padded_encoder_and_cross_attention_are_ragged_graphs():
+    pad = tokens([16, 5, 11], 16, left=False)
+    q, k, v = qkv(B, 16, 16)
+    every = torch.ones((B, 16), dtype=torch.bool)
+    encoder = Layer(causal=False)
+    assert_close_on(every, ours(encoder, q, k, v, pad, bidirectional_mask_function),
+                    torch_answer(encoder, q, k, v, pad, bidirectional_mask_function))  # fmt: skip
+    q = qkv(B, 1, 16, seed=2)[0]  # a decoder query against the padded encoder's keys
+    one = torch.ones((B, 1), dtype=torch.bool)
+    assert_close_on(one, ours(encoder, q, k, v, pad, bidirectional_mask_function),
+                    torch_answer(encoder, q, k, v, pad, bidirectional_mask_function))  # fmt: skip
+    assert hits() == 2 and gt.stats()["fallbacks"] == {}
+
+
+def test_sliding_window_in_reach_and_a_continued_prompt_are_bottom_right_ragged_graphs():
+    layer, every = Layer(), torch.ones((1, 40), dtype=torch.bool)
+    q, k, v = qkv(1, 40, 40)
+    window = sliding_window_causal_mask_function(16)
+    got = ours(layer, q, k, v, every, window, sliding_window=16)
+    assert_close_on(every, got, torch_answer(layer, q, k, v, every, window))
+    q = qkv(1, 8, 40, seed=3)[0]  # 8 new tokens on a 32-token cache
+    assert_close_on(every[:, :8], ours(layer, q, k, v, every), torch_answer(layer, q, k, v, every))
+    assert hits() == 2
+    assert {s.mask for s in gt.RUNTIME._graphs} == {"sliding_window_bottom_right", "causal_bottom_right"}
+
+
+def test_what_no_graph_expresses_falls_back_under_a_named_reason():
+    layer, every = Layer(), torch.ones((1, 12), dtype=torch.bool)
+    q, k, v = qkv(1, 12, 12)
+    want = torch_answer(layer, q, k, v, every)
+    assert_close_on(every, ours(layer, q, k, v, every, cu_seq_lens_q=torch.tensor([0, 12])), want)
+    capped = ours(layer, q, k, v, every, softcap=50.0)  # the layer's own eager, which caps the scores
+    assert_close_on(every, capped, want)  # scores far below the cap: capping changes little
+    sinks = torch.zeros(HQ)
+    ours(layer, q, k, v, every, s_aux=sinks)
+    assert gt.stats()["fallbacks"] == {"kwarg": 1, "softcap": 1, "sinks": 1} and hits() == 0
+
+
+def test_padding_with_holes_and_custom_patterns_get_transformers_own_4d_mask():
+    left = tokens([5, 8], 8, left=True)
+    assert padding_mask(2, 8, 8, 0, 0, causal_mask_function, torch.ones((2, 8), dtype=torch.bool)) is None
+    assert getattr(padding_mask(2, 8, 8, 0, 0, causal_mask_function, left), PADDING_ATTR) == "left"
+    holes = left.clone()
+    holes[1, 4] = False
+    assert padding_mask(2, 8, 8, 0, 0, causal_mask_function, holes).dim() == 4
+    assert padding_mask(2, 8, 8, 0, 0, causal_mask_function, left, use_vmap=True).dim() == 4
+    layer = Layer()
+    q, k, v = qkv(2, 8, 8)
+    assert_close_on(holes, ours(layer, q, k, v, holes), torch_answer(layer, q, k, v, holes))
+    assert gt.stats()["calls"] == 1  # the drop-in counted it (a bias graph, or torch under "mask")
+
+
+def test_a_model_built_with_attn_implementation_graphcache_is_served_and_recorded(tmp_path):
+    graphcache.hf.register()
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=64, hidden_size=256, intermediate_size=256, num_hidden_layers=2,
+        num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=128,
+    )  # fmt: skip
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="graphcache")
+    model = model.eval().to(torch.bfloat16)
+    ids = torch.randint(1, 64, (2, 12), generator=torch.Generator().manual_seed(0))
+    mask = tokens([12, 7], 12, left=True).long()
+    with torch.no_grad(), gt.record(tmp_path / "m.yaml") as recorder:
+        got = model(ids, attention_mask=mask).logits
+    model.set_attn_implementation("sdpa")
+    with torch.no_grad():
+        want = model(ids, attention_mask=mask).logits
+    assert_close_on(mask.bool(), got, want)
+    assert gt.stats()["hits"] == 2 and gt.stats()["calls"] == 2
+    assert {s.layout for s in recorder.specs} == {"thd"} and "layout: thd" in (tmp_path / "m.yaml").read_text()
