@@ -50,8 +50,8 @@ if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/
 fi
 
 # Old cudnn-frontend releases beside a shared cuDNN runtime, for
-# tests/test_frontend_versions.py (their real bindings on CPU). About 20 s and
-# 250 MB on a fresh clone, cached in .cache/old-frontends after that.
+# tests/test_frontend_versions.py (their real bindings on CPU). About 30 s and
+# 265 MB on a fresh clone, cached in .cache/old-frontends after that.
 PYTHON="$PY" scripts/old_frontends.sh
 
 # Lint and types first: cheap, and they fail the run like a failing test.

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -155,3 +156,27 @@ def test_a_bf16_call_on_the_cpu_is_counted_under_the_reason_the_readme_gives_for
     described = README[README.index(f"`{reason}` (") :].split(")", 1)[0]
     assert "without a GPU every call, bf16 included" in described, described
     gt.reset()
+
+
+def test_the_readme_says_what_the_test_command_costs_and_how_to_run_a_subset():
+    text = section("The two commands")
+    assert re.search(r"took \d+ minutes\s+of wall time", text)
+    assert re.search(r"a [\d.]+ GB `\.venv`", text)
+    frontends = re.search(r"(\d+) MB\s+in `\.cache/old-frontends`", text)
+    assert frontends, text
+    # The same figure as the script's own comment on that step.
+    assert f"{frontends[1]} MB on a fresh clone" in (ROOT / "scripts/test.sh").read_text()
+    block = [line.split("#")[0].strip() for line in text.splitlines() if line.startswith("    ")]
+    subset = [shlex.split(line) for line in block if "tests/" in line]
+    assert subset and any(cmd[0] == "scripts/test.sh" for cmd in subset)
+    for cmd in subset:
+        assert all((ROOT / arg).exists() for arg in cmd if arg.startswith("tests/")), cmd
+        if cmd[0] == ".venv/bin/python":  # the subset selects tests
+            out = subprocess.run(
+                [sys.executable, *cmd[1:], "--collect-only"],
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert out.returncode == 0 and re.search(r"\d+(/\d+)? tests? collected", out.stdout), out.stdout[-500:]
