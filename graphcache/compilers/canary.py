@@ -29,6 +29,10 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+from graphcache.compilers.varlen_check import defined_output
+from graphcache.compilers.varlen_check import inputs as varlen_inputs
+from graphcache.reference.dense import random_inputs, valid_rows
+from graphcache.reference.measure import TOLERANCE, relative_error
 from graphcache.spec import GraphSpec
 
 SEED = 20261130
@@ -46,11 +50,7 @@ def inputs(spec: GraphSpec, device: str) -> dict[str, Any]:
     ``input_digest`` tells). A thd (ragged / paged) spec's is the build-time
     check's call (``varlen_check.inputs``), as ``run_varlen`` takes it."""
     if spec.layout == "thd":
-        from graphcache.compilers.varlen_check import inputs as varlen_inputs
-
         return varlen_inputs(spec, device, seed=SEED)
-    from graphcache.compilers.torch_sdpa import random_inputs
-
     return random_inputs(spec, device, seed=SEED)
 
 
@@ -82,11 +82,7 @@ def input_digest(feed: dict[str, Any]) -> str:
 
 def _prepared(spec: GraphSpec, out: Any, feed: dict[str, Any]) -> Any:
     if spec.layout == "thd":
-        from graphcache.compilers.varlen_check import defined_output
-
         return defined_output(spec, out, feed)
-    from graphcache.compilers.torch_sdpa import valid_rows
-
     return valid_rows(spec, out, feed.get("seq_len_q"), feed.get("seq_len_kv")).contiguous()
 
 
@@ -160,8 +156,6 @@ def mismatch(spec: GraphSpec, record: dict[str, Any], out: Any, feed: dict[str, 
     """None when ``out`` (on ``feed``, for which ``comparable`` holds) agrees
     with ``record``; else what differs, in words."""
     import torch
-
-    from graphcache.compilers.torch_sdpa import TOLERANCE, relative_error
 
     kept = _prepared(spec, out, feed)
     l2, total = _reductions(kept)

@@ -1,5 +1,7 @@
 """What every class graph shares: reading the real shape off the tensors,
-checking it against the class, and binding a class graph to one exact shape.
+checking it against the class, and binding a class graph to one exact shape;
+and ``run_views``, the drop-in's (b, h, s, d) path for any graph whose
+``execute`` takes the spec's storage layout.
 
 A class graph (a loaded graph whose spec has ``shapes="class"``) takes real
 tensors of any shape its class covers. ``bind(graph, spec)`` gives a graph for
@@ -73,9 +75,18 @@ class BoundGraph:
         self.run_views: Callable[..., Any] = own_views if callable(own_views) else self._views
 
     def _views(self, q: Any, k: Any, v: Any) -> Any:
-        from graphcache.compilers.torch_sdpa import _run_views
+        return run_views(self, q, k, v)
 
-        return _run_views(self, q, k, v)
+
+def run_views(graph: Any, q: Any, k: Any, v: Any) -> Any:
+    """``run_views`` for a graph whose ``execute`` takes tensors in the spec's
+    storage layout (the torch fallback graph, a bound class graph without a
+    ``run_views`` of its own): the (b, h, s, d) views torch's SDPA takes, in
+    and out."""
+    spec = graph.spec
+    if spec.layout == "bshd":
+        return graph.execute(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
+    return graph.execute(q, k, v)
 
 
 def bind(graph: Any, spec: GraphSpec) -> Any:

@@ -1,6 +1,6 @@
 """The build-time check of a ragged / paged graph: the graph (the blob,
 round-tripped) runs on a call built to catch what such graphs get wrong,
-and must agree with the float32 reference (``varlen_ref``).
+and must agree with the float32 reference (``graphcache.reference.varlen``).
 
 The call has sequences of unequal lengths, including 1 and 0 tokens, and
 lengths off a 64-row tile (63, 65, ...); every token the graph must not
@@ -11,14 +11,22 @@ tokens) gives NaN or a wrong row, so the relative error is inf or large.
 Where the spec asks for stats, the log-sum-exp is compared too (cuDNN
 9.26-9.27 write it wrong for single-token GQA rows with ragged stats,
 cudnn-frontend#1083: this check finds that on the GPU that has it).
-Only rows that see at least one key are compared (``varlen_ref.defined_rows``).
+Only rows that see at least one key are compared (``defined_rows``), by
+``graphcache.reference.measure``'s ``relative_error`` and ``lse_difference``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from graphcache.reference.dense import torch_dtype
+from graphcache.reference.measure import lse_difference, relative_error
+from graphcache.reference.varlen import defined_rows, varlen_reference
 from graphcache.spec import GraphSpec
+from graphcache.spec_ragged import window
+
+# The ragged check's measure, where the class and dense checks found it.
+__all__ = ["defined_output", "errors", "inputs", "lengths_for", "lse_difference"]
 
 SLACK = 8  # NaN tokens past the last sequence
 
@@ -42,8 +50,6 @@ def inputs(spec: GraphSpec, device: str, seed: int = 0) -> dict[str, Any]:
     MB) from a generator seeded with ``seed``; the pages are filled by one
     scatter, the table and lengths made on the host (they are small)."""
     import torch
-
-    from graphcache.compilers.torch_sdpa import torch_dtype
 
     assert spec.heads_kv is not None and spec.head_dim_v is not None
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -99,10 +105,6 @@ def errors(spec: GraphSpec, graph: Any, feed: dict[str, Any]) -> tuple[float, fl
     """``(output error, lse error or None)``: relative errors of the graph's
     ``run_varlen`` on ``feed`` against the reference, over the rows that
     see a key (inf for NaN/inf there)."""
-    from graphcache.compilers.torch_sdpa import relative_error
-    from graphcache.compilers.varlen_ref import defined_rows, varlen_reference
-    from graphcache.spec_ragged import window
-
     assert spec.attn_scale is not None
     out, lse = graph.run_varlen(**feed)
     # The reference runs where the call ran (a GPU at build time): a class's
@@ -120,25 +122,11 @@ def errors(spec: GraphSpec, graph: Any, feed: dict[str, Any]) -> tuple[float, fl
     return error, lse_error
 
 
-def lse_difference(lse: Any, ref: Any) -> float:
-    """The largest ``|lse - ref| / (1 + |ref|)`` (inf for NaN/inf): per
-    element, so that one wrong row among many is not averaged away."""
-    import torch
-
-    if lse.numel() == 0:
-        return 0.0
-    diff = (lse.float() - ref.float()).abs() / (1.0 + ref.float().abs())
-    return float(diff.max()) if bool(torch.isfinite(diff).all()) else float("inf")
-
-
 def defined_output(spec: GraphSpec, out: Any, feed: dict[str, Any]) -> Any:
     """``out`` (T_q, H_q, D_v) with the rows that see no key, and the slack
     past the last sequence, set to zero whatever they held (NaN included):
     what the canary summarises of a thd graph's output."""
     import torch
-
-    from graphcache.compilers.varlen_ref import defined_rows
-    from graphcache.spec_ragged import window
 
     rows = defined_rows(feed["cu_seq_q"], feed["cu_seq_k"], window(spec), feed["seqused_k"], out.shape[0])
     keep = rows.to(out.device).view(-1, 1, 1)

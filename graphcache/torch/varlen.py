@@ -26,8 +26,8 @@ import torch
 import torch.nn.attention.varlen as _torch_varlen  # registers torch_attn::_varlen_attn
 
 from graphcache.classes import declared
-from graphcache.compilers.varlen_ref import varlen_reference
 from graphcache.errors import UnsupportedCall
+from graphcache.reference.varlen import varlen_reference
 from graphcache.spec import GraphSpec
 from graphcache.torch.runtime import RUNTIME, Plan
 from graphcache.torch.varlen_derive import effective_window, varlen_spec

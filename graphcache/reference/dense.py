@@ -1,0 +1,208 @@
+"""The float32 reference of a dense (bshd / bhsd) spec: SDPA by plain
+matrix products, with one definition of every mask, which the torch fallback
+graph (``compilers/torch_sdpa.py``) shares, so a causal spec can never come
+back unmasked from either; the query rows a comparison looks at; the seeded
+random inputs checks and benchmarks draw.
+
+torch is imported inside each function: importing this module needs neither
+torch nor cudnn, and it imports no compiler.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from graphcache.reference.measure import lse_difference, relative_error
+from graphcache.spec import GraphSpec
+
+
+def torch_dtype(spec: GraphSpec) -> Any:
+    import torch
+
+    return {"float16": torch.float16, "bfloat16": torch.bfloat16}[spec.dtype]
+
+
+def allowed_mask(
+    spec: GraphSpec, seq_len_q: int | None = None, seq_len_kv: int | None = None, device: Any = None
+) -> Any:
+    """Boolean (seq_q, seq_kv) matrix, True where query i may attend key j.
+
+    ``seq_len_q``/``seq_len_kv`` are the valid lengths of one padded sequence;
+    keys at or past ``seq_len_kv`` are never attended, and bottom-right
+    alignment follows the valid lengths.
+    """
+    import torch
+
+    assert spec.seq_kv is not None
+    len_q = spec.seq_q if seq_len_q is None else int(seq_len_q)
+    len_kv = spec.seq_kv if seq_len_kv is None else int(seq_len_kv)
+    i = torch.arange(spec.seq_q, device=device).unsqueeze(1)
+    j = torch.arange(spec.seq_kv, device=device).unsqueeze(0)
+    allowed = j < len_kv
+    if spec.mask == "causal":
+        allowed = allowed & (j <= i)
+    elif spec.mask == "causal_bottom_right":
+        allowed = allowed & (j <= i + (len_kv - len_q))
+    elif spec.mask == "sliding_window":
+        assert spec.window_left is not None and spec.window_right is not None
+        allowed = allowed & (j >= i - spec.window_left) & (j <= i + spec.window_right)
+    return allowed
+
+
+def to_bhsd(spec: GraphSpec, tensor: Any) -> Any:
+    """A (b, h, s, d) view of a q/k/v/o tensor stored in the spec's layout."""
+    return tensor.transpose(1, 2) if spec.layout == "bshd" else tensor
+
+
+def from_bhsd(spec: GraphSpec, tensor: Any) -> Any:
+    return tensor.transpose(1, 2).contiguous() if spec.layout == "bshd" else tensor.contiguous()
+
+
+# Bytes of float32 score matrices the reference holds at once. A prefill
+# spec's whole score tensor (batch x heads x seq_q x seq_kv) would not fit in
+# any GPU (8 x 32 x 8192 x 8192 x 4 B = 68 GB), so it is computed per batch
+# element and per group of heads.
+REFERENCE_BUDGET = 1 << 30
+
+
+def reference(
+    spec: GraphSpec,
+    q: Any,
+    k: Any,
+    v: Any,
+    seq_len_q: Any = None,
+    seq_len_kv: Any = None,
+    *,
+    budget: int = REFERENCE_BUDGET,
+) -> tuple[Any, Any]:
+    """SDPA computed in float32 by plain matrix products (torch's math path),
+    a batch element and a group of heads at a time (at most ``budget``
+    bytes of scores, and at least one head, at once).
+
+    Returns ``(out, stats)``: out in the spec's storage layout (float32), and
+    the log-sum-exp per query row (b, h, s, 1). Rows with no allowed key and
+    padded query rows are zero.
+    """
+    import torch
+
+    assert spec.attn_scale is not None and spec.seq_kv is not None
+    qb, kb, vb = (to_bhsd(spec, t) for t in (q, k, v))
+    group = spec.heads_q // (spec.heads_kv or spec.heads_q)
+    # scores, probabilities and the softmax's temporaries: about three matrices per head
+    per_head = 3 * 4 * spec.seq_q * spec.seq_kv
+    chunk = max(1, budget // per_head)
+    out = torch.zeros((spec.batch, spec.heads_q, spec.seq_q, vb.shape[-1]), dtype=torch.float32, device=q.device)
+    stats = torch.zeros((spec.batch, spec.heads_q, spec.seq_q, 1), dtype=torch.float32, device=q.device)
+    for b in range(spec.batch):
+        lq = None if seq_len_q is None else int(seq_len_q.reshape(-1)[b])
+        lkv = None if seq_len_kv is None else int(seq_len_kv.reshape(-1)[b])
+        allowed = allowed_mask(spec, lq, lkv, device=q.device)  # (sq, skv)
+        for h0 in range(0, spec.heads_q, chunk):
+            heads = torch.arange(h0, min(spec.heads_q, h0 + chunk), device=q.device)
+            kv = heads // group  # the key/value head each query head reads (GQA)
+            qf = qb[b].index_select(0, heads).float()
+            kf = kb[b].index_select(0, kv).float()
+            vf = vb[b].index_select(0, kv).float()
+            scores = torch.matmul(qf, kf.transpose(-1, -2)) * spec.attn_scale
+            scores.masked_fill_(~allowed, float("-inf"))
+            stats[b, heads] = torch.logsumexp(scores, dim=-1, keepdim=True)
+            probs = torch.softmax(scores, dim=-1).nan_to_num_(0.0)
+            del scores
+            out[b, heads] = torch.matmul(probs, vf)
+            del probs
+        if lq is not None:
+            out[b, :, lq:] = 0.0
+            stats[b, :, lq:] = 0.0
+    return from_bhsd(spec, out), stats
+
+
+def compared_rows(spec: GraphSpec, seq_len_q: Any = None, seq_len_kv: Any = None, device: Any = None) -> Any:
+    """Boolean (batch, seq_q): the query rows whose output is defined.
+
+    A row is left out when it is padding (at or past its sequence's valid
+    length) or when the mask leaves it no key at all (bottom-right alignment
+    with more queries than keys, a window past the valid keys): cuDNN
+    promises nothing there (NaN included), the reference writes zeros.
+    """
+    import torch
+
+    rows = []
+    shared = None
+    for b in range(spec.batch):
+        lq = None if seq_len_q is None else int(seq_len_q.reshape(-1)[b])
+        lkv = None if seq_len_kv is None else int(seq_len_kv.reshape(-1)[b])
+        if lq is None and lkv is None and shared is not None:
+            rows.append(shared)
+            continue
+        keep = allowed_mask(spec, lq, lkv, device=device).any(dim=1)
+        if lq is not None:
+            keep = keep & (torch.arange(spec.seq_q, device=device) < lq)
+        if lq is None and lkv is None:
+            shared = keep
+        rows.append(keep)
+    return torch.stack(rows)
+
+
+def valid_rows(spec: GraphSpec, tensor: Any, seq_len_q: Any = None, seq_len_kv: Any = None) -> Any:
+    """``tensor`` (an output in the spec's layout) with the rows
+    ``compared_rows`` leaves out set to zero, whatever they held (NaN
+    included), so that a comparison looks only at defined rows, on both sides.
+    """
+    import torch
+
+    keep = compared_rows(spec, seq_len_q, seq_len_kv, device=tensor.device)  # (b, s)
+    if bool(keep.all()):
+        return tensor
+    keep = keep.view(spec.batch, 1, spec.seq_q, 1) if spec.layout == "bhsd" else keep.view(spec.batch, spec.seq_q, 1, 1)
+    return torch.where(keep, tensor, torch.zeros((), dtype=tensor.dtype, device=tensor.device))
+
+
+def reference_error(spec: GraphSpec, out: Any, inputs: dict[str, Any]) -> float:
+    """Relative error of ``out`` against the float32 reference on ``inputs``
+    (from ``random_inputs``), over the defined query rows only (``compared_rows``)."""
+    return reference_errors(spec, out, inputs)[0]
+
+
+def reference_errors(
+    spec: GraphSpec, out: Any, inputs: dict[str, Any], stats: Any = None
+) -> tuple[float, float | None]:
+    """``(output error, stats error or None)`` against one reference run:
+    ``reference_error``, and with ``stats`` (b, h, s, 1) the largest
+    per-element log-sum-exp difference over the same rows
+    (``measure.lse_difference``, the ragged check's measure; inf for NaN)."""
+    ref, ref_stats = reference(spec, **inputs)
+    lengths = inputs.get("seq_len_q"), inputs.get("seq_len_kv")
+    error = relative_error(valid_rows(spec, out, *lengths), valid_rows(spec, ref, *lengths))
+    if stats is None:
+        return error, None
+    keep = compared_rows(spec, *lengths, device=stats.device).view(spec.batch, 1, spec.seq_q, 1)
+    keep = keep.expand(spec.batch, spec.heads_q, spec.seq_q, 1)  # rows with no key hold -inf on both sides
+    return error, lse_difference(stats[keep], ref_stats.to(stats.device)[keep])
+
+
+def random_inputs(spec: GraphSpec, device: str, seed: int = 0) -> dict[str, Any]:
+    """Fresh random q, k, v (never zeros) and, with padding, valid lengths."""
+    import torch
+
+    gen = torch.Generator(device=device).manual_seed(seed)
+    dtype = torch_dtype(spec)
+    inputs = {
+        role: torch.randn(spec.storage_shape(role), generator=gen, device=device, dtype=torch.float32)
+        .mul_(0.5)
+        .to(dtype)
+        for role in ("q", "k", "v")
+    }
+    if spec.padding:
+        assert spec.seq_kv is not None
+        for role, full in (("seq_len_q", spec.seq_q), ("seq_len_kv", spec.seq_kv)):
+            # valid lengths between half and all of the padded length
+            inputs[role] = torch.randint(
+                max(1, full // 2), full + 1, (spec.batch, 1, 1, 1), generator=gen, device=device, dtype=torch.int32
+            )
+    return inputs
+
+
+def score_matrix_bytes(spec: GraphSpec) -> int:
+    """Bytes of the float32 score matrix torch's math path must hold."""
+    assert spec.seq_kv is not None
+    return spec.batch * spec.heads_q * spec.seq_q * spec.seq_kv * 4
