@@ -22,8 +22,8 @@ MAY_IMPORT = {
     "failures": set(),
     "build": {"dialects", "failures", "graph", "releases"},
     "serialize": {"failures", "releases"},
-    "override": {"releases", "loaded"},  # loaded for its type only, under TYPE_CHECKING
-    "loaded": {"compiler", "override", "ragged"},  # compiler for its type only, under TYPE_CHECKING
+    "override": {"releases"},  # the loaded plan's type is a Protocol of its own (override.ClassGraph)
+    "loaded": {"override", "ragged"},  # the compiler's type too (override.Loader)
     "compiler": {"build", "loaded", "override", "ragged", "releases", "serialize"},
 }
 

@@ -2,7 +2,9 @@
 reference check, and loading stored plans.
 
 May import: every other module of the package, graphcache.artifact/spec/
-target/uids/errors/settings, canary and torch_sdpa (lazily, they need torch).
+target/uids/errors/settings, canary, varlen_check and graphcache.reference
+(the float32 reference and the measures; none of them imports torch at the
+top, nor this package).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import time
 from typing import Any
 
 from graphcache.artifact import Artifact
+from graphcache.compilers import canary, varlen_check
 from graphcache.compilers.cudnn import override, ragged
 from graphcache.compilers.cudnn.build import build_graph
 from graphcache.compilers.cudnn.loaded import CudnnGraph, _output
@@ -38,6 +41,8 @@ from graphcache.errors import (
     UnsupportedSpec,
 )
 from graphcache.recipe import RECIPE_VERSION
+from graphcache.reference.dense import reference_errors
+from graphcache.reference.measure import TOLERANCE, within_tolerance
 from graphcache.spec import GraphSpec
 from graphcache.target import Target, runtime_info
 from graphcache.uids import UidMap
@@ -207,9 +212,6 @@ class CudnnCompiler:
         return self._checked(artifact, loaded)
 
     def _checked(self, artifact: Artifact, loaded: CudnnGraph) -> Artifact:
-        from graphcache.compilers import canary
-        from graphcache.compilers.torch_sdpa import reference_errors
-
         spec = artifact.spec
         if spec.layout == "thd":
             return _checked_ragged(artifact, loaded)
@@ -268,8 +270,6 @@ class CudnnCompiler:
         return CudnnGraph(self, artifact, graph)
 
     def _check_canary(self, loaded: CudnnGraph) -> None:
-        from graphcache.compilers import canary
-
         artifact = loaded.artifact
         if artifact.canary is None:
             return  # dropout specs, and builds without a reference check, record none
@@ -295,8 +295,6 @@ def _checked_ragged(artifact: Artifact, loaded: CudnnGraph) -> Artifact:
     NaN-poisoned slack, against the float32 reference, the log-sum-exp too
     where it is asked for; the same call's output becomes the canary every
     load re-checks (``canary.inputs`` of a thd spec is this call)."""
-    from graphcache.compilers import canary, varlen_check
-
     spec = artifact.spec
     feed = canary.inputs(spec, str(loaded.device))
     first = loaded.run_varlen(**feed)[0].clone()
@@ -318,8 +316,6 @@ def _judge(artifact: Artifact, spec: GraphSpec, error: float, lse_error: float |
     right and the log-sum-exp is not: cuDNN's own defect on this target
     (cudnn-frontend#1083: 9.26-9.27 write it only for each kv group's first
     head at s_q 1 with GQA), the same on every retry."""
-    from graphcache.compilers.torch_sdpa import TOLERANCE, within_tolerance
-
     engine = artifact.runtime.get("engine")
     tolerance = TOLERANCE[spec.dtype]
     if not within_tolerance(spec, error):

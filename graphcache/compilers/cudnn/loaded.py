@@ -1,19 +1,21 @@
 """A loaded (deserialized) plan: its per-stream workspaces and execution.
 
-May import: graphcache.artifact/spec/errors, torch_sdpa (input checks),
-ragged (a thd call's variant pack); the compiler only for its type.
+May import: graphcache.artifact/spec/errors, graphcache.reference (input
+checks), override (class graphs), ragged (a thd call's variant pack). Not
+``compiler``, which imports this module: the compiler is typed by what a plan
+uses of it (``override.Loader``).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from graphcache.artifact import Artifact
+from graphcache.compilers.cudnn.override import ClassRun, Loader, execute_class
+from graphcache.compilers.cudnn.ragged import variant_pack
 from graphcache.errors import ExecutionError
+from graphcache.reference.checks import check_inputs
 from graphcache.spec import GraphSpec
-
-if TYPE_CHECKING:
-    from graphcache.compilers.cudnn.compiler import CudnnCompiler
 
 
 def _output(result: Any, spec: GraphSpec) -> Any:
@@ -31,7 +33,7 @@ class CudnnGraph:
 
     backend = "cudnn"
 
-    def __init__(self, compiler: CudnnCompiler, artifact: Artifact, graph: Any) -> None:
+    def __init__(self, compiler: Loader, artifact: Artifact, graph: Any) -> None:
         import torch
 
         self._compiler = compiler
@@ -76,12 +78,8 @@ class CudnnGraph:
         this graph's GPU."""
         import torch
 
-        from graphcache.compilers.torch_sdpa import check_inputs
-
         spec = self.spec
         if spec.is_class:  # real tensors of any shape the class covers
-            from graphcache.compilers.cudnn.override import execute_class
-
             return execute_class(self, q, k, v, out, seq_len_q, seq_len_kv)
         tensors = {"q": q, "k": k, "v": v, "o": out, "seq_len_q": seq_len_q, "seq_len_kv": seq_len_kv}
         check_inputs(spec, tensors, device_type="cuda")
@@ -120,8 +118,6 @@ class CudnnGraph:
         the spec; ``varlen_args.check_call`` is the checked form."""
         import torch
 
-        from graphcache.compilers.cudnn.ragged import variant_pack
-
         with torch.cuda.device(self.device), self._compiler._lock:
             pack, out, stats = variant_pack(self.spec, self.uids, q, k, v, cu_seq_q, cu_seq_k, seqused_k, block_table)
             self._graph.execute(pack, self.workspace, handle=self._compiler.handle())
@@ -133,8 +129,6 @@ class CudnnGraph:
         """This class graph at one exact spec of its class, its override
         lists made once (``override.ClassRun``). Raises ExecutionError for a
         spec the class does not cover."""
-        from graphcache.compilers.cudnn.override import ClassRun
-
         return ClassRun(self, spec)
 
     def run_views(self, q: Any, k: Any, v: Any) -> Any:

@@ -12,22 +12,69 @@ with its lists and seq-len tensors made once (what the drop-in memo holds).
 ``check_class`` is the build-time guard: nobody has published whether a
 deserialized plan honours overrides, or whether SM90's engines do.
 
-May import: releases, graphcache.spec/uids/errors (torch and torch_sdpa lazily).
+May import: releases, graphcache.reference (the float32 reference, the
+measures), graphcache.compilers.classgraph, graphcache.spec/uids/errors;
+torch lazily. Not ``loaded``: it imports this module (class graphs' execute
+and bind), so the loaded plan's type is stated here (``ClassGraph``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from graphcache.compilers.classgraph import check_covered, real_spec
 from graphcache.compilers.cudnn.releases import OVERRIDE_WORKSPACE, SHAPE_OVERRIDE, available, missing
 from graphcache.errors import ExecutionError, UnsupportedSpec
+from graphcache.reference.dense import random_inputs, reference_errors, to_bhsd, torch_dtype
+from graphcache.reference.measure import TOLERANCE, within_tolerance
 from graphcache.spec import GraphSpec
 from graphcache.uids import UidMap
 
-if TYPE_CHECKING:
-    from graphcache.compilers.cudnn.loaded import CudnnGraph
+
+class Loader(Protocol):
+    """What a loaded plan uses of the compiler that loaded it
+    (``CudnnCompiler`` is one): its GPU, the lock that makes work on its
+    handle take turns, and the handle, bound to the current stream."""
+
+    @property
+    def device(self) -> int: ...
+
+    @property
+    def _lock(self) -> Any: ...
+
+    def handle(self) -> Any: ...
+
+
+class ClassGraph(Protocol):
+    """What a class graph's execution reads of the loaded plan
+    (``loaded.CudnnGraph`` is one)."""
+
+    # fmt: off
+    @property
+    def spec(self) -> GraphSpec: ...
+    @property
+    def uids(self) -> UidMap: ...
+    @property
+    def device(self) -> Any: ...
+    @property
+    def artifact(self) -> Any: ...
+    @property
+    def workspace_size(self) -> int: ...
+    @property
+    def workspace(self) -> Any: ...
+    @property
+    def _workspaces(self) -> dict[int, Any]: ...
+    @property
+    def _graph(self) -> Any: ...
+    @property
+    def _compiler(self) -> Loader: ...
+    def execute(
+        self, q: Any, k: Any, v: Any, *, out: Any = None, seq_len_q: Any = None, seq_len_kv: Any = None
+    ) -> Any: ...
+    # fmt: on
+
 
 # Every tensor whose extent involves b or s, in the order they are passed.
 OVERRIDDEN = ("q", "k", "v", "o", "stats", "seq_len_q", "seq_len_kv")
@@ -75,7 +122,7 @@ def lists_of(uids: UidMap, views: dict[str, Any]) -> dict[str, list[Any]]:
     }
 
 
-def workspace_size(graph: CudnnGraph, lists: dict[str, list[Any]]) -> int:
+def workspace_size(graph: ClassGraph, lists: dict[str, list[Any]]) -> int:
     """The workspace a real shape needs: the override-aware query where
     cuDNN >= 9.23 and frontend >= 1.24 have it, else the declared shape's."""
     target = graph.artifact.target
@@ -85,7 +132,7 @@ def workspace_size(graph: CudnnGraph, lists: dict[str, list[Any]]) -> int:
     return max(queried, graph.workspace_size)
 
 
-def workspace(graph: CudnnGraph, size: int) -> Any:
+def workspace(graph: ClassGraph, size: int) -> Any:
     """The current stream's workspace, grown to ``size`` bytes if it is smaller."""
     import torch
 
@@ -117,7 +164,7 @@ def _lengths(spec: GraphSpec, device: Any) -> tuple[Any, Any]:
 
 
 def execute_class(
-    graph: CudnnGraph, q: Any, k: Any, v: Any, out: Any, seq_len_q: Any, seq_len_kv: Any, stats: Any = None
+    graph: ClassGraph, q: Any, k: Any, v: Any, out: Any, seq_len_q: Any, seq_len_kv: Any, stats: Any = None
 ) -> Any:
     """``CudnnGraph.execute`` of a class graph: real tensors of any shape the
     class covers, in its layout, any strides with a packed last dim (a view
@@ -125,9 +172,6 @@ def execute_class(
     (b, h, s, 1) float32 buffer the log-sum-exp is written to (the check's
     NaN-poisoned view). Raises ExecutionError otherwise."""
     import torch
-
-    from graphcache.compilers.classgraph import real_spec
-    from graphcache.compilers.torch_sdpa import to_bhsd, torch_dtype
 
     spec = real_spec(graph.spec, q, k)
     given = {"q": q, "k": k, "v": v, "o": out}
@@ -161,7 +205,7 @@ def execute_class(
     return (out, stats) if spec.generate_stats else out
 
 
-def _run(graph: CudnnGraph, pack: dict[int, Any], lists: dict[str, list[Any]], size: int) -> None:
+def _run(graph: ClassGraph, pack: dict[int, Any], lists: dict[str, list[Any]], size: int) -> None:
     """One execute with the override keywords (the lock held)."""
     graph._graph.execute(pack, workspace(graph, size), handle=graph._compiler.handle(), **lists)
 
@@ -172,7 +216,7 @@ def _run(graph: CudnnGraph, pack: dict[int, Any], lists: dict[str, list[Any]], s
 _TABLES: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 
-def bound_lengths(graph: CudnnGraph, spec: GraphSpec) -> tuple[Any, Any]:
+def bound_lengths(graph: ClassGraph, spec: GraphSpec) -> tuple[Any, Any]:
     """The (batch, 1, 1, 1) int32 seq-len tensors of the real ``spec``: views
     into the class graph's length table (made once)."""
     import torch
@@ -194,9 +238,7 @@ class ClassRun:
 
     backend = "cudnn"
 
-    def __init__(self, graph: CudnnGraph, spec: GraphSpec) -> None:
-        from graphcache.compilers.classgraph import check_covered
-
+    def __init__(self, graph: ClassGraph, spec: GraphSpec) -> None:
         check_covered(graph.spec, spec)
         self.graph = graph
         self.spec = spec
@@ -277,15 +319,13 @@ def _poisoned(real: Any, pad: tuple[int, ...]) -> Any:
     return view
 
 
-def check_class(graph: CudnnGraph) -> float:
+def check_class(graph: ClassGraph) -> float:
     """Run the (round-tripped) class graph at every ``check_shapes`` shape,
     each tensor a view into a NaN-filled buffer, against the float32
     reference, the log-sum-exp too where the spec asks for stats. Returns
     the largest output error; raises UnsupportedSpec naming the shapes whose
     output, or else whose stats, disagreed (recorded for this target: callers
     use exact specs there)."""
-    from graphcache.compilers.torch_sdpa import TOLERANCE, random_inputs, reference_errors, within_tolerance
-
     klass = graph.spec
     pad = (1, 64, 0, 0) if klass.layout == "bshd" else (1, 0, 64, 0)
     worst, failed, wrong_stats = 0.0, [], []
