@@ -126,3 +126,17 @@ def test_no_module_imports_itself_round_a_circle():
     edges = graph()
     found = [f"{', '.join(group)} (one loop: {' -> '.join(loop_through(group, edges))})" for group in circles(edges)]
     assert not found, "import circles (move what both sides need to the lower module):\n" + "\n".join(found)
+
+
+def test_the_reference_imports_no_compiler():
+    # The yardstick never depends on what it measures (docs/architecture.md,
+    # "The reference"): nothing graphcache.reference reaches, directly or
+    # through another module, is a compiler.
+    edges = graph()
+    reached = {m for m in edges if m == "graphcache.reference" or m.startswith("graphcache.reference.")}
+    todo = list(reached)
+    while todo:
+        for nxt in edges[todo.pop()] - reached:
+            reached.add(nxt)
+            todo.append(nxt)
+    assert sorted(m for m in reached if m.startswith("graphcache.compilers")) == []
