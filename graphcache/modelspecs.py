@@ -29,6 +29,7 @@ of each family through ``graphcache.torch.record``):
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 
 from graphcache.classes import MIN_LENGTH
@@ -169,7 +170,11 @@ class _Maker:
             self.out.add(self._thd(a, batch, q, kv, {**band, "window_right": right}), user)
 
     def _fields(self, a: Attention) -> dict[str, object]:
-        return dict(heads_q=a.heads_q, heads_kv=a.heads_kv, head_dim=a.head_dim, dtype=self.dtype, attn_scale=a.scale)
+        # A scale of 1/sqrt(head_dim), however computed (transformers writes
+        # head_dim**-0.5), is the spec's default, as graphcache.torch.derive maps it.
+        default = math.isclose(a.scale, 1.0 / math.sqrt(a.head_dim), rel_tol=1e-12, abs_tol=0.0)
+        scale = None if default else a.scale
+        return dict(heads_q=a.heads_q, heads_kv=a.heads_kv, head_dim=a.head_dim, dtype=self.dtype, attn_scale=scale)
 
     def _dense(self, a: Attention, b: int, q: int, kv: int, layout: str, mask: str, **extra: object) -> GraphSpec:
         fields = self._fields(a)
