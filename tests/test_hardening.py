@@ -98,7 +98,9 @@ def test_a_2_gib_body_without_a_token_gets_401_at_once_and_no_memory(guarded, pa
     before = rss(proc.pid)
     length = f"content-length: {2 * GiB}" if framing == "length" else "transfer-encoding: chunked"
     with socket.create_connection(("127.0.0.1", port_of(url)), timeout=10) as sock:
-        sock.sendall(f"{method} {path} HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\n{length}\r\n\r\n".encode())
+        sock.sendall(
+            f"{method} {path} HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\n{length}\r\n\r\n".encode()
+        )
         piece = b"[" * 65536
         sent = 0
         with contextlib.suppress(OSError):  # the server closes once it has answered
@@ -336,3 +338,41 @@ def test_a_client_with_the_wrong_key_and_a_write_token_leaves_the_entry_on_the_s
         assert worker.stats()["corrupt"] == 1
         assert httpx.head(f"{srv.url}/v1/artifacts/{art.key}").status_code == 200  # still on the server
         assert httpx.get(f"{srv.url}/v1/artifacts/{art.key}").content == art.encode()
+
+
+# -- item 3: a healthy Redis is never reported down under load ----------------------------------------
+
+
+def test_200_concurrent_readers_over_redis_on_one_worker_get_0_errors(private_redis):
+    redis_srv = private_redis()
+    arts = [make_artifact(spec(batch=b), size=64 * 1024) for b in range(1, 9)]
+    with serve({"GRAPHCACHE_WRITE_TOKENS": WRITE}, "--store", redis_srv.url, "--timeout-keep-alive", "60") as (url, _):
+        for art in arts:
+            put = httpx.put(
+                f"{url}/v1/artifacts/{art.key}", content=art.encode(), headers={"authorization": f"Bearer {WRITE}"}
+            )
+            assert put.status_code == 201, put.text
+        statuses: dict[int, int] = {}
+        errors: list[str] = []
+
+        async def reader(client: httpx.AsyncClient, n: int) -> None:
+            for i in range(10):
+                art = arts[(n + i) % len(arts)]
+                try:
+                    got = await client.get(f"/v1/artifacts/{art.key}")
+                except httpx.TransportError as exc:
+                    errors.append(repr(exc))
+                    continue
+                statuses[got.status_code] = statuses.get(got.status_code, 0) + 1
+                if got.status_code != 200:
+                    errors.append(got.text[:200])
+                elif got.content != art.encode():
+                    errors.append("wrong bytes")
+
+        async def main() -> None:
+            limits = httpx.Limits(max_connections=200, max_keepalive_connections=200)
+            async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
+                await asyncio.gather(*(reader(client, n) for n in range(200)))
+
+        asyncio.run(main())
+    assert statuses == {200: 2000} and not errors, (statuses, errors[:5])
