@@ -12,6 +12,7 @@ from typing import Any
 
 from graphcache.cache import GraphCache
 from graphcache.classes import check_policy, class_of, policy_from_env
+from graphcache.classindex import ClassIndex, check_slack, slack_from_env
 from graphcache.errors import CorruptArtifact, GraphCacheError, SpecError, TargetError, UnsupportedSpec
 from graphcache.key import key_for
 from graphcache.spec import GraphSpec
@@ -210,6 +211,9 @@ class Explanation:
     klass: GraphSpec | None = None  # the class the spec falls in under the policy (None: no class)
     class_key: str = ""
     class_present: bool = False  # that class's graph is stored (not a negative entry): it serves the spec
+    serving: GraphSpec | None = None  # the stored class that would serve (its own class, or a larger one)
+    serving_key: str = ""
+    not_serving: list[str] = field(default_factory=list)  # why each other stored class of its family does not
 
 
 def explain(
@@ -220,11 +224,15 @@ def explain(
     *,
     top: int = 5,
     shape_classes: str | None = None,
+    class_slack: float | None = None,
 ) -> Explanation:
     """Why ``spec`` misses on ``target``: the class it falls in under the
     policy (``shape_classes``, default GRAPHCACHE_SHAPE_CLASSES) and whether
-    that is stored, else the nearest stored entries and exactly which spec
-    or target fields differ.
+    that is stored; where it is not, the stored class that would serve
+    instead (``GraphCache.serving_class``: the smallest covering it within
+    ``class_slack``, default GRAPHCACHE_CLASS_SLACK) and why each other
+    stored class of its family does not; else the nearest stored entries and
+    exactly which spec or target fields differ.
 
     ``headers`` are stored headers to compare with (default: read every
     entry of ``store``).
@@ -235,12 +243,25 @@ def explain(
     class_key = key_for(klass, target) if klass is not None else ""
     served = klass is not None and _serves(store, class_key)
     if served or store.exists(key):
-        return Explanation(key, store.exists(key), [], 0, klass, class_key, served)
+        return Explanation(
+            key, store.exists(key), [], 0, klass, class_key, served, klass if served else None, class_key
+        )
+    listed = list(headers if headers is not None else _headers(store))
+    not_serving: list[str] = []
+    if klass is not None:
+        index = ClassIndex()
+        index.fill(h for h in listed if h.get("target") == target.to_dict())
+        slack = slack_from_env() if class_slack is None else check_slack(class_slack)
+        chosen, not_serving = index.why(spec, klass, target, slack)
+        if chosen != klass:
+            return Explanation(
+                key, False, [], len(listed), klass, class_key, False, chosen, key_for(chosen, target), not_serving
+            )
     wanted_spec = _all_fields(spec)
     wanted_target = target.to_dict()
     candidates = []
     scanned = 0
-    for header in headers if headers is not None else _headers(store):
+    for header in listed:
         scanned += 1
         try:
             stored = GraphSpec.from_dict(header["spec"])
@@ -261,7 +282,7 @@ def explain(
             diffs.append("uids: the stored entry uses another tensor UID map")
         candidates.append(Candidate(header.get("key", "?"), str(stored_target), stored, diffs))
     candidates.sort(key=lambda c: (len(c.differences), c.key))
-    return Explanation(key, False, candidates[:top], scanned, klass, class_key)
+    return Explanation(key, False, candidates[:top], scanned, klass, class_key, not_serving=not_serving)
 
 
 def _all_fields(spec: GraphSpec) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from graphcache.classes import class_of
 from graphcache.classindex import ClassIndex, work
 from graphcache.settings import Settings, SettingsError
 from graphcache.stores import DiskStore
+from tests.clirun import cli
 from tests.fakes import TARGET, FakeCompiler, spec
 
 
@@ -154,3 +155,39 @@ def test_the_class_slack_is_read_from_the_environment(tmp_path, monkeypatch):
     assert GraphCache.from_env(FakeCompiler(), settings=settings).class_slack == 8.0
     monkeypatch.delenv("GRAPHCACHE_CLASS_SLACK")
     assert GraphCache(DiskStore(tmp_path), FakeCompiler()).class_slack == 4.0
+
+
+def test_explain_names_the_larger_class_that_serves_and_why_the_others_do_not(tmp_path):
+    from graphcache import ops
+
+    cache, _ = warmed(tmp_path, prefill(100), prefill(1000), prefill(3000), prefill(100, batch=2))
+    store = cache.store
+    result = ops.explain(prefill(300), TARGET, store, shape_classes="pow2", class_slack=4)
+    assert result.klass is not None and result.klass.seq_q == 512 and not result.class_present
+    assert result.serving == class_of(prefill(1000), "pow2")
+    assert result.not_serving == [
+        "b1 q512 kv512 (the call's own class): not stored",
+        "b1 q128 kv128: does not cover the call (seq_q 128 < 300, seq_kv 128 < 300)",
+        "b2 q128 kv128: does not cover the call (seq_q 128 < 300, seq_kv 128 < 300)",
+        "b1 q4096 kv4096: declares 64x the work of the call's own class, over the slack 4 (GRAPHCACHE_CLASS_SLACK)",
+    ]
+    strict = ops.explain(prefill(300), TARGET, store, shape_classes="pow2", class_slack=1)
+    assert strict.serving is None and "over the slack 1" in strict.not_serving[3]
+    run = cli(
+        "explain",
+        str(_spec_file(tmp_path, prefill(300))),
+        "--target",
+        str(TARGET),
+        env={"GRAPHCACHE_DIR": str(tmp_path / "store")},
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "is served by the smallest larger stored class b1 h8 s1024 d64 fp16 bshd causal class" in run.stdout
+    assert "b1 q4096 kv4096: declares 64x the work" in run.stdout
+
+
+def _spec_file(tmp_path, s):  # noqa: ANN001, ANN202
+    import json
+
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(s.to_dict()))
+    return path

@@ -278,7 +278,9 @@ def _explain(ctx: Context, spec: Any, tgt: Any, store: Any) -> bool:
     """Print why ``spec`` is present or missing on ``tgt``; True when present."""
     from graphcache import ops
 
-    result = ops.explain(spec, tgt, store, shape_classes=ctx.settings.shape_classes)
+    result = ops.explain(
+        spec, tgt, store, shape_classes=ctx.settings.shape_classes, class_slack=ctx.settings.class_slack
+    )
     if result.klass is not None:
         state = "stored" if result.class_present else "not stored (or refused on this target)"
         console.print(
@@ -287,6 +289,16 @@ def _explain(ctx: Context, spec: Any, tgt: Any, store: Any) -> bool:
         )
     if result.class_present:
         console.print(f"present: {spec.summary()} on {tgt} is served by its class's graph {result.class_key}")
+        return True
+    if result.serving is not None:
+        console.print(
+            f"present: {spec.summary()} on {tgt} is served by the smallest larger stored class "
+            f"{result.serving.summary()} (key {result.serving_key[:12]})",
+            highlight=False,
+        )
+    for why in result.not_serving:
+        console.print(f"  - {why}", highlight=False)
+    if result.serving is not None:
         return True
     if result.present:
         console.print(f"present: {spec.summary()} on {tgt} is stored as {result.key}")
