@@ -1,0 +1,216 @@
+"""Small Hugging Face models built from configs (random weights, no
+download) and the measure issue 25 asks for: record a model's generate() on
+prompts of 37, 200 and 513 tokens (and one padded batch of 4 and one 2-beam
+search), warm the manifest into a store, then serve other prompt lengths,
+a padded batch of 4 of other lengths, and 2-beam search: the fraction of
+attention calls served by cached graphs, and whether the greedy tokens equal
+unpatched torch's (attn_implementation="sdpa", no graphcache).
+
+Shared by tests/test_hf_models.py and scripts/bench_hf_models.py. The
+compiler is a CPU one that executes (the caller's), so hits run real math.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+
+import graphcache.hf
+import graphcache.torch as gt
+from graphcache import GraphCache, manifest, ops
+from graphcache.errors import ManifestError
+from graphcache.stores import DiskStore
+
+VOCAB = 128
+# Below this top-2 logit gap (bf16 logits of a random model) a greedy choice
+# is a tie that a last-bit difference in attention may flip either way.
+TIE = 0.05
+
+
+@dataclass(frozen=True)
+class Lengths:
+    """Prompt lengths to record on and to serve."""
+
+    record: tuple[int, ...] = (37, 200, 513)
+    record_batch: tuple[int, ...] = (37, 200, 513, 100)
+    serve: tuple[int, ...] = (50, 300, 700)
+    serve_batch: tuple[int, ...] = (700, 300, 90, 160)
+    beam: int = 120
+
+
+# Small enough for the test suite: the same classes (<= 128, 256) recorded and served.
+SMALL = Lengths(record=(9, 150), record_batch=(9, 150, 20, 40), serve=(20, 140), serve_batch=(130, 60, 17, 33), beam=30)
+
+
+def config(name: str) -> Any:
+    """2 layers, hidden 256, head dim 32: Llama-style GQA (8/2 heads),
+    Mistral with a 64-token sliding window, BART, T5 (relative position bias)."""
+    common: dict[str, Any] = dict(vocab_size=VOCAB, pad_token_id=0, eos_token_id=VOCAB - 1, bos_token_id=1)
+    if name in ("llama", "mistral"):
+        cls = transformers.LlamaConfig if name == "llama" else transformers.MistralConfig
+        extra = {"sliding_window": 64} if name == "mistral" else {}
+        return cls(
+            hidden_size=256,
+            intermediate_size=512,
+            num_hidden_layers=2,
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            max_position_embeddings=2048,
+            **extra,
+            **common,
+        )
+    if name == "bart":
+        return transformers.BartConfig(
+            d_model=256,
+            encoder_layers=2,
+            decoder_layers=2,
+            encoder_attention_heads=8,
+            decoder_attention_heads=8,
+            encoder_ffn_dim=512,
+            decoder_ffn_dim=512,
+            max_position_embeddings=2048,
+            decoder_start_token_id=2,
+            forced_eos_token_id=None,
+            **common,
+        )
+    if name == "t5":
+        return transformers.T5Config(
+            d_model=256, d_kv=32, d_ff=512, num_layers=2, num_heads=8, decoder_start_token_id=0, **common
+        )
+    raise ValueError(f"unknown model {name!r}: llama, mistral, bart, t5")
+
+
+def build(name: str, attn: str = "graphcache") -> Any:
+    """The model, bf16, eval mode, seeded (the same weights every time)."""
+    graphcache.hf.register()
+    torch.manual_seed(0)
+    cfg = config(name)
+    cls = transformers.AutoModelForSeq2SeqLM if cfg.is_encoder_decoder else transformers.AutoModelForCausalLM
+    return cls.from_config(cfg, attn_implementation=attn).eval().to(torch.bfloat16)
+
+
+def batch(lengths: tuple[int, ...], left: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random prompts of ``lengths`` (no pad token in them), padded on the
+    left (decoders) or the right (encoders, as their tokenizers pad)."""
+    longest = max(lengths)
+    ids = torch.zeros((len(lengths), longest), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, n in enumerate(lengths):
+        tokens = torch.randint(3, VOCAB - 1, (n,), generator=torch.Generator().manual_seed(n))
+        where = slice(longest - n, longest) if left else slice(0, n)
+        ids[row, where] = tokens
+        mask[row, where] = 1
+    return ids, mask
+
+
+def generate(model: Any, lengths: tuple[int, ...], new_tokens: int, beams: int = 1) -> torch.Tensor:
+    ids, mask = batch(lengths, left=not model.config.is_encoder_decoder)
+    with torch.no_grad():
+        return model.generate(
+            ids,
+            attention_mask=mask,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            num_beams=beams,
+            pad_token_id=0,
+        )
+
+
+@dataclass
+class Case:
+    """One serving case: hits over attention calls, and token equality."""
+
+    name: str
+    calls: int
+    hits: int
+    equal: bool
+    fallbacks: dict[str, int] = field(default_factory=dict)
+    tie: bool = False  # tokens differ only where torch's own choice was a near tie (TIE)
+    gap: float | None = None  # the largest such logit gap
+
+    @property
+    def fraction(self) -> float:
+        return self.hits / self.calls if self.calls else 0.0
+
+
+def cases(lengths: Lengths) -> dict[str, list[tuple[tuple[int, ...], int]]]:
+    """Serving cases: name -> runs of (prompt lengths, beams)."""
+    return {
+        "other prompt lengths, b=1": [((p,), 1) for p in lengths.serve],
+        "padded batch of 4": [(lengths.serve_batch, 1)],
+        "2-beam search": [((lengths.beam,), 2)],
+    }
+
+
+def measure(
+    name: str, compiler: Any, folder: Path, lengths: Lengths = Lengths(), new_tokens: int = 8, attn: str = "graphcache"
+) -> list[Case]:
+    """Record, warm and serve ``name`` through ``attn`` ("graphcache", or
+    "sdpa" under graphcache.torch.patch()); see the module docs. One Case
+    per entry of ``cases``."""
+    model = build(name, attn)
+    gt.reset()
+    path = folder / f"{name}-{attn}.yaml"
+    try:
+        with gt.record(path, shape_classes="pow2"):
+            for p in lengths.record:
+                generate(model, (p,), new_tokens)
+            generate(model, lengths.record_batch, new_tokens)
+            generate(model, (lengths.record[0],), new_tokens, beams=2)
+    except ManifestError:  # no call could be a graph (T5's position bias before bias graphs): nothing to warm
+        pass
+    cache = GraphCache(DiskStore(folder / f"{name}-{attn}-store"), compiler, shape_classes="pow2")
+    if path.exists():
+        ops.warm(manifest.load(path), cache)
+    found = []
+    for case, runs in cases(lengths).items():
+        model.set_attn_implementation("sdpa")
+        want = [generate(model, p, new_tokens, beams) for p, beams in runs]
+        model.set_attn_implementation(attn)
+        gt.reset()
+        gt.configure(cache, device="cpu", on_miss="torch")
+        with gt.patch() if attn == "sdpa" else _nothing():
+            got = [generate(model, p, new_tokens, beams) for p, beams in runs]
+        stats = gt.stats()
+        model.set_attn_implementation("sdpa")
+        gt.reset()
+        equal = all(torch.equal(w, g) for w, g in zip(want, got, strict=True))
+        ties = [tie_gap(model, p, w, g) for (p, beams), w, g in zip(runs, want, got, strict=True) if beams == 1]
+        gap = max((t for t in ties if t is not None), default=None)
+        tie = not equal and len(ties) == len(runs) and (gap is None or gap < TIE)
+        found.append(Case(case, stats["calls"], stats["hits"], equal, dict(stats["fallbacks"]), tie, gap))
+    return found
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
+
+
+def tie_gap(model: Any, lengths: tuple[int, ...], want: torch.Tensor, got: torch.Tensor) -> float | None:
+    """Where greedy ``got`` first leaves ``want`` in each row (None where they
+    agree): the largest gap, in unpatched torch's logits at that step,
+    between the token torch chose and the one the served run chose."""
+    ids, mask = batch(lengths, left=not model.config.is_encoder_decoder)
+    gaps = []
+    for row in range(want.shape[0]):
+        differs = (want[row] != got[row]).nonzero()
+        if differs.numel() == 0:
+            continue
+        col = int(differs[0, 0])
+        prefix = want[:, :col]
+        with torch.no_grad():
+            if model.config.is_encoder_decoder:
+                logits = model(input_ids=ids, attention_mask=mask, decoder_input_ids=prefix).logits[:, -1]
+            else:
+                pad = torch.ones((mask.shape[0], col - mask.shape[1]), dtype=mask.dtype)
+                logits = model(input_ids=prefix, attention_mask=torch.cat([mask, pad], dim=1)).logits[:, -1]
+        gaps.append(float(logits[row, want[row, col]] - logits[row, got[row, col]]))
+    return max(gaps) if gaps else None

@@ -1,0 +1,43 @@
+"""Issue 25's measure through attn_implementation="graphcache", on models
+built from configs (tests/hf_models.py): recorded, warmed, then served on
+other prompt lengths, a padded batch of 4 and 2-beam search. Greedy tokens
+must equal unpatched torch's, or differ only where torch's own choice was a
+near tie (a one-ulp logit gap of a random model, which the float32
+reference that executes the ragged graphs here may break the other way)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="graphcache.hf needs torch (pip install '.[dev]')")
+transformers = pytest.importorskip("transformers", reason="needs Hugging Face transformers (the dev extra)")
+
+import graphcache.torch as gt  # noqa: E402
+from tests.hf_models import SMALL, measure  # noqa: E402
+from tests.torch_standins import CpuGraphCompiler  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def fresh_runtime():
+    gt.reset()
+    yield
+    gt.reset()
+
+
+@pytest.mark.parametrize("name", ["llama", "bart", "mistral"])
+def test_recorded_and_warmed_model_is_served_by_graphs_with_torchs_tokens(tmp_path, name):
+    compiler = CpuGraphCompiler()
+    cases = measure(name, compiler, tmp_path, SMALL, new_tokens=3)
+    for case in cases:
+        assert case.calls > 0, case
+        assert case.fraction >= 0.95, case
+        assert case.equal or case.tie, case
+    assert compiler.executions > 0
+
+
+def test_t5_relative_position_bias_goes_through_the_sdpa_drop_in_with_torchs_tokens(tmp_path):
+    # position_bias is an additive mask: the drop-in serves it with a bias
+    # graph where it has one, else runs torch and counts it under "mask".
+    for case in measure("t5", CpuGraphCompiler(), tmp_path, SMALL, new_tokens=3):
+        assert case.equal, case
+        assert case.hits + case.fallbacks.get("mask", 0) == case.calls, case
