@@ -83,7 +83,7 @@ def input_digest(feed: dict[str, Any]) -> str:
 def _prepared(spec: GraphSpec, out: Any, feed: dict[str, Any]) -> Any:
     if spec.layout == "thd":
         return defined_output(spec, out, feed)
-    return valid_rows(spec, out, feed.get("seq_len_q"), feed.get("seq_len_kv")).contiguous()
+    return valid_rows(spec, out, feed.get("seq_len_q"), feed.get("seq_len_kv"), feed.get("bias")).contiguous()
 
 
 def digest(tensor: Any) -> str:

@@ -74,19 +74,20 @@ class BoundGraph:
         own_views = getattr(graph, "run_views", None)
         self.run_views: Callable[..., Any] = own_views if callable(own_views) else self._views
 
-    def _views(self, q: Any, k: Any, v: Any) -> Any:
-        return run_views(self, q, k, v)
+    def _views(self, q: Any, k: Any, v: Any, bias: Any = None) -> Any:
+        return run_views(self, q, k, v, bias)
 
 
-def run_views(graph: Any, q: Any, k: Any, v: Any) -> Any:
+def run_views(graph: Any, q: Any, k: Any, v: Any, bias: Any = None) -> Any:
     """``run_views`` for a graph whose ``execute`` takes tensors in the spec's
     storage layout (the torch fallback graph, a bound class graph without a
     ``run_views`` of its own): the (b, h, s, d) views torch's SDPA takes, in
-    and out."""
+    and out; a bias spec's ``bias`` (packed whatever the layout) passed on."""
     spec = graph.spec
+    extra = {} if bias is None else {"bias": bias}
     if spec.layout == "bshd":
-        return graph.execute(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
-    return graph.execute(q, k, v)
+        return graph.execute(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), **extra).transpose(1, 2)
+    return graph.execute(q, k, v, **extra)
 
 
 def bind(graph: Any, spec: GraphSpec) -> Any:

@@ -67,7 +67,8 @@ class TorchSdpaGraph:
     exact semantics, for machines where cuDNN cannot serve a spec.
 
     Causal top-left goes through ``is_causal``; every other mask, and padding,
-    through an explicit boolean mask. Stats come from the float32 reference.
+    through an explicit boolean mask; a bias spec's bias is the float
+    ``attn_mask`` (with -inf where the spec's mask hides a key). Stats come from the float32 reference.
     For a class spec, ``execute`` takes real tensors of any shape the class
     covers (ExecutionError for one outside it), as a cuDNN class graph does.
     """
@@ -98,19 +99,21 @@ class TorchSdpaGraph:
         out: Any = None,
         seq_len_q: Any = None,
         seq_len_kv: Any = None,
+        bias: Any = None,
     ) -> Any:
         import torch
 
         # A class graph runs at the real tensors' shape (any its class covers).
         spec = real_spec(self.spec, q, k) if self.spec.is_class else self.spec
-        check_inputs(spec, {"q": q, "k": k, "v": v, "o": out, "seq_len_q": seq_len_q, "seq_len_kv": seq_len_kv})
+        given = {"q": q, "k": k, "v": v, "o": out, "seq_len_q": seq_len_q, "seq_len_kv": seq_len_kv, "bias": bias}
+        check_inputs(spec, given)
         qb, kb, vb = (to_bhsd(spec, t) for t in (q, k, v))
         group = spec.heads_q // (spec.heads_kv or spec.heads_q)
         if group > 1:
             kb = kb.repeat_interleave(group, dim=1)
             vb = vb.repeat_interleave(group, dim=1)
         kwargs: dict[str, Any] = {"scale": spec.attn_scale, "dropout_p": spec.dropout}
-        if spec.mask == "causal" and not spec.padding:
+        if spec.mask == "causal" and not spec.padding and bias is None:
             kwargs["is_causal"] = True
         elif spec.mask != "none" or spec.padding:
             masks = [
@@ -122,7 +125,10 @@ class TorchSdpaGraph:
                 )
                 for b in range(spec.batch)
             ]
-            kwargs["attn_mask"] = torch.stack(masks).unsqueeze(1)
+            allowed = torch.stack(masks).unsqueeze(1)
+            kwargs["attn_mask"] = allowed if bias is None else bias.masked_fill(~allowed, float("-inf"))
+        elif bias is not None:  # additive, in the io dtype: torch adds it to the scaled scores
+            kwargs["attn_mask"] = bias
         # torch's own op, not the module attribute: graphcache.torch.patch()
         # routes F.scaled_dot_product_attention back through graphcache.
         result = torch._C._nn.scaled_dot_product_attention(qb, kb, vb, **kwargs).nan_to_num(0.0)
@@ -134,7 +140,7 @@ class TorchSdpaGraph:
             out.copy_(o)
             o = out
         if spec.generate_stats:
-            _, stats = reference(spec, q, k, v, seq_len_q, seq_len_kv)
+            _, stats = reference(spec, q, k, v, seq_len_q, seq_len_kv, bias)
             return o, stats
         return o
 
@@ -146,8 +152,9 @@ class TorchSdpaGraph:
         (``graphcache.reference.varlen.run_spec``, which says what it raises)."""
         return run_spec(self.spec, q, k, v, cu_seq_q, cu_seq_k, seqused_k, block_table)
 
-    def run_views(self, q: Any, k: Any, v: Any) -> Any:
+    def run_views(self, q: Any, k: Any, v: Any, bias: Any = None) -> Any:
         """(b, h, s, d) views of tensors in the spec's layout, as torch's SDPA
-        takes them; returns the output the same way. For specs without
-        padding, stats or dropout; inputs are checked as ``execute`` checks them."""
-        return run_views(self, q, k, v)
+        takes them (and a bias spec's packed bias); returns the output the
+        same way. For specs without padding, stats or dropout; inputs are
+        checked as ``execute`` checks them."""
+        return run_views(self, q, k, v, bias)

@@ -60,6 +60,17 @@ def check_inputs(
             _check_tensor(spec, role, t, (spec.batch, 1, 1, 1), torch.int32)
             if t.device != device:
                 raise ExecutionError(f"{role} is on {t.device} but q is on {device}")
+    bias = tensors.get("bias")
+    if (bias is None) != (spec.bias is None):
+        raise ExecutionError(
+            f"bias is missing: the spec has bias={spec.bias}, pass its {spec.dims('bias')} tensor ({want_dtype})"
+            if bias is None
+            else "bias was given but the spec has no bias"
+        )
+    if bias is not None:
+        _check_tensor(spec, "bias", bias, spec.dims("bias"), want_dtype)
+        if bias.device != device:
+            raise ExecutionError(f"bias is on {bias.device} but q is on {device}")
 
 
 def _check_tensor(spec: GraphSpec, role: str, t: Any, shape: tuple[int, ...], dtype: Any) -> None:

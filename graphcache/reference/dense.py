@@ -72,6 +72,7 @@ def reference(
     v: Any,
     seq_len_q: Any = None,
     seq_len_kv: Any = None,
+    bias: Any = None,
     *,
     budget: int = REFERENCE_BUDGET,
 ) -> tuple[Any, Any]:
@@ -80,8 +81,10 @@ def reference(
     bytes of scores, and at least one head, at once).
 
     Returns ``(out, stats)``: out in the spec's storage layout (float32), and
-    the log-sum-exp per query row (b, h, s, 1). Rows with no allowed key and
-    padded query rows are zero.
+    the log-sum-exp per query row (b, h, s, 1). ``bias`` (a bias spec's
+    additive (b|1, h|1, s_q, s_kv) tensor) is added to the scaled scores.
+    Rows with no allowed key (the mask's, or -inf bias on every key) and
+    padded query rows are zero, as torch's SDPA answers them.
     """
     import torch
 
@@ -104,6 +107,8 @@ def reference(
             kf = kb[b].index_select(0, kv).float()
             vf = vb[b].index_select(0, kv).float()
             scores = torch.matmul(qf, kf.transpose(-1, -2)) * spec.attn_scale
+            if bias is not None:
+                scores += _bias_of(bias, b, heads).float()
             scores.masked_fill_(~allowed, float("-inf"))
             stats[b, heads] = torch.logsumexp(scores, dim=-1, keepdim=True)
             probs = torch.softmax(scores, dim=-1).nan_to_num_(0.0)
@@ -116,13 +121,23 @@ def reference(
     return from_bhsd(spec, out), stats
 
 
-def compared_rows(spec: GraphSpec, seq_len_q: Any = None, seq_len_kv: Any = None, device: Any = None) -> Any:
+def _bias_of(bias: Any, b: int, heads: Any) -> Any:
+    """The (heads or 1, s_q, s_kv) part of a bias tensor for batch element ``b``."""
+    one = bias[b if bias.shape[0] > 1 else 0]
+    return one.index_select(0, heads.to(one.device)) if one.shape[0] > 1 else one
+
+
+def compared_rows(
+    spec: GraphSpec, seq_len_q: Any = None, seq_len_kv: Any = None, device: Any = None, bias: Any = None
+) -> Any:
     """Boolean (batch, seq_q): the query rows whose output is defined.
 
     A row is left out when it is padding (at or past its sequence's valid
     length) or when the mask leaves it no key at all (bottom-right alignment
-    with more queries than keys, a window past the valid keys): cuDNN
-    promises nothing there (NaN included), the reference writes zeros.
+    with more queries than keys, a window past the valid keys, a ``bias``
+    of -inf on every key the mask allows, in any head): cuDNN promises
+    nothing there (NaN included), the reference writes zeros (and the
+    drop-in, torch's answer, zeros too).
     """
     import torch
 
@@ -134,23 +149,28 @@ def compared_rows(spec: GraphSpec, seq_len_q: Any = None, seq_len_kv: Any = None
         if lq is None and lkv is None and shared is not None:
             rows.append(shared)
             continue
-        keep = allowed_mask(spec, lq, lkv, device=device).any(dim=1)
+        allowed = allowed_mask(spec, lq, lkv, device=device)
+        if bias is None:
+            keep = allowed.any(dim=1)
+        else:  # every head must see a key: (h|1, s_q, s_kv) -> (s_q,)
+            seen = (bias[b if bias.shape[0] > 1 else 0].to(device) != float("-inf")) & allowed
+            keep = seen.any(dim=-1).all(dim=0)
         if lq is not None:
             keep = keep & (torch.arange(spec.seq_q, device=device) < lq)
-        if lq is None and lkv is None:
+        if lq is None and lkv is None and bias is None:
             shared = keep
         rows.append(keep)
     return torch.stack(rows)
 
 
-def valid_rows(spec: GraphSpec, tensor: Any, seq_len_q: Any = None, seq_len_kv: Any = None) -> Any:
+def valid_rows(spec: GraphSpec, tensor: Any, seq_len_q: Any = None, seq_len_kv: Any = None, bias: Any = None) -> Any:
     """``tensor`` (an output in the spec's layout) with the rows
     ``compared_rows`` leaves out set to zero, whatever they held (NaN
     included), so that a comparison looks only at defined rows, on both sides.
     """
     import torch
 
-    keep = compared_rows(spec, seq_len_q, seq_len_kv, device=tensor.device)  # (b, s)
+    keep = compared_rows(spec, seq_len_q, seq_len_kv, device=tensor.device, bias=bias)  # (b, s)
     if bool(keep.all()):
         return tensor
     keep = keep.view(spec.batch, 1, spec.seq_q, 1) if spec.layout == "bhsd" else keep.view(spec.batch, spec.seq_q, 1, 1)
@@ -171,17 +191,18 @@ def reference_errors(
     per-element log-sum-exp difference over the same rows
     (``measure.lse_difference``, the ragged check's measure; inf for NaN)."""
     ref, ref_stats = reference(spec, **inputs)
-    lengths = inputs.get("seq_len_q"), inputs.get("seq_len_kv")
-    error = relative_error(valid_rows(spec, out, *lengths), valid_rows(spec, ref, *lengths))
+    lengths, bias = (inputs.get("seq_len_q"), inputs.get("seq_len_kv")), inputs.get("bias")
+    error = relative_error(valid_rows(spec, out, *lengths, bias=bias), valid_rows(spec, ref, *lengths, bias=bias))
     if stats is None:
         return error, None
-    keep = compared_rows(spec, *lengths, device=stats.device).view(spec.batch, 1, spec.seq_q, 1)
+    keep = compared_rows(spec, *lengths, device=stats.device, bias=bias).view(spec.batch, 1, spec.seq_q, 1)
     keep = keep.expand(spec.batch, spec.heads_q, spec.seq_q, 1)  # rows with no key hold -inf on both sides
     return error, lse_difference(stats[keep], ref_stats.to(stats.device)[keep])
 
 
 def random_inputs(spec: GraphSpec, device: str, seed: int = 0) -> dict[str, Any]:
-    """Fresh random q, k, v (never zeros) and, with padding, valid lengths."""
+    """Fresh random q, k, v (never zeros), with padding valid lengths, and
+    with a bias spec a random bias (``random_bias``)."""
     import torch
 
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -199,7 +220,25 @@ def random_inputs(spec: GraphSpec, device: str, seed: int = 0) -> dict[str, Any]
             inputs[role] = torch.randint(
                 max(1, full // 2), full + 1, (spec.batch, 1, 1, 1), generator=gen, device=device, dtype=torch.int32
             )
+    if spec.bias is not None:
+        inputs["bias"] = random_bias(spec, gen, device)
     return inputs
+
+
+def random_bias(spec: GraphSpec, gen: Any, device: str) -> Any:
+    """A bias spec's (b|1, h|1, s_q, s_kv) input in its dtype: random values,
+    about a fifth of the keys hidden (-inf), a query row that sees no key at
+    all, and in the last batch element the leading keys hidden from every row
+    (left padding: the whole first 64-key tile -inf where s_kv allows)."""
+    import torch
+
+    assert spec.seq_kv is not None
+    dims = spec.dims("bias")
+    bias = torch.randn(dims, generator=gen, device=device, dtype=torch.float32)
+    bias.masked_fill_(torch.rand(dims, generator=gen, device=device) < 0.2, float("-inf"))
+    bias[0, 0, min(3, spec.seq_q - 1)] = float("-inf")
+    bias[-1, :, :, : min(80, spec.seq_kv // 2)] = float("-inf")
+    return bias.to(torch_dtype(spec))
 
 
 def score_matrix_bytes(spec: GraphSpec) -> int:

@@ -19,6 +19,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -32,6 +33,7 @@ from graphcache.compilers.torch_sdpa import _run_views
 from graphcache.errors import GraphCacheError, NoGpu, NotFound, UnsupportedCall, UnsupportedGpu, UnsupportedSpec
 from graphcache.settings import SettingsError
 from graphcache.spec import GraphSpec
+from graphcache.torch.bias import BiasFrom
 from graphcache.torch.derive import Derived, derive_args
 
 log = logging.getLogger(__name__)
@@ -70,10 +72,19 @@ class Plan:
     declared: int = 0  # batch x seq_q x seq_kv the serving graph declares ...
     real: int = 0  # ... and this call shape's
     larger: bool = False  # served by a stored class larger than the call's own (GraphCache.serving_class)
+    bias: BiasFrom | None = None  # how a call's attn_mask becomes the graph's bias (graphcache.torch.bias)
 
-    def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Execute the graph on (b, h, s, d) tensors; returns (b, h, s, d)."""
+    def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any = None) -> torch.Tensor:
+        """Execute the graph on (b, h, s, d) tensors; returns (b, h, s, d).
+        With a bias, rows that see no key are 0, torch's answer, whatever
+        the graph wrote there (all on the device: no host sync)."""
         assert self.graph is not None and self.spec is not None
+        if self.bias is not None:
+            bias, hidden = self.bias(mask)
+            if self.copy_q:
+                q = q.transpose(1, 2).contiguous().transpose(1, 2) if self.spec.layout == "bshd" else q.contiguous()
+            run = self.graph.run_views if self.views else partial(_run_views, self.graph)  # type: ignore[attr-defined]
+            return run(q, k, v, bias).masked_fill_(hidden, 0.0)
         # No view is made per call on the views path: the memo key (shapes,
         # strides, dtypes, devices) has already matched these tensors to the spec.
         if self.copy_q:
@@ -192,7 +203,7 @@ class Runtime:
                 is_causal,
                 scale,
                 enable_gqa,
-                attn_mask is None,
+                None if attn_mask is None else _mask_key(attn_mask),
             )
         except (AttributeError, RuntimeError):  # not tensors, nested tensors: torch decides
             memo_key = None
@@ -204,7 +215,7 @@ class Runtime:
         else:
             plan = self._memo.get(memo_key) or self._plan(memo_key, args)
         if plan.graph is not None:
-            out = plan.run(query, key, value)
+            out = plan.run(query, key, value, attn_mask)
             with self._count_lock:
                 self._hits += 1
                 self._larger += plan.larger
@@ -313,7 +324,7 @@ class Runtime:
         views = callable(getattr(graph, "run_views", None)) and not (
             spec.dropout or spec.padding or spec.generate_stats
         )
-        return Plan(spec, graph, "", "", derived.copy_q, views, work(serving), work(spec), larger)
+        return Plan(spec, graph, "", "", derived.copy_q, views, work(serving), work(spec), larger, derived.bias)
 
     def _load(self, cache: GraphCache, spec: GraphSpec) -> tuple[LoadedGraph | None, str, str]:
         """Load ``spec``'s graph, or say why not. Misses follow on_miss."""
@@ -369,6 +380,12 @@ class Runtime:
 # What derive() takes as a plain tensor (a Parameter is one, with its grad flag).
 _PLAIN = frozenset({torch.Tensor, torch.nn.Parameter})
 _AUTOGRAD = Plan(None, None, "autograd", "an input requires grad: cuDNN graphs here are forward-only")
+
+
+def _mask_key(mask: Any) -> tuple[Any, ...]:
+    """What a mask adds to a call's memo key: the bias graph and the
+    conversion depend on its shape, strides, dtype and device, never its values."""
+    return (mask.shape, mask.stride(), mask.dtype, mask.device)
 
 
 def _derive(args: tuple[Any, ...]) -> Derived:

@@ -71,17 +71,18 @@ class CudnnGraph:
         out: Any = None,
         seq_len_q: Any = None,
         seq_len_kv: Any = None,
+        bias: Any = None,
     ) -> Any:
         """Run the plan; returns ``out`` (allocated when None), and
-        ``(out, stats)`` when the spec generates stats. Raises
-        ExecutionError for tensors that do not match the spec or are not on
-        this graph's GPU."""
+        ``(out, stats)`` when the spec generates stats. ``bias``: a bias
+        spec's packed (b|1, h|1, s_q, s_kv) tensor. Raises ExecutionError for
+        tensors that do not match the spec or are not on this graph's GPU."""
         import torch
 
         spec = self.spec
         if spec.is_class:  # real tensors of any shape the class covers
-            return execute_class(self, q, k, v, out, seq_len_q, seq_len_kv)
-        tensors = {"q": q, "k": k, "v": v, "o": out, "seq_len_q": seq_len_q, "seq_len_kv": seq_len_kv}
+            return execute_class(self, q, k, v, out, seq_len_q, seq_len_kv, bias=bias)
+        tensors = {"q": q, "k": k, "v": v, "o": out, "seq_len_q": seq_len_q, "seq_len_kv": seq_len_kv, "bias": bias}
         check_inputs(spec, tensors, device_type="cuda")
         if q.device != self.device:
             raise ExecutionError(f"q is on {q.device}; this graph was loaded on {self.device}: move the tensors")
@@ -92,6 +93,8 @@ class CudnnGraph:
             if spec.padding:
                 pack[self.uids["seq_len_q"]] = seq_len_q
                 pack[self.uids["seq_len_kv"]] = seq_len_kv
+            if bias is not None:
+                pack[self.uids["bias"]] = bias
             stats = None
             if spec.generate_stats:
                 stats = torch.empty(spec.dims("stats"), dtype=torch.float32, device=q.device)
@@ -131,19 +134,22 @@ class CudnnGraph:
         spec the class does not cover."""
         return ClassRun(self, spec)
 
-    def run_views(self, q: Any, k: Any, v: Any) -> Any:
+    def run_views(self, q: Any, k: Any, v: Any, bias: Any = None) -> Any:
         """The per-call path of graphcache.torch: ``q``, ``k``, ``v`` are the
         (b, h, s, d) views torch's SDPA takes, whose strides are the graph's
         own (the caller has matched shapes, strides, dtypes and device, as
         graphcache.torch's memo does); returns the output as such a view. No
         view is made and nothing is copied: cuDNN reads the memory through the
-        strides the graph was built with. For specs without padding, stats or
-        dropout; ``execute`` is the checked path."""
+        strides the graph was built with (a bias spec's packed ``bias`` too).
+        For specs without padding, stats or dropout; ``execute`` is the
+        checked path."""
         import torch
 
         shape, strides = self._out_view
         with torch.cuda.device(self.device), self._compiler._lock:
             out = torch.empty_strided(shape, strides, dtype=q.dtype, device=q.device)
             pack = {self.uids["q"]: q, self.uids["k"]: k, self.uids["v"]: v, self.uids["o"]: out}
+            if bias is not None:
+                pack[self.uids["bias"]] = bias
             self._graph.execute(pack, self.workspace, handle=self._compiler.handle())
         return out

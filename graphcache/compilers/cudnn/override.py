@@ -25,7 +25,7 @@ import weakref
 from typing import Any, Protocol
 
 from graphcache.compilers.classgraph import check_covered, real_spec
-from graphcache.compilers.cudnn.releases import OVERRIDE_WORKSPACE, SHAPE_OVERRIDE, available, missing
+from graphcache.compilers.cudnn.releases import BIAS_OVERRIDE, OVERRIDE_WORKSPACE, SHAPE_OVERRIDE, available, missing
 from graphcache.errors import ExecutionError, UnsupportedSpec
 from graphcache.reference.dense import random_inputs, reference_errors, to_bhsd, torch_dtype
 from graphcache.reference.measure import TOLERANCE, within_tolerance
@@ -76,8 +76,9 @@ class ClassGraph(Protocol):
     # fmt: on
 
 
-# Every tensor whose extent involves b or s, in the order they are passed.
-OVERRIDDEN = ("q", "k", "v", "o", "stats", "seq_len_q", "seq_len_kv")
+# Every tensor whose extent involves b or s, in the order they are passed
+# (a bias's s_q and s_kv always do, its batch where it has one).
+OVERRIDDEN = ("q", "k", "v", "o", "stats", "seq_len_q", "seq_len_kv", "bias")
 _LAYOUT_ROLES = ("q", "k", "v", "o")
 
 
@@ -86,6 +87,8 @@ def check_target(spec: GraphSpec, frontend: str, cudnn: str | int) -> None:
     this target) where this stack cannot run a class graph: cuDNN < 9.21, or
     a frontend whose Python ``execute()`` drops the override lists (< 1.24)."""
     problem = missing(SHAPE_OVERRIDE, frontend, cudnn)
+    if problem is None and spec.bias is not None:  # the override engine's own floor for a bias input
+        problem = missing(BIAS_OVERRIDE, frontend, cudnn)
     if problem:
         raise UnsupportedSpec(
             f"{spec.summary()} is a length class, and {problem}: exact specs serve this target "
@@ -95,15 +98,18 @@ def check_target(spec: GraphSpec, frontend: str, cudnn: str | int) -> None:
 
 
 def roles(spec: GraphSpec) -> tuple[str, ...]:
-    """The overridden roles a class graph declares (stats only with generate_stats)."""
-    return tuple(r for r in OVERRIDDEN if r != "stats" or spec.generate_stats)
+    """The overridden roles a class graph declares (stats only with
+    generate_stats, bias only with a bias)."""
+    return tuple(
+        r for r in OVERRIDDEN if (r != "stats" or spec.generate_stats) and (r != "bias" or spec.bias is not None)
+    )
 
 
 def lists_for(spec: GraphSpec, uids: UidMap) -> dict[str, list[Any]]:
     """The override keywords for the real (exact) ``spec`` with packed
     tensors in its layout: what torch's tensors of that call shape have
     (the drop-in's memo key has matched their shapes and strides)."""
-    names = roles(spec)
+    names, uids = roles(spec), uids.for_spec(spec)
     return {
         "override_uids": [uids[r] for r in names],
         "override_shapes": [list(spec.dims(r)) for r in names],
@@ -164,13 +170,22 @@ def _lengths(spec: GraphSpec, device: Any) -> tuple[Any, Any]:
 
 
 def execute_class(
-    graph: ClassGraph, q: Any, k: Any, v: Any, out: Any, seq_len_q: Any, seq_len_kv: Any, stats: Any = None
+    graph: ClassGraph,
+    q: Any,
+    k: Any,
+    v: Any,
+    out: Any,
+    seq_len_q: Any,
+    seq_len_kv: Any,
+    stats: Any = None,
+    bias: Any = None,
 ) -> Any:
     """``CudnnGraph.execute`` of a class graph: real tensors of any shape the
     class covers, in its layout, any strides with a packed last dim (a view
     into a larger buffer included). ``stats``, where given, is the
     (b, h, s, 1) float32 buffer the log-sum-exp is written to (the check's
-    NaN-poisoned view). Raises ExecutionError otherwise."""
+    NaN-poisoned view); ``bias``, a bias spec's (b|1, h|1, s_q, s_kv) tensor
+    at the real shape. Raises ExecutionError otherwise."""
     import torch
 
     spec = real_spec(graph.spec, q, k)
@@ -189,6 +204,10 @@ def execute_class(
             )
     if spec.padding != (seq_len_q is not None) or spec.padding != (seq_len_kv is not None):
         raise ExecutionError(f"seq_len_q and seq_len_kv are {'needed' if spec.padding else 'not taken'} here")
+    if (bias is None) != (spec.bias is None) or (
+        bias is not None and (tuple(bias.shape) != spec.dims("bias") or bias.dtype != q.dtype or bias.stride(-1) != 1)
+    ):
+        raise ExecutionError(f"bias must be {spec.dims('bias') if spec.bias else 'absent'} in {q.dtype} here")
     with _on(graph.device), graph._compiler._lock:
         if out is None:
             out = torch.empty(spec.storage_shape("o"), dtype=q.dtype, device=q.device)
@@ -196,6 +215,8 @@ def execute_class(
             seq_len_q, seq_len_kv = _lengths(spec, q.device)  # the padding mask at the real lengths
         views = {r: to_bhsd(spec, t) for r, t in (("q", q), ("k", k), ("v", v), ("o", out))}
         views.update(seq_len_q=seq_len_q, seq_len_kv=seq_len_kv)
+        if bias is not None:
+            views["bias"] = bias
         if spec.generate_stats:
             if stats is None:
                 stats = torch.empty(spec.dims("stats"), dtype=torch.float32, device=q.device)
@@ -253,10 +274,11 @@ class ClassRun:
         """The checked path: ``CudnnGraph.execute`` of the class graph."""
         return self.graph.execute(q, k, v, **kwargs)
 
-    def run_views(self, q: Any, k: Any, v: Any) -> Any:
+    def run_views(self, q: Any, k: Any, v: Any, bias: Any = None) -> Any:
         """The drop-in's per-call path (as ``CudnnGraph.run_views``): torch's
-        (b, h, s, d) views of packed tensors of this exact shape in, such a
-        view out. For specs without padding or stats."""
+        (b, h, s, d) views of packed tensors of this exact shape in (and a
+        bias spec's packed bias), such a view out. For specs without padding
+        or stats."""
         import torch
 
         graph, uids = self.graph, self.graph.uids
@@ -266,6 +288,8 @@ class ClassRun:
             out = torch.empty_strided(shape, strides, dtype=q.dtype, device=q.device)
             pack = {uids["q"]: q, uids["k"]: k, uids["v"]: v, uids["o"]: out}
             pack[uids["seq_len_q"]], pack[uids["seq_len_kv"]] = self.seq_lens
+            if bias is not None:
+                pack[uids["bias"]] = bias
             _run(graph, pack, self.lists, self.workspace_size)
         return out
 
@@ -336,8 +360,10 @@ def check_class(graph: ClassGraph) -> float:
         stats = None
         if real.generate_stats:  # (b, h, s, 1) whatever the layout: b and s padded
             stats = _poisoned(feed["q"].new_zeros(real.dims("stats")).float(), (1, 0, 64, 0))
-        lengths = feed.get("seq_len_q"), feed.get("seq_len_kv")
-        execute_class(graph, poisoned["q"], poisoned["k"], poisoned["v"], out, *lengths, stats=stats)
+        lengths, bias = (feed.get("seq_len_q"), feed.get("seq_len_kv")), feed.get("bias")
+        if bias is not None:  # a view into a buffer longer in s_q and s_kv
+            bias = _poisoned(bias, (0, 0, 64, 64))
+        execute_class(graph, poisoned["q"], poisoned["k"], poisoned["v"], out, *lengths, stats=stats, bias=bias)
         error, stats_error = reference_errors(real, out, feed, stats)
         worst = max(worst, error)
         shape = f"b{real.batch} q{real.seq_q} kv{real.seq_kv}"
