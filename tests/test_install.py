@@ -3,8 +3,8 @@ outside a virtual environment (PEP 668, current Debian and Ubuntu).
 
 A stand-in `python3` on PATH plays that system Python: it refuses
 `-m pip` with the externally-managed-environment error and otherwise runs
-this host's base (non-venv) Python; `-m venv DIR` makes DIR/bin/python, a
-stand-in venv Python that records pip, ruff, mypy and pytest calls instead of
+this host's base (non-venv) Python; `-m venv DIR` makes DIR/bin/python (with
+an activate script and the graphcache console script), a stand-in venv Python that records pip, ruff, mypy and pytest calls instead of
 running them (no network, and no second test suite inside this one) and runs
 everything else, graphcache included, on this checkout.
 """
@@ -34,7 +34,12 @@ if [ "$1" = "-m" ] && [ "$2" = "venv" ]; then
   dir="${@: -1}"  # the folder is the last argument, after any options
   mkdir -p "$dir/bin"
   sed "s#@REAL@#$VENV_REAL#" "$SHIM_DIR/venv-python.in" > "$dir/bin/python"
-  chmod +x "$dir/bin/python"
+  # What activation and pip's console script give: bin/ first on PATH, and
+  # bin/graphcache running this venv's python.
+  bin="$(cd "$dir/bin" && pwd)"
+  printf 'export VIRTUAL_ENV="%s"\nexport PATH="%s:$PATH"\n' "${bin%/bin}" "$bin" > "$dir/bin/activate"
+  printf '#!/bin/bash\nexec "%s/python" -m graphcache "$@"\n' "$bin" > "$dir/bin/graphcache"
+  chmod +x "$dir/bin/python" "$dir/bin/graphcache"
   exit 0
 fi
 exec "$BASE_PYTHON" "$@"
