@@ -29,6 +29,7 @@ from graphcache.errors import UnsupportedVersion  # noqa: E402
 from graphcache.hf.backend import attention  # noqa: E402
 from graphcache.hf.masks import PADDING_ATTR, padding_mask  # noqa: E402
 from graphcache.stores import DiskStore  # noqa: E402
+from tests.fakes import FakeCompiler  # noqa: E402
 from tests.torch_standins import CpuGraphCompiler  # noqa: E402
 
 B, HQ, HKV, D = 3, 8, 2, 32
@@ -210,3 +211,50 @@ def test_a_model_built_with_attn_implementation_graphcache_is_served_and_recorde
     assert_close_on(mask.bool(), got, want)
     assert gt.stats()["hits"] == 2 and gt.stats()["calls"] == 2
     assert {s.layout for s in recorder.specs} == {"thd"} and "layout: thd" in (tmp_path / "m.yaml").read_text()
+
+
+class ZeroGraph:
+    """Stands in for a loaded cuDNN graph where only the backend's own work
+    is watched: returns zeros of the output's shape, reading no value."""
+
+    backend = "zeros"
+
+    def __init__(self, spec) -> None:  # noqa: ANN001
+        self.spec = spec
+
+    def run_varlen(self, q, k, v, *rest):  # noqa: ANN001, ANN002
+        return q.new_zeros((q.shape[0], q.shape[1], v.shape[-1])), None
+
+    def execute(self, q, k, v, **lengths):  # noqa: ANN001, ANN003
+        return torch.zeros_like(q)
+
+
+class ZeroCompiler(FakeCompiler):
+    def load(self, artifact):  # noqa: ANN001, ANN201
+        super().load(artifact)
+        return ZeroGraph(artifact.spec)
+
+
+def test_padded_calls_read_no_tensor_value_on_the_host(tmp_path, monkeypatch):
+    gt.configure(GraphCache(DiskStore(tmp_path / "zeros"), ZeroCompiler()), device="cpu", on_miss="build")
+    layer = Layer()
+    left, right = tokens([20, 7, 13], 20, left=True), tokens([20, 7, 13], 20, left=False)
+    masks = [
+        padding_mask(B, 20, 20, 0, 0, causal_mask_function, m) for m in (left, right)
+    ]  # one read each, per forward
+    step = padding_mask(
+        B, 1, 21, 20, 0, causal_mask_function, torch.cat([left, torch.ones((B, 1), dtype=torch.bool)], 1)
+    )
+
+    def synced(*args, **kwargs):  # noqa: ANN002, ANN003
+        raise AssertionError("a tensor value was read on the host")
+
+    for name in ("item", "tolist", "__bool__", "__int__", "__float__"):
+        monkeypatch.setattr(torch.Tensor, name, synced)
+    for mask in masks:
+        q, k, v = qkv(B, 20, 20)
+        attention(layer, q, k, v, mask)
+    q, k, v = qkv(B, 1, 21)
+    attention(layer, q, k, v, step)
+    monkeypatch.undo()
+    assert gt.stats()["hits"] == 3 and {s.layout for s in gt.RUNTIME._graphs} >= {"thd"}
