@@ -160,7 +160,7 @@ def bench_reference(
     process; missing artifacts are built and stored first."""
     from graphcache.cache import GraphCache
     from graphcache.compilers.reference import ReferenceCompiler
-    from graphcache.compilers.torch_sdpa import random_inputs
+    from graphcache.reference.dense import random_inputs
 
     compiler = ReferenceCompiler()
     target = compiler.target()
