@@ -14,7 +14,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +101,18 @@ def bench_gpu(
     return {"gpu": True, "target": str(target), "repeat": repeat, "specs": rows}
 
 
+def _rows(
+    specs: list[GraphSpec], target: Target, progress: Callable[[str], None] | None
+) -> Iterator[tuple[GraphSpec, str, dict[str, Any]]]:
+    """Each spec, its key on ``target`` and the start of its report row,
+    after telling ``progress`` which spec is next."""
+    for spec in specs:
+        if progress:
+            progress(spec.summary())
+        key = key_for(spec, target)
+        yield spec, key, {"spec": spec.to_dict(), "summary": spec.summary(), "key": key}
+
+
 def bench_fetch(
     specs: list[GraphSpec],
     store: Store,
@@ -110,11 +122,7 @@ def bench_fetch(
 ) -> dict[str, Any]:
     """What a machine with no GPU can measure: fetch and verify per spec."""
     rows = []
-    for spec in specs:
-        key = key_for(spec, target)
-        row: dict[str, Any] = {"spec": spec.to_dict(), "summary": spec.summary(), "key": key}
-        if progress:
-            progress(spec.summary())
+    for _, key, row in _rows(specs, target, progress):
         fetch, verify = [], []
         size = 0
         for _ in range(repeat):
@@ -166,11 +174,7 @@ def bench_reference(
     target = compiler.target()
     cache = GraphCache(store, compiler, shape_classes="exact")
     rows = []
-    for spec in specs:
-        key = key_for(spec, target)
-        row: dict[str, Any] = {"spec": spec.to_dict(), "summary": spec.summary(), "key": key}
-        if progress:
-            progress(spec.summary())
+    for spec, key, row in _rows(specs, target, progress):
         try:
             cache.get(spec)  # the warm side needs the artifact stored
             inputs = random_inputs(spec, "cpu")
