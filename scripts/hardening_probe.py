@@ -49,6 +49,7 @@ from graphcache.artifact import Artifact  # noqa: E402
 from graphcache.spec import GraphSpec  # noqa: E402
 from graphcache.stores import DiskStore  # noqa: E402
 from graphcache.target import Target  # noqa: E402
+from tests.servers import raw_gets, slow_sender  # noqa: E402
 
 TARGET = Target.parse("h200-sm90-cudnn9.28.0-fe1.32.0")
 WRITE = "probe-write"
@@ -165,29 +166,6 @@ def probe_budget(folder: str) -> None:
     )
 
 
-async def _slow(port: int, stop: asyncio.Event) -> bytes:
-    answer = b""
-    try:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(b"POST /v1/resolve HTTP/1.1\r\nhost: p\r\ncontent-type: application/json\r\n")
-        writer.write(b"content-length: 200\r\n\r\n")
-        while not stop.is_set():
-            with contextlib.suppress(OSError):
-                writer.write(b" ")
-                await writer.drain()
-            try:
-                chunk = await asyncio.wait_for(reader.read(65536), 1.0)
-            except TimeoutError:
-                continue
-            if not chunk:
-                return answer.split(b" ", 2)[1] if answer else b"closed"
-            answer += chunk
-        writer.close()
-        return b"still open"
-    except OSError as exc:  # a reset after the answer: the server closed with the body unread
-        return answer.split(b" ", 2)[1] if answer else type(exc).__name__.encode()
-
-
 def probe_slow_senders(folder: str, count: int) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(soft, 3 * count + 200)), hard))
@@ -214,9 +192,9 @@ def probe_slow_senders(folder: str, count: int) -> None:
                             errors.append(type(exc).__name__)
                         times.append(time.perf_counter() - start)
 
-        async def main() -> list[bytes]:
+        async def main() -> list[str]:
             stop = asyncio.Event()
-            senders = [asyncio.ensure_future(_slow(port, stop)) for _ in range(count)]
+            senders = [asyncio.ensure_future(slow_sender(port, stop)) for _ in range(count)]
             await asyncio.sleep(3)
             done = threading.Event()
             thread = threading.Thread(target=reads, args=(done,))
@@ -232,25 +210,7 @@ def probe_slow_senders(folder: str, count: int) -> None:
     print(
         f"{count} slow senders (--limit-concurrency 256): {len(times)} GETs, {len(errors)} errors, {percentiles(times)}"
     )
-    print(f"  slow senders answered: {dict(Counter(a.decode() for a in answers))}")
-
-
-async def _gets(port: int, paths: list[str]) -> list[tuple[int, float]]:
-    """GET each path in turn on one kept-alive connection (asyncio streams:
-    httpx's pool costs more CPU than the server at 200 connections)."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    out = []
-    try:
-        for path in paths:
-            start = time.perf_counter()
-            writer.write(f"GET {path} HTTP/1.1\r\nhost: p\r\n\r\n".encode())
-            lines = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
-            fields = dict(line.lower().split(": ", 1) for line in lines[1:] if line)
-            await reader.readexactly(int(fields["content-length"]))
-            out.append((int(lines[0].split()[1]), time.perf_counter() - start))
-    finally:
-        writer.close()
-    return out
+    print(f"  slow senders answered: {dict(Counter(answers))}")
 
 
 def probe_redis_readers(readers: int, redis_url: str | None) -> None:
@@ -273,15 +233,15 @@ def probe_redis_readers(readers: int, redis_url: str | None) -> None:
                 httpx.put(f"{url}/v1/artifacts/{art.key}", content=art.encode(), headers=auth)
             port = int(url.rsplit(":", 1)[1])
 
-            async def main() -> list[list[tuple[int, float]]]:
+            async def main() -> list[list[tuple[int, bytes, float]]]:
                 paths = [[f"/v1/artifacts/{arts[(n + i) % len(arts)].key}" for i in range(20)] for n in range(readers)]
-                return await asyncio.gather(*(_gets(port, p) for p in paths))
+                return await asyncio.gather(*(raw_gets(port, p) for p in paths))
 
             start = time.perf_counter()
             answers = [a for reader in asyncio.run(main()) for a in reader]
             wall = time.perf_counter() - start
-        statuses = Counter(status for status, _ in answers)
-        times = [t for _, t in answers]
+        statuses = Counter(status for status, _, _ in answers)
+        times = [t for _, _, t in answers]
         errors = len(answers) - statuses[200]
         print(
             f"{readers} readers of 64 KiB over Redis, one worker: {len(answers)} GETs in {wall:.1f} s, "
