@@ -24,7 +24,7 @@ MAY_IMPORT = {
     "serialize": {"failures", "releases"},
     "override": {"releases"},  # the loaded plan's type is a Protocol of its own (override.ClassGraph)
     "loaded": {"override", "ragged"},  # the compiler's type too (override.Loader)
-    "compiler": {"build", "loaded", "override", "ragged", "releases", "serialize"},
+    "compiler": {"build", "failures", "loaded", "override", "ragged", "releases", "serialize"},
 }
 
 

@@ -243,3 +243,288 @@ def test_an_execute_failure_is_sorted_as_a_build_failure(cudnn, make_exc, verdic
     else:
         assert isinstance(failure, BuildError) and not isinstance(failure, UnsupportedSpec)
     assert named in str(failure) and "the class check" in str(failure) and make().summary() in str(failure)
+
+
+def _refusing(exc: BaseException):  # noqa: ANN202
+    def execute(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise exc
+
+    return execute
+
+
+class _DensePlan:
+    """A loaded dense plan on the CPU (cuDNN cannot run one here): torch's
+    SDPA, or the frontend's exception ``exc`` raised from execute."""
+
+    device = "cpu"
+
+    def __init__(self, spec: GraphSpec, exc: BaseException | None = None, artifact=None) -> None:  # noqa: ANN001
+        from graphcache.compilers.torch_sdpa import TorchSdpaGraph
+
+        self.spec, self.artifact = spec, artifact
+        self.execute = _refusing(exc) if exc is not None else TorchSdpaGraph(spec).execute
+
+
+class _ClassPlan:
+    """A loaded class graph on the CPU, what override.execute_class reads of
+    one, whose frontend graph refuses the override at execute with ``exc``
+    (a round-tripped plan that does not take overrides, cudnn-frontend#1087)."""
+
+    def __init__(self, spec: GraphSpec, exc: BaseException) -> None:
+        import threading
+        from types import SimpleNamespace
+
+        import torch
+
+        from graphcache import UidMap
+        from tests.fakes import make_artifact
+
+        self.spec, self.uids, self.device = spec, UidMap.default(), torch.device("cpu")
+        self.artifact = make_artifact(spec, TARGET)
+        self.workspace_size, self._workspaces = 0, {}
+        self._graph = SimpleNamespace(execute=_refusing(exc), get_workspace_size=lambda *a, **k: 0)
+        self._compiler = SimpleNamespace(_lock=threading.RLock(), handle=lambda: None, device=0)
+
+    @property
+    def workspace(self):  # noqa: ANN201
+        import torch
+
+        return torch.empty(1, dtype=torch.uint8)
+
+    def execute(self, q, k, v, *, out=None, seq_len_q=None, seq_len_kv=None):  # noqa: ANN001, ANN201
+        from graphcache.compilers.cudnn.override import execute_class
+
+        return execute_class(self, q, k, v, out, seq_len_q, seq_len_kv)
+
+
+class _VarlenPlan:
+    """A loaded ragged / paged plan on the CPU: the reference's run_varlen,
+    or ``exc`` raised from it."""
+
+    device = "cpu"
+
+    def __init__(self, spec: GraphSpec, exc: BaseException | None = None) -> None:
+        from graphcache.compilers.torch_sdpa import TorchSdpaGraph
+
+        self.calls: list[list[int]] = []
+        inner = TorchSdpaGraph(spec).run_varlen if exc is None else _refusing(exc)
+
+        def run_varlen(q, k, v, cu_seq_q, cu_seq_k, seqused_k=None, block_table=None):  # noqa: ANN001, ANN202
+            self.calls.append([int(n) for n in cu_seq_q.diff()])
+            return inner(q, k, v, cu_seq_q, cu_seq_k, seqused_k, block_table)
+
+        self.run_varlen = run_varlen
+
+
+def _standin_frontend():  # noqa: ANN202
+    from tests.cudnn_standins import fe_1_32
+
+    return fe_1_32()
+
+
+def _compiler(cudnn=None):  # noqa: ANN001, ANN202
+    from graphcache.compilers.cudnn import CudnnCompiler
+
+    return CudnnCompiler(canary=False, cudnn_module=cudnn or _standin_frontend())
+
+
+INVALID_DYNAMIC_SHAPE = "CUDNN_STATUS_NOT_SUPPORTED_INVALID_DYNAMIC_SHAPE"
+KLASS = GraphSpec(batch=4, heads_q=8, heads_kv=2, seq_q=1, seq_kv=256, head_dim=64, dtype="bfloat16", shapes="class")
+RAGGED = GraphSpec(
+    batch=4, heads_q=8, heads_kv=2, seq_q=128, head_dim=64, dtype="bfloat16", layout="thd",
+    mask="causal_bottom_right", generate_stats=True,
+)  # fmt: skip
+PAGED = GraphSpec(
+    batch=4, heads_q=8, heads_kv=2, seq_q=16, head_dim=64, dtype="bfloat16", layout="thd",
+    mask="causal_bottom_right", page_size=16, num_pages=64, pages_per_seq=16,
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["dense", "class", "ragged", "paged"])
+def test_a_plan_refused_at_execute_in_any_build_check_is_unsupported_at_check_naming_the_status(kind):
+    pytest.importorskip("torch", reason="the checks run on torch tensors")
+    from graphcache import BuildError
+    from graphcache.compilers.cudnn.compiler import _checked_ragged
+    from tests.fakes import make_artifact
+
+    spec = {"dense": make(), "class": KLASS, "ragged": RAGGED, "paged": PAGED}[kind]
+    compiler = _compiler()
+    for status, verdict in ((INVALID_DYNAMIC_SHAPE, UnsupportedSpec), ("CUDNN_STATUS_BAD_PARAM", BuildError)):
+        exc = refused_at_execute(status)
+        plan = {"dense": _DensePlan, "class": _ClassPlan, "ragged": _VarlenPlan, "paged": _VarlenPlan}[kind](spec, exc)
+        artifact = make_artifact(spec, TARGET)
+        with pytest.raises(verdict) as info:
+            if kind in ("ragged", "paged"):
+                _checked_ragged(artifact, plan, compiler.cudnn())
+            else:
+                compiler._checked(artifact, plan)
+        assert status in str(info.value) and f"the {kind if kind != 'dense' else 'build'} check" in str(info.value)
+        assert isinstance(info.value, UnsupportedSpec) == (verdict is UnsupportedSpec)
+        if verdict is UnsupportedSpec:
+            assert info.value.step == "check"
+
+
+def test_a_stored_plan_refused_at_execute_in_its_canary_is_sorted_the_same():
+    pytest.importorskip("torch", reason="the canary runs on torch tensors")
+    from graphcache import BuildError
+    from tests.fakes import make_artifact
+
+    spec = make(dtype="bfloat16")
+    compiler = _compiler()
+    checked = compiler._checked(make_artifact(spec, TARGET), _DensePlan(spec))
+    assert checked.canary is not None
+    compiler._check_canary(_DensePlan(spec, artifact=checked))  # the plan as built: passes
+    with pytest.raises(UnsupportedSpec, match=f"the canary: {INVALID_DYNAMIC_SHAPE}") as info:
+        compiler._check_canary(_DensePlan(spec, refused_at_execute(INVALID_DYNAMIC_SHAPE), checked))
+    assert info.value.step == "check"
+    with pytest.raises(BuildError, match="CUDNN_STATUS_EXECUTION_FAILED"):
+        compiler._check_canary(_DensePlan(spec, refused_at_execute("CUDNN_STATUS_EXECUTION_FAILED"), checked))
+
+
+class _Checking(FakeCompiler):
+    """The cache above CudnnCompiler's real build check: class specs' plans
+    refuse their override at execute; exact ones run torch's SDPA, or raise
+    ``exact_exc``."""
+
+    def __init__(self, exact_exc: BaseException | None = None) -> None:
+        super().__init__()
+        self.exact_exc = exact_exc
+
+    def build(self, spec, target, uids=None):  # noqa: ANN001, ANN201
+        from tests.fakes import make_artifact
+
+        self.builds += 1
+        artifact = make_artifact(spec, target, uids=uids)
+        plan = _ClassPlan(spec, refused_at_execute(INVALID_DYNAMIC_SHAPE)) if spec.is_class else None
+        return _compiler()._checked(artifact, plan or _DensePlan(spec, self.exact_exc))
+
+
+def test_graphcache_serves_the_exact_graph_where_the_class_plan_refuses_its_override(tmp_path):
+    pytest.importorskip("torch", reason="the checks run on torch tensors")
+    exact = GraphSpec(batch=3, heads_q=8, heads_kv=2, seq_q=1, seq_kv=200, head_dim=64, dtype="bfloat16")
+    cache = GraphCache(DiskStore(tmp_path), _Checking(), shape_classes="pow2")
+    graph = cache.load(exact, TARGET)
+    assert graph.spec == exact, "the exact graph serves, not the class"
+    stats = cache.stats()
+    assert stats["unsupported"] == 1 and stats["builds"] == 2
+    from graphcache.classes import class_of
+
+    stored = cache.lookup(class_of(exact, "pow2"), TARGET)
+    assert stored is not None and INVALID_DYNAMIC_SHAPE in stored.unsupported
+    assert stored.runtime["unsupported_step"] == "check"
+    cache.load(exact, TARGET)
+    assert cache.stats()["builds"] == 2, "the class's negative entry answers the next load"
+
+
+def test_graphcache_serves_torch_where_the_exact_plan_fails_at_execute(tmp_path):
+    pytest.importorskip("torch", reason="the checks run on torch tensors")
+    compiler = _Checking(exact_exc=refused_at_execute("CUDNN_STATUS_BAD_PARAM"))
+    cache = GraphCache(DiskStore(tmp_path), compiler, shape_classes="exact", torch_fallback=True)
+    graph = cache.load(make(), TARGET)
+    assert graph.backend == "torch" and "CUDNN_STATUS_BAD_PARAM" in graph.reason
+    assert cache.stats()["fallbacks"] == 1 and list(cache.store.keys()) == [], "a BuildError is never stored"
+
+
+# -- 2. below cuDNN 9.25, no zero-length sequence reaches cuDNN ----------------------------
+
+
+def _three_of_four():  # noqa: ANN202
+    import torch
+
+    cu_q = torch.tensor([0, 3, 4, 9], dtype=torch.int32)
+    cu_k = torch.tensor([0, 5, 6, 16], dtype=torch.int32)
+    return cu_q, cu_k
+
+
+def test_below_9_25_missing_sequences_are_one_token_dummies_writing_past_the_calls_rows():
+    pytest.importorskip("torch", reason="the offsets are torch tensors")
+    from graphcache.compilers.varlen_args import graph_inputs
+
+    cu_q, cu_k = _three_of_four()
+    got = graph_inputs(RAGGED, cu_q, cu_k, zero_length=False, rows=10)  # q has 10 rows (one of slack)
+    assert got["seq_len_q"].flatten().tolist() == [3, 1, 5, 1] and got["seq_len_kv"].flatten().tolist() == [5, 1, 10, 1]
+    assert got["ragged_q"].flatten().tolist()[:4] == [0, 3 * 512, 4 * 512, 0], "the dummy reads the first query"
+    assert got["ragged_k"].flatten().tolist()[:4] == [0, 5 * 128, 6 * 128, 0], "and the first key"
+    assert got["ragged_o"].flatten().tolist() == [0, 3 * 512, 4 * 512, 10 * 512, 11 * 512], "past the call's rows"
+    assert got["ragged_stats"].flatten().tolist() == [0, 24, 32, 80, 88]
+    today = graph_inputs(RAGGED, cu_q, cu_k)  # 9.25 and later: a 0-length fourth sequence, as before
+    assert today["seq_len_q"].flatten().tolist() == [3, 1, 5, 0]
+
+
+def test_below_9_25_a_paged_call_of_fewer_sequences_pads_with_dummies_on_page_zero():
+    torch = pytest.importorskip("torch", reason="the tables are torch tensors")
+    from graphcache.compilers.varlen_args import graph_inputs
+
+    table = torch.arange(32, dtype=torch.int32).view(2, 16)
+    got = graph_inputs(PAGED, torch.tensor([0, 1, 2]), None, torch.tensor([17, 3]), table, zero_length=False, rows=2)
+    assert got["seq_len_q"].flatten().tolist() == [1, 1, 1, 1] and got["seq_len_kv"].flatten().tolist() == [17, 3, 1, 1]
+    assert not got["page_table_k"][2:].any() and got["ragged_o"].flatten().tolist()[2:] == [2 * 512, 3 * 512, 4 * 512]
+
+
+class _Backend922:
+    """cuDNN executing a thd variant pack on the CPU as the GPU does: each
+    sequence read at its ragged offsets for its seq_len, its output written
+    at its own offset. Like cuDNN below 9.25 (TransformerEngine#1179, cudnn-
+    frontend#943), a zero-length sequence spoils the call: NaN everywhere."""
+
+    def __init__(self, spec: GraphSpec) -> None:
+        from graphcache import UidMap
+
+        self.spec, self.uids = spec, UidMap.default().for_spec(spec)
+
+    def execute(self, pack: dict) -> None:
+        import torch
+
+        from graphcache.reference.varlen import varlen_reference
+        from graphcache.spec_ragged import window
+
+        spec, u = self.spec, self.uids
+        q, k, v, o = pack[u["q"]], pack[u["k"]], pack[u["v"]], pack[u["o"]]
+        lq, lk = pack[u["seq_len_q"]].flatten().tolist(), pack[u["seq_len_kv"]].flatten().tolist()
+        if 0 in lq or 0 in lk:
+            o.fill_(float("nan"))
+            return
+        for b in range(spec.batch):
+            sq = int(pack[u["ragged_q"]].flatten()[b]) // (spec.heads_q * spec.head_dim)
+            sk = int(pack[u["ragged_k"]].flatten()[b]) // (spec.heads_kv * spec.head_dim)
+            so = int(pack[u["ragged_o"]].flatten()[b]) // (spec.heads_q * spec.head_dim_v)
+            cu = (torch.tensor([0, lq[b]]), torch.tensor([0, lk[b]]))
+            out, _ = varlen_reference(q[sq : sq + lq[b]], k[sk : sk + lk[b]], v[sk : sk + lk[b]], *cu,
+                                      scale=spec.attn_scale, window=window(spec))  # fmt: skip
+            o[so : so + lq[b]] = out.to(o.dtype)
+
+
+@pytest.mark.parametrize("zero_length", [False, True], ids=["cudnn-9.22", "as-before"])
+def test_below_9_25_a_call_of_fewer_sequences_than_the_batch_is_right_and_the_dummies_rows_are_dropped(zero_length):
+    torch = pytest.importorskip("torch", reason="the call runs on torch tensors")
+    from graphcache.compilers.cudnn.ragged import variant_pack
+    from graphcache.compilers.torch_sdpa import TorchSdpaGraph
+
+    spec = RAGGED.replace(generate_stats=False)
+    cu_q, cu_k = _three_of_four()
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(n, h, 64, generator=gen).to(torch.bfloat16) for n, h in ((9, 8), (16, 2), (16, 2)))
+    pack, out, _ = variant_pack(spec, _Backend922(spec).uids, q, k, v, cu_q, cu_k, zero_length=zero_length)
+    _Backend922(spec).execute(pack)
+    want, _ = TorchSdpaGraph(spec).run_varlen(q, k, v, cu_q, cu_k)
+    assert out.shape == want.shape, "the dummies' rows are not returned"
+    if zero_length:
+        assert out.isnan().all(), "the stand-in spoils a call with a zero-length sequence, as cuDNN < 9.25 may"
+    else:
+        torch.testing.assert_close(out.float(), want.float(), atol=2e-2, rtol=0)
+
+
+def test_the_ragged_check_leaves_out_0_token_sequences_below_9_25_and_runs_fewer_sequences_always():
+    pytest.importorskip("torch", reason="the check runs on torch tensors")
+    from graphcache import Artifact, Target
+    from graphcache.compilers.cudnn.compiler import _checked_ragged
+
+    for cudnn, zero in (("9.22.0", False), ("9.28.0", True)):
+        target = Target.parse(f"h200-sm90-cudnn{cudnn}-fe1.32.0")
+        for spec in (RAGGED, PAGED):
+            plan = _VarlenPlan(spec)
+            artifact = Artifact(spec=spec, target=target, payload=b"plan", runtime={"engine": "stand-in"})
+            checked = _checked_ragged(artifact, plan)
+            assert checked.canary is not None
+            assert any(0 in call for call in plan.calls) == zero, (cudnn, spec.summary(), plan.calls)
+            assert any(len(call) < spec.batch for call in plan.calls), "a call of fewer sequences than the batch"

@@ -2,8 +2,11 @@
 round-tripped) runs on a call built to catch what such graphs get wrong,
 and must agree with the float32 reference (``graphcache.reference.varlen``).
 
-The call has sequences of unequal lengths, including 1 and 0 tokens, and
-lengths off a 64-row tile (63, 65, ...); every token the graph must not
+The call has sequences of unequal lengths, including 1 and (on cuDNN >=
+9.25, which takes them: ``zero_length``) 0 tokens, and lengths off a
+64-row tile (63, 65, ...); a second call has fewer sequences than the
+graph's batch (``sequences``), what a serving batch after rounding up to
+the graph's is; every token the graph must not
 read is NaN: query, key and value slack past the last sequence, and, paged,
 the pages no sequence owns and the slots past each sequence's ``seqused_k``
 in its last page. A graph that reads one of them (or reads a neighbour's
@@ -31,30 +34,34 @@ __all__ = ["defined_output", "errors", "inputs", "lengths_for", "lse_difference"
 SLACK = 8  # NaN tokens past the last sequence
 
 
-def lengths_for(spec: GraphSpec) -> tuple[list[int], list[int]]:
-    """Query and key lengths of the check's ``spec.batch`` sequences."""
+def lengths_for(spec: GraphSpec, zero_length: bool = True) -> tuple[list[int], list[int]]:
+    """Query and key lengths of the check's ``spec.batch`` sequences; a
+    0-token one only with ``zero_length`` (cuDNN >= 9.25)."""
     assert spec.seq_kv is not None
     sq, skv = spec.seq_q, spec.seq_kv
     q_pattern = [1] if sq == 1 else [sq, 1, 63, 65, sq // 2 + 1, 2]
     kv_pattern = [skv, 65, 63, 1, max(1, skv // 3), skv - 1 or 1]  # the 1-token query sees 65 keys
     lens_q = [min(sq, q_pattern[b % len(q_pattern)]) for b in range(spec.batch)]
     lens_k = [min(skv, kv_pattern[b % len(kv_pattern)]) for b in range(spec.batch)]
-    if spec.batch >= 2:
+    if spec.batch >= 2 and zero_length:
         lens_q[-1] = 0  # a sequence of 0 tokens (after the 1-token one where there are 3 or more)
     return lens_q, lens_k
 
 
-def inputs(spec: GraphSpec, device: str, seed: int = 0) -> dict[str, Any]:
+def inputs(
+    spec: GraphSpec, device: str, seed: int = 0, *, zero_length: bool = True, sequences: int | None = None
+) -> dict[str, Any]:
     """The check's call as ``run_varlen`` takes it (keyword arguments),
     drawn on ``device`` (a GPU at build time: a class's pools are hundreds of
     MB) from a generator seeded with ``seed``; the pages are filled by one
-    scatter, the table and lengths made on the host (they are small)."""
+    scatter, the table and lengths made on the host (they are small). With
+    ``sequences``, only the first that many of the check's sequences."""
     import torch
 
     assert spec.heads_kv is not None and spec.head_dim_v is not None
     gen = torch.Generator(device=device).manual_seed(seed)
     dtype = torch_dtype(spec)
-    lens_q, lens_k = lengths_for(spec)
+    lens_q, lens_k = (lens[:sequences] for lens in lengths_for(spec, zero_length))
 
     def draw(*shape: int) -> Any:
         return torch.randn(*shape, generator=gen, device=device).mul_(0.5).to(dtype)

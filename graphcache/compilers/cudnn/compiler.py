@@ -9,16 +9,19 @@ top, nor this package).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from graphcache.artifact import Artifact
 from graphcache.compilers import canary, varlen_check
 from graphcache.compilers.cudnn import override, ragged
 from graphcache.compilers.cudnn.build import build_graph
+from graphcache.compilers.cudnn.failures import execute_failure
 from graphcache.compilers.cudnn.loaded import CudnnGraph, _output
 from graphcache.compilers.cudnn.releases import FUSED_ATTENTION, SERIALIZED_PLANS, missing
 from graphcache.compilers.cudnn.serialize import (
@@ -214,18 +217,19 @@ class CudnnCompiler:
     def _checked(self, artifact: Artifact, loaded: CudnnGraph) -> Artifact:
         spec = artifact.spec
         if spec.layout == "thd":
-            return _checked_ragged(artifact, loaded)
+            return _checked_ragged(artifact, loaded, self.cudnn())
         if spec.dropout:
             # Dropout draws from cuDNN's random stream, which torch cannot
             # reproduce: there is nothing to compare, so nothing is claimed.
             runtime = {**artifact.runtime, "validation": "skipped: dropout's random stream differs from torch's"}
             return dataclasses.replace(artifact, validation_error=None, canary=None, runtime=runtime)
-        worst = override.check_class(loaded) if spec.is_class else 0.0  # UnsupportedSpec naming failed shapes
-        spec = override.canary_spec(spec)  # a class's canary runs at a real shape, not the declared one
-        feed = canary.inputs(spec, str(loaded.device))
-        result = loaded.execute(**feed)
-        first, stats = (result[0].clone(), result[1]) if spec.generate_stats else (result.clone(), None)
-        second = _output(loaded.execute(**feed), spec)
+        with sorted_failures(self.cudnn(), spec, "the class check" if spec.is_class else "the build check"):
+            worst = override.check_class(loaded) if spec.is_class else 0.0  # UnsupportedSpec naming failed shapes
+            spec = override.canary_spec(spec)  # a class's canary runs at a real shape, not the declared one
+            feed = canary.inputs(spec, str(loaded.device))
+            result = loaded.execute(**feed)
+            first, stats = (result[0].clone(), result[1]) if spec.generate_stats else (result.clone(), None)
+            second = _output(loaded.execute(**feed), spec)
         error, lse_error = reference_errors(spec, first, feed, stats)
         error = max(error, worst)
         _judge(artifact, spec, error, lse_error)
@@ -274,13 +278,14 @@ class CudnnCompiler:
         if artifact.canary is None:
             return  # dropout specs, and builds without a reference check, record none
         spec = override.canary_spec(artifact.spec)
-        feed = canary.inputs(spec, f"cuda:{self.device}")
+        feed = canary_feed(spec, str(loaded.device), artifact)
         if not canary.comparable(artifact.canary, feed):
             # Another graphcache or torch draws another input: nothing to
             # compare, and no reason to drop a plan that serves other hosts.
             log.warning("canary of %s skipped: its input differs from the build's", artifact.key[:12])
             return
-        out = loaded.run_varlen(**feed)[0] if spec.layout == "thd" else _output(loaded.execute(**feed), spec)
+        with sorted_failures(self.cudnn(), spec, "the canary"):
+            out = loaded.run_varlen(**feed)[0] if spec.layout == "thd" else _output(loaded.execute(**feed), spec)
         problem = canary.mismatch(spec, artifact.canary, out, feed)
         if problem is not None:
             raise PlanRejected(
@@ -289,18 +294,48 @@ class CudnnCompiler:
             )
 
 
-def _checked_ragged(artifact: Artifact, loaded: CudnnGraph) -> Artifact:
+@contextlib.contextmanager
+def sorted_failures(cudnn: Any, spec: GraphSpec, during: str) -> Iterator[None]:
+    """A failed execute in a check (``during``), sorted as a build step's
+    failure is (``failures.execute_failure``): cuDNN's "not supported" an
+    UnsupportedSpec at step check, anything else a BuildError. The checks'
+    own verdicts pass as they are."""
+    try:
+        yield
+    except (UnsupportedSpec, BuildError, PlanRejected):
+        raise
+    except Exception as exc:  # noqa: BLE001 - the frontend raises RuntimeError, ValueError, its own types
+        raise execute_failure(cudnn, spec, exc, during) from exc
+
+
+def canary_feed(spec: GraphSpec, device: str, artifact: Artifact) -> dict[str, Any]:
+    """The canary's input; a thd spec's is its build check's call, with a
+    0-token sequence only where the target's cuDNN takes one (>= 9.25)."""
+    if spec.layout != "thd":
+        return canary.inputs(spec, device)
+    return varlen_check.inputs(spec, device, seed=canary.SEED, zero_length=ragged.zero_length_ok(artifact.target.cudnn))
+
+
+def _checked_ragged(artifact: Artifact, loaded: CudnnGraph, cudnn: Any = None) -> Artifact:
     """The build-time check of a ragged / paged graph (``varlen_check``):
-    unequal lengths with 1- and 0-token sequences, off-tile lengths and
-    NaN-poisoned slack, against the float32 reference, the log-sum-exp too
-    where it is asked for; the same call's output becomes the canary every
-    load re-checks (``canary.inputs`` of a thd spec is this call)."""
+    unequal lengths with 1-token (and on cuDNN >= 9.25 0-token) sequences,
+    off-tile lengths and NaN-poisoned slack, then a call of fewer sequences
+    than the graph's batch, against the float32 reference, the log-sum-exp
+    too where it is asked for; the first call's output becomes the canary
+    every load re-checks (``canary_feed``)."""
     spec = artifact.spec
-    feed = canary.inputs(spec, str(loaded.device))
-    first = loaded.run_varlen(**feed)[0].clone()
-    second = loaded.run_varlen(**feed)[0]
-    error, lse_error = varlen_check.errors(spec, loaded, feed)
-    _judge(artifact, spec, error, lse_error, on=" on unequal, 1- and 0-token sequences")
+    zero_length = ragged.zero_length_ok(artifact.target.cudnn)
+    with sorted_failures(cudnn, spec, "the paged check" if spec.page_size else "the ragged check"):
+        feed = canary_feed(spec, str(loaded.device), artifact)
+        first = loaded.run_varlen(**feed)[0].clone()
+        second = loaded.run_varlen(**feed)[0]
+        error, lse_error = varlen_check.errors(spec, loaded, feed)
+        if spec.batch >= 2:  # padded to the batch: 0-token sequences, or 1-token dummies below 9.25
+            fewer = varlen_check.inputs(spec, str(loaded.device), 1, zero_length=zero_length, sequences=spec.batch - 1)
+            more = varlen_check.errors(spec, loaded, fewer)
+            error, lse_error = max(error, more[0]), None if lse_error is None else max(lse_error, more[1] or 0.0)
+    zero = "and 0-token sequences" if zero_length else "sequences (no 0-token ones below cuDNN 9.25)"
+    _judge(artifact, spec, error, lse_error, on=f" on unequal, 1- {zero}, and on fewer sequences than the batch")
     record = canary.describe(spec, first, feed, deterministic=False)
     record["deterministic"] = canary.same_bits(spec, record, second, feed)
     runtime = dict(artifact.runtime)

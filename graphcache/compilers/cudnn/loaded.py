@@ -12,7 +12,7 @@ from typing import Any
 
 from graphcache.artifact import Artifact
 from graphcache.compilers.cudnn.override import ClassRun, Loader, execute_class
-from graphcache.compilers.cudnn.ragged import variant_pack
+from graphcache.compilers.cudnn.ragged import variant_pack, zero_length_ok
 from graphcache.errors import ExecutionError
 from graphcache.reference.checks import check_inputs
 from graphcache.spec import GraphSpec
@@ -45,6 +45,9 @@ class CudnnGraph:
         self.workspace_size = int(graph.get_workspace_size())
         self._workspaces: dict[int, Any] = {}
         self._dropout_calls = 0
+        # cuDNN < 9.25 takes no zero-length sequence: a thd call of fewer
+        # sequences than the batch is padded with 1-token dummies instead.
+        self.zero_length = zero_length_ok(artifact.target.cudnn)
         # The graph's own tensors are declared (b, h, s, d) with the layout's
         # strides: torch's views of the same memory, what run_views takes.
         self._out_view = (tuple(self.spec.dims("o")), tuple(self.spec.strides("o")))
@@ -122,7 +125,9 @@ class CudnnGraph:
         import torch
 
         with torch.cuda.device(self.device), self._compiler._lock:
-            pack, out, stats = variant_pack(self.spec, self.uids, q, k, v, cu_seq_q, cu_seq_k, seqused_k, block_table)
+            pack, out, stats = variant_pack(
+                self.spec, self.uids, q, k, v, cu_seq_q, cu_seq_k, seqused_k, block_table, zero_length=self.zero_length
+            )
             self._graph.execute(pack, self.workspace, handle=self._compiler.handle())
         # cuDNN's ragged stats are token-major (T, H); varlen_attn's lse is (H, T).
         lse = None if stats is None else stats[: q.shape[0]].t().contiguous()

@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from graphcache import spec_ragged
-from graphcache.compilers.cudnn.releases import PAGED, RAGGED, RAGGED_OVER_PAGED, missing
+from graphcache.compilers.cudnn.releases import PAGED, RAGGED, RAGGED_OVER_PAGED, ZERO_LENGTH, available, missing
 from graphcache.errors import UnsupportedSpec
 from graphcache.spec import GraphSpec
 from graphcache.uids import UidMap
@@ -122,24 +122,37 @@ def variant_pack(
     cu_seq_k: Any,
     seqused_k: Any = None,
     block_table: Any = None,
+    *,
+    zero_length: bool = True,
 ) -> tuple[dict[int, Any], Any, Any]:
     """One call's UID -> tensor pack, its output (T_q, H_q, D_v) and its
     stats buffer (T_q, H_q) float32 or None. Device arithmetic only
-    (``varlen_args.graph_inputs``): no host synchronisation."""
+    (``varlen_args.graph_inputs``): no host synchronisation. Without
+    ``zero_length`` (cuDNN < 9.25: ``zero_length_ok``) a call of fewer
+    sequences than the graph's batch is padded with 1-token dummies, whose
+    output rows, past the call's, are dropped here."""
     import torch
 
     from graphcache.compilers.varlen_args import graph_inputs
 
     uids = uids.for_spec(spec)
     assert spec.head_dim_v is not None
-    out = torch.empty((q.shape[0], spec.heads_q, spec.head_dim_v), dtype=q.dtype, device=q.device)
-    pack = {uids["q"]: q, uids["k"]: k, uids["v"]: v, uids["o"]: out}
-    for role, t in graph_inputs(spec, cu_seq_q, cu_seq_k, seqused_k, block_table).items():
+    rows = q.shape[0]
+    extra = 0 if zero_length else max(spec.batch - (int(cu_seq_q.shape[0]) - 1), 0)  # the dummies' output rows
+    full = torch.empty((rows + extra, spec.heads_q, spec.head_dim_v), dtype=q.dtype, device=q.device)
+    pack = {uids["q"]: q, uids["k"]: k, uids["v"]: v, uids["o"]: full}
+    inputs = graph_inputs(spec, cu_seq_q, cu_seq_k, seqused_k, block_table, zero_length=zero_length, rows=rows)
+    for role, t in inputs.items():
         pack[uids[role]] = t
     stats = None
     if spec.generate_stats:
         # Token-major, as the ragged stats descriptor strides it; one spare
         # row so an empty call still hands cuDNN a valid pointer.
-        stats = torch.empty((q.shape[0] + 1, spec.heads_q), dtype=torch.float32, device=q.device)
+        stats = torch.empty((rows + extra + 1, spec.heads_q), dtype=torch.float32, device=q.device)
         pack[uids["stats"]] = stats
-    return pack, out, stats
+    return pack, full[:rows], stats
+
+
+def zero_length_ok(cudnn: str | int) -> bool:
+    """Whether this cuDNN takes zero-length sequences (the ZERO_LENGTH row)."""
+    return available(ZERO_LENGTH, cudnn=cudnn)
