@@ -147,8 +147,8 @@ def test_the_memo_stays_bounded_when_the_class_is_not_stored_and_calls_fall_back
                     torch.nn.functional.scaled_dot_product_attention(q, k, k, attn_mask=attn_mask, enable_gqa=True),
                 )
                 assert len(gt.RUNTIME._memo) <= 8
-        stats = gt.stats()
-        assert stats["calls"] == 60 and stats["hits"] == 0 and stats["misses"] == 30
+        stats = gt.stats()  # a masked call is a bias spec, whose class was never warmed either: a miss
+        assert stats["calls"] == 60 and stats["hits"] == 0 and stats["misses"] == 60
     finally:
         gt.reset()
 

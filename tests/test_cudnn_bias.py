@@ -71,3 +71,172 @@ def test_the_release_table_says_who_takes_a_bias_and_a_bias_under_override():
     assert available(BIAS_OVERRIDE, "1.32.0", "9.28.0")
     assert "cuDNN >= 9.21" in (missing(BIAS_OVERRIDE, "1.32.0", "9.20.0") or "")
     assert "cudnn-frontend >= 1.24" in (missing(BIAS_OVERRIDE, "1.23.0", "9.28.0") or "")
+
+
+# -- class graphs: the bias's shape overridden like q/k/v (a CPU stand-in of the frontend graph) --
+
+
+class BiasStandin:
+    """1.32's ``pygraph.execute`` on the CPU: reads every tensor through the
+    override shape and strides it was given (from its storage, as cuDNN reads
+    device memory), the bias included, and writes O with the float32
+    reference. ``declared_bias`` reads the bias with its declared strides
+    instead: a plan that does not honour the bias's override."""
+
+    def __init__(self, declared: GraphSpec, declared_bias: bool = False) -> None:
+        self.declared, self.declared_bias, self.calls = declared, declared_bias, []
+
+    def get_workspace_size(self, handle=None, **lists):  # noqa: ANN001, ANN003, ANN201
+        return 4096
+
+    def execute(self, pack, workspace=None, handle=None, **lists):  # noqa: ANN001, ANN003, ANN201
+        from graphcache.compilers.torch_sdpa import reference
+
+        self.calls.append(lists)
+        uids = UidMap.default().for_spec(self.declared)
+        given = dict(
+            zip(
+                lists["override_uids"],
+                zip(lists["override_shapes"], lists["override_strides"], strict=True),
+                strict=True,
+            )
+        )
+
+        def read(role):  # noqa: ANN001, ANN202
+            t = pack[uids[role]]
+            shape, stride = given[uids[role]]
+            if role == "bias" and self.declared_bias:  # the real extent read with the declared strides
+                stride = self.declared.strides(role)
+            base = t.as_strided((t.untyped_storage().nbytes() // t.element_size(),), (1,), 0)
+            try:
+                return base.as_strided(shape, stride, t.storage_offset())
+            except RuntimeError:  # past the buffer: on a GPU, memory that is not the tensor's
+                return torch.full(shape, float("nan") if t.is_floating_point() else 0, dtype=t.dtype)
+
+        q, k, v, o = (read(r) for r in ("q", "k", "v", "o"))
+        real = self.declared.at(q.shape[0], q.shape[2], k.shape[2])
+        store = [t.transpose(1, 2) if real.layout == "bshd" else t for t in (q, k, v)]
+        lengths = read("seq_len_q"), read("seq_len_kv")
+        out, _ = reference(real.replace(padding=True), *store, *lengths, read("bias"))
+        o.copy_((out.transpose(1, 2) if real.layout == "bshd" else out).to(o.dtype))
+
+
+def bias_class_graph(spec: GraphSpec, **standin):  # noqa: ANN003, ANN201
+    """A CudnnGraph of a class spec on the CPU: the real class, with the
+    frontend graph and the compiler's handle stood in."""
+    import threading
+
+    from graphcache import Artifact, Target
+    from graphcache.compilers.cudnn import CudnnGraph
+
+    class Compiler:
+        _lock = threading.RLock()
+
+        def handle(self) -> object:
+            return object()
+
+    artifact = Artifact(spec=spec, target=Target.parse("h200-sm90-mp132-cudnn9.28.0-fe1.32.0"), payload=b"x")
+    graph = CudnnGraph.__new__(CudnnGraph)
+    graph._compiler, graph.artifact, graph.spec, graph.uids = Compiler(), artifact, spec, artifact.uids
+    graph._graph = BiasStandin(spec, **standin)
+    graph.device = torch.device("cpu")
+    graph.workspace_size = 1024
+    graph._workspaces = {}
+    return graph
+
+
+@pytest.fixture
+def cpu_workspace(monkeypatch):
+    from graphcache.compilers.cudnn import CudnnGraph, override
+
+    monkeypatch.setattr(CudnnGraph, "workspace", property(lambda self: torch.empty(1 << 16, dtype=torch.uint8)))
+    monkeypatch.setattr(override, "workspace", lambda graph, size: torch.empty(size, dtype=torch.uint8))
+
+
+@pytest.mark.parametrize("bias", ["b1ss", "1hss"])
+def test_a_bias_class_graph_passes_its_check_and_one_ignoring_the_bias_override_does_not(cpu_workspace, bias):
+    from graphcache import UnsupportedSpec
+    from graphcache.compilers.cudnn import override
+
+    spec = make(bias=bias, shapes="class", seq_q=256, seq_kv=256, mask="none")
+    assert override.check_class(bias_class_graph(spec)) < 2e-2
+    with pytest.raises(UnsupportedSpec, match="disagrees with the float32 reference"):
+        override.check_class(bias_class_graph(spec, declared_bias=True))
+
+
+def test_the_override_lists_carry_the_bias_at_the_real_shape_and_a_bound_run_serves_torchs_views(cpu_workspace):
+    from graphcache.compilers.classgraph import bind
+    from graphcache.compilers.cudnn import override
+
+    spec = make(bias="b1ss", shapes="class", seq_q=128, seq_kv=256, layout="bhsd")
+    real = spec.at(2, 100, 200)
+    lists = override.lists_for(real, UidMap.default())
+    assert lists["override_uids"][-1] == 17 and lists["override_shapes"][-1] == [2, 1, 100, 200]
+    assert lists["override_strides"][-1] == [100 * 200, 100 * 200, 200, 1]
+    run = bind(bias_class_graph(spec), real)
+    q, k, v = (torch.randn(2, h, s, 64, dtype=torch.bfloat16) for h, s in ((8, 100), (2, 200), (2, 200)))
+    mask = torch.rand(2, 1, 100, 200) > 0.3
+    bias = torch.where(mask, 0.0, float("-inf")).to(torch.bfloat16)
+    out = run.run_views(q, k, v, bias)
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q.float(), k.float(), v.float(), attn_mask=mask, enable_gqa=True
+    )
+    assert torch.allclose(out.float(), want, atol=2e-2)
+    assert run.graph._graph.calls[-1]["override_uids"][-1] == 17
+
+
+def test_a_bias_class_on_a_stack_whose_override_engine_takes_no_bias_is_unsupported():
+    from graphcache import UnsupportedSpec
+    from graphcache.compilers.cudnn import override
+
+    spec = make(bias="b1ss", shapes="class")
+    override.check_target(spec, "1.32.0", "9.21.0")
+    with pytest.raises(UnsupportedSpec, match="cuDNN >= 9.21"):
+        override.check_target(spec, "1.32.0", "9.20.0")
+
+
+# -- the reference and the fallback graph ------------------------------------------------
+
+
+@pytest.mark.parametrize("bias", BIASES)
+def test_the_reference_adds_the_bias_and_zeroes_rows_that_see_no_key_as_torch_does(bias):
+    from graphcache.compilers.torch_sdpa import TorchSdpaGraph, compared_rows, random_inputs, reference
+
+    spec = make(bias=bias, seq_q=96, seq_kv=160)
+    feed = random_inputs(spec, "cpu", seed=4)
+    b = feed["bias"]
+    assert b.shape == spec.dims("bias") and b.dtype == torch.bfloat16
+    hidden = (b == float("-inf")).all(-1)
+    assert hidden.any(), "a row that sees no key"
+    assert (b[-1, :, :, :80] == float("-inf")).all(), "a left-padded sequence: its first 64-key tile hidden"
+    out, stats = reference(spec, **feed)
+    group = spec.heads_q // spec.heads_kv
+    q, k, v = (feed[r].transpose(1, 2).float() for r in ("q", "k", "v"))
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), attn_mask=b.float()
+    )
+    assert torch.allclose(out.transpose(1, 2), want, atol=1e-4)
+    rows = hidden.expand(spec.batch, spec.heads_q, spec.seq_q)
+    assert (out.transpose(1, 2)[rows] == 0).all() and (stats.squeeze(-1)[rows] == float("-inf")).all()
+    keep = compared_rows(spec, bias=b)
+    assert not keep[hidden.any(1) if b.shape[0] > 1 else hidden.any(1).expand(spec.batch, -1)].any()
+    fallback = TorchSdpaGraph(spec).execute(feed["q"], feed["k"], feed["v"], bias=b)
+    assert torch.allclose(fallback.float().transpose(1, 2), want, atol=2e-2)
+
+
+def test_the_fallback_graph_combines_the_bias_with_the_specs_mask_and_refuses_a_missing_one():
+    from graphcache import ExecutionError
+    from graphcache.compilers.torch_sdpa import TorchSdpaGraph, random_inputs, reference, reference_error
+
+    spec = make(bias="bhss", mask="causal", seq_q=64, seq_kv=64, layout="bhsd")
+    feed = random_inputs(spec, "cpu", seed=5)
+    out = TorchSdpaGraph(spec).execute(**feed)
+    assert reference_error(spec, out, feed) < 2e-2
+    ref, _ = reference(spec, **feed)
+    assert ref[0, 0, 0].abs().sum() > 0 or (feed["bias"][0, 0, 0, 0] == float("-inf"))
+    with pytest.raises(ExecutionError, match="bias is missing"):
+        TorchSdpaGraph(spec).execute(feed["q"], feed["k"], feed["v"])
+    with pytest.raises(ExecutionError, match="no bias"):
+        TorchSdpaGraph(make(layout="bhsd", seq_q=64, seq_kv=64)).execute(
+            feed["q"], feed["k"], feed["v"], bias=feed["bias"]
+        )

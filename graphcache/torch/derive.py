@@ -7,6 +7,10 @@ contiguous (b, s, h, d) tensor is ``bshd``, a contiguous (b, h, s, d) one
 layout (Hugging Face models at prefill: q is a transposed projection, the KV
 cache a contiguous tensor) the spec takes k/v's layout and the drop-in copies
 q into it: q is the smallest of the three and the copy is one elementwise pass.
+
+An ``attn_mask`` makes a bias spec (``graphcache.torch.bias``): the spec's
+``bias`` says which dims the mask has, and the call's mask becomes the
+graph's additive bias on the device.
 """
 
 from __future__ import annotations
@@ -19,16 +23,19 @@ import torch
 
 from graphcache.errors import SpecError, UnsupportedCall
 from graphcache.spec import DTYPES, GraphSpec
+from graphcache.torch.bias import BiasFrom, bias_from
 
 _DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 
 @dataclass(frozen=True)
 class Derived:
-    """A call's spec, and whether q must be copied into the spec's layout."""
+    """A call's spec, whether q must be copied into the spec's layout, and
+    how its attn_mask becomes the graph's bias (None: no mask)."""
 
     spec: GraphSpec
     copy_q: bool
+    bias: BiasFrom | None = None
 
 
 def layouts_of(t: torch.Tensor) -> tuple[str, ...]:
@@ -100,12 +107,13 @@ def derive(
             reason="invalid",
             message=f"query has {hq} heads and key/value {hk}: pass enable_gqa=True with key/value heads dividing query heads",
         )
+    bias = None
     if attn_mask is not None:
-        raise UnsupportedCall(
-            reason="mask",
-            message="attn_mask is a tensor mask, which a cached graph cannot take: for a plain causal mask "
-            "pass is_causal=True and no attn_mask",
-        )
+        if is_causal:
+            raise UnsupportedCall(
+                reason="mask", message="attn_mask with is_causal=True, which torch refuses: pass one of the two"
+            )
+        bias = bias_from(attn_mask, b, hq, sq, skv, query)  # UnsupportedCall for a mask no bias spec expresses
     if dtype is None:
         found = _DTYPE_NAMES.get(query.dtype)
         if found is None:
@@ -144,10 +152,11 @@ def derive(
             mask="causal" if is_causal else "none",
             attn_scale=_scale(scale, d),
             dropout=dropout_p,
+            bias=None if bias is None else bias.kind,
         )
     except SpecError as exc:
         raise UnsupportedCall(str(exc), exc.field or "spec") from exc
-    return Derived(spec, copy_q=not common)
+    return Derived(spec, copy_q=not common, bias=bias)
 
 
 def derive_args(args: tuple[Any, ...], dtype: str | None = None) -> Derived:
@@ -194,7 +203,7 @@ def spec_for(
     """The GraphSpec a ``scaled_dot_product_attention`` call maps to.
 
     Raises UnsupportedSpec naming why the call cannot be a cuDNN graph (an
-    arbitrary attn_mask, float32, a head dim cuDNN does not take, not 4-D,
+    attn_mask no bias spec expresses, float32, a head dim cuDNN does not take, not 4-D,
     strides no layout expresses, ...).
     """
     return derive(

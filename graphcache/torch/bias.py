@@ -1,0 +1,110 @@
+"""A call's ``attn_mask`` as a bias graph's input (the spec field ``bias``).
+
+torch's SDPA takes a boolean mask (True: the query may see the key) or a
+float one added to the scaled scores, of any shape that broadcasts to
+(batch, heads_q, s_q, s_kv). A cuDNN graph takes an additive bias tensor of
+(batch or 1, heads or 1, s_q, s_kv) in the io dtype (``graphcache.spec_bias``).
+``bias_from`` says, once per call shape, whether a mask fits such a graph and
+how to turn it into one; ``BiasFrom`` does it per call, on the mask's device:
+a boolean mask becomes 0 / -inf (one ``torch.where``), a float mask in the
+io dtype with packed strides is passed as it is, anything else is expanded
+or cast into a packed tensor. Nothing reads a tensor's value on the host.
+
+Rows that see no key at all: torch's SDPA (2.5+, every backend's contract,
+seen on CPU with 2.13) returns 0 for a query row whose mask hides every key,
+boolean or all -inf, where a softmax over nothing would be NaN. ``BiasFrom``
+also gives those rows (``hidden``, computed on the device) so that the
+drop-in writes 0 there whatever the graph wrote.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from graphcache import spec_bias
+from graphcache.errors import UnsupportedCall
+
+_NEG_INF = float("-inf")
+
+
+@dataclass(frozen=True)
+class BiasFrom:
+    """How one call shape's mask becomes the graph's bias: ``boolean`` masks
+    become 0 / -inf; a float mask is ``copy``-ed (expanded, cast, packed) where
+    it is not already the packed tensor the graph reads. ``lead`` is the
+    number of leading size-1 dims that make the mask 4-D; ``dims`` the bias's."""
+
+    kind: str  # the spec's bias field: bhss, b1ss, 1hss, 11ss
+    dims: tuple[int, int, int, int]
+    dtype: torch.dtype
+    boolean: bool
+    copy: bool
+    lead: int
+    zero: torch.Tensor = field(compare=False)  # 0 in the io dtype on the call's device, made once
+
+    def __call__(self, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(bias, hidden)``: the packed (``dims``) bias in the io dtype, and
+        a boolean tensor broadcastable to the output's (b, h, s_q, 1), True
+        on query rows that see no key. Both computed on the mask's device."""
+        m = mask[(None,) * self.lead] if self.lead else mask
+        if self.boolean:
+            hidden = m.any(-1, keepdim=True).logical_not_()
+            bias = torch.where(m.expand(self.dims), self.zero, _NEG_INF)
+            if not bias.is_contiguous():  # strides, not values: no host sync
+                bias = bias.contiguous()
+            return bias, hidden
+        hidden = m.amax(-1, keepdim=True) == _NEG_INF
+        if self.copy:
+            m = m.expand(self.dims).to(self.dtype, memory_format=torch.contiguous_format, copy=True)
+        return m, hidden
+
+
+def _packed(mask: torch.Tensor, dims: tuple[int, ...]) -> bool:
+    """True when ``mask`` (4-D) is a packed tensor of ``dims``: the strides
+    of a contiguous one, size-1 dims' strides not counting (as torch's own
+    ``is_contiguous``)."""
+    return tuple(mask.shape) == tuple(dims) and mask.is_contiguous()
+
+
+def bias_from(mask: Any, batch: int, heads_q: int, seq_q: int, seq_kv: int, query: torch.Tensor) -> BiasFrom:
+    """How ``mask`` of a (batch, heads_q, seq_q, seq_kv) call with ``query``'s
+    dtype and device becomes a bias graph's input.
+
+    Raises UnsupportedCall with reason ``mask`` (a mask no bias spec
+    expresses: not a plain tensor, more than 4 dims, a dim neither the
+    call's nor 1, an integer dtype, a float dtype other than float32 or
+    query's) or ``invalid`` (another device), ``autograd`` (a mask that
+    requires grad)."""
+    if not isinstance(mask, torch.Tensor) or type(mask) not in (torch.Tensor, torch.nn.Parameter) or mask.is_nested:
+        raise UnsupportedCall(
+            reason="mask", message=f"attn_mask is a {type(mask).__name__}; a bias graph takes a plain tensor"
+        )
+    if mask.device != query.device:
+        raise UnsupportedCall(reason="invalid", message=f"attn_mask is on {mask.device} and query on {query.device}")
+    if mask.requires_grad and torch.is_grad_enabled():
+        raise UnsupportedCall(reason="autograd", message="attn_mask requires grad: cuDNN graphs here are forward-only")
+    boolean = mask.dtype == torch.bool
+    if not boolean and mask.dtype not in (query.dtype, torch.float32):
+        raise UnsupportedCall(
+            reason="mask",
+            message=f"attn_mask is {mask.dtype} with {query.dtype} query: a bias graph takes a boolean mask "
+            "or a float one in query's dtype (or float32)",
+        )
+    shape = (1,) * (4 - mask.dim()) + tuple(mask.shape) if mask.dim() <= 4 else ()
+    kind = None
+    if shape and shape[2] in (1, seq_q) and shape[3] in (1, seq_kv):
+        kind = spec_bias.of_shape(shape[0], shape[1], batch, heads_q)
+    if kind is None:
+        raise UnsupportedCall(
+            reason="mask",
+            message=f"attn_mask of shape {tuple(mask.shape)} does not broadcast to the call's "
+            f"({batch}, {heads_q}, {seq_q}, {seq_kv}) with batch and heads each full or 1",
+        )
+    dims = (batch if kind[0] == "b" else 1, heads_q if kind[1] == "h" else 1, seq_q, seq_kv)
+    lead = 4 - mask.dim()
+    copy = not boolean and (mask.dtype != query.dtype or not _packed(mask[(None,) * lead], dims))
+    zero = torch.zeros((), dtype=query.dtype, device=query.device)
+    return BiasFrom(kind, dims, query.dtype, boolean, copy, lead, zero)
