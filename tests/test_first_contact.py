@@ -528,3 +528,34 @@ def test_the_ragged_check_leaves_out_0_token_sequences_below_9_25_and_runs_fewer
             assert checked.canary is not None
             assert any(0 in call for call in plan.calls) == zero, (cudnn, spec.summary(), plan.calls)
             assert any(len(call) < spec.batch for call in plan.calls), "a call of fewer sequences than the batch"
+
+
+# -- 4. the class path checks its seq_len tensors as the exact path does -------------------
+
+
+@pytest.mark.parametrize(
+    ("role", "bad", "words"),
+    [
+        ("seq_len_q", lambda t: t.flatten(), r"seq_len_q has shape \(3,\); .* needs \(3, 1, 1, 1\)"),
+        (
+            "seq_len_kv",
+            lambda t: t.to(__import__("torch").int64),
+            r"seq_len_kv is torch.int64; the spec needs torch.int32",
+        ),
+        ("seq_len_q", lambda t: t[:2], r"seq_len_q has shape \(2, 1, 1, 1\); .* needs \(3, 1, 1, 1\)"),
+    ],
+    ids=["rank-1", "int64", "short"],
+)
+def test_a_class_graph_refuses_seq_len_tensors_the_exact_path_refuses_naming_the_argument(role, bad, words):
+    torch = pytest.importorskip("torch", reason="the class path runs on torch tensors")
+    from graphcache import ExecutionError
+    from graphcache.compilers.torch_sdpa import random_inputs
+
+    klass = KLASS.replace(padding=True)
+    real = klass.at(3, 1, 200)
+    feed = random_inputs(real, "cpu", seed=1)
+    assert feed["seq_len_q"].dtype == torch.int32 and tuple(feed["seq_len_q"].shape) == (3, 1, 1, 1)
+    feed[role] = bad(feed[role])
+    plan = _ClassPlan(klass, refused_at_execute("(never reached: the arguments are refused first)"))
+    with pytest.raises(ExecutionError, match=words):
+        plan.execute(feed["q"], feed["k"], feed["v"], seq_len_q=feed["seq_len_q"], seq_len_kv=feed["seq_len_kv"])

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 from graphcache.compilers.classgraph import check_covered, real_spec
 from graphcache.compilers.cudnn.releases import BIAS_OVERRIDE, OVERRIDE_WORKSPACE, SHAPE_OVERRIDE, available, missing
 from graphcache.errors import ExecutionError, UnsupportedSpec
+from graphcache.reference.checks import _check_tensor as check_tensor
 from graphcache.reference.dense import random_inputs, reference_errors, to_bhsd, torch_dtype
 from graphcache.reference.measure import TOLERANCE, within_tolerance
 from graphcache.spec import GraphSpec
@@ -204,6 +205,11 @@ def execute_class(
             )
     if spec.padding != (seq_len_q is not None) or spec.padding != (seq_len_kv is not None):
         raise ExecutionError(f"seq_len_q and seq_len_kv are {'needed' if spec.padding else 'not taken'} here")
+    for role, t in (("seq_len_q", seq_len_q), ("seq_len_kv", seq_len_kv)):
+        if t is not None:  # as the exact path: (b, 1, 1, 1) int32, or an override of another rank or dtype
+            check_tensor(spec, role, t, (spec.batch, 1, 1, 1), torch.int32)
+            if t.device != graph.device:
+                raise ExecutionError(f"{role} is on {t.device}; this graph runs on {graph.device}")
     if (bias is None) != (spec.bias is None) or (
         bias is not None and (tuple(bias.shape) != spec.dims("bias") or bias.dtype != q.dtype or bias.stride(-1) != 1)
     ):
