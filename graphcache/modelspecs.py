@@ -162,9 +162,10 @@ class _Maker:
             self.out.add(self._dense(a, batch, q, kv, layout, "none", bias="b1ss"), user)
             return
         window = a.window
-        if window is None or _low(kv) <= window - 1:
+        # graphcache.hf passes the window only when the keys outnumber it.
+        if window is None or _low(kv) <= window:
             self.out.add(self._thd(a, batch, q, kv, {"mask": "causal_bottom_right" if a.causal else "none"}), user)
-        if window is not None and kv >= window:
+        if window is not None and kv > window:
             right = 0 if a.causal else window - 1
             band: dict[str, object] = {"mask": "sliding_window_bottom_right", "window_left": window - 1}
             self.out.add(self._thd(a, batch, q, kv, {**band, "window_right": right}), user)
@@ -183,7 +184,9 @@ class _Maker:
         )
 
     def _thd(self, a: Attention, b: int, q: int, kv: int, mask: dict[str, object]) -> GraphSpec:
-        return GraphSpec.from_dict({**self._fields(a), "batch": b, "seq_q": q, "seq_kv": kv, "layout": "thd", **mask})
+        # varlen_attn's spec keeps the scale as given (graphcache.hf passes the model's own).
+        fields = {**self._fields(a), "attn_scale": a.scale}
+        return GraphSpec.from_dict({**fields, "batch": b, "seq_q": q, "seq_kv": kv, "layout": "thd", **mask})
 
 
 def render(specs: ModelSpecs, header: list[str]) -> str:

@@ -95,3 +95,61 @@ def test_a_model_warmed_from_its_config_serves_every_call_at_batch_1(tmp_path, m
         assert torch.equal(w, g)
     assert stats["calls"] > 0 and stats["hits"] == stats["calls"], stats
     assert compiler.builds == 0, "served from what the manifest warmed"
+
+
+def left_padded(lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    longest = max(lengths)
+    ids = torch.full((len(lengths), longest), 1)
+    mask = torch.zeros((len(lengths), longest), dtype=torch.long)
+    for row, n in enumerate(lengths):
+        ids[row, longest - n :] = torch.randint(3, 128, (n,), generator=torch.Generator().manual_seed(n))
+        mask[row, longest - n :] = 1
+    return ids, mask
+
+
+@pytest.mark.parametrize("make", [llama, bart], ids=["llama", "bart"])
+def test_route_graphcache_serves_prompts_a_padded_batch_and_beams_from_the_manifest(tmp_path, make):
+    import graphcache.hf
+
+    graphcache.hf.register()
+    model, config = make()
+    model = model.eval().to(torch.bfloat16)
+    config.save_pretrained(tmp_path / "model")
+    out = tmp_path / "m.yaml"
+    args = ("manifest", str(tmp_path / "model"), "--max-batch", "8", "--max-seq", "1024", "--route", "graphcache")
+    run = cli(*args, "-o", str(out))
+    assert run.returncode == 0, run.stderr
+    ops.warm(manifest.load(out), GraphCache(DiskStore(tmp_path / "store"), CpuGraphCompiler(), shape_classes="pow2"))
+
+    def runs() -> list[torch.Tensor]:
+        cases = [(left_padded([n]), 1) for n in (50, 300, 700)] + [(left_padded([20, 35, 50, 64]), 1)]
+        cases.append((left_padded([40]), 2))  # beam search: batch 2, its cache reordered each step
+        with torch.no_grad():
+            return [
+                model.generate(
+                    ids,
+                    attention_mask=mask,
+                    max_new_tokens=NEW_TOKENS,
+                    min_new_tokens=NEW_TOKENS,
+                    do_sample=False,
+                    num_beams=beams,
+                    pad_token_id=1,
+                )
+                for (ids, mask), beams in cases
+            ]
+
+    model.set_attn_implementation("sdpa")
+    want = runs()
+    model.set_attn_implementation("graphcache")
+    compiler = CpuGraphCompiler()
+    gt.configure(GraphCache(DiskStore(tmp_path / "store"), compiler, shape_classes="pow2"), device="cpu")
+    got = runs()
+    stats = gt.stats()
+    assert stats["hits"] >= 0.95 * stats["calls"], stats
+    assert compiler.builds == 0
+    # The padded batch's tokens are compared in issue 25's tests: the CPU
+    # stand-in runs ragged graphs through the float32 reference, whose
+    # rounding differs from torch's bf16 masked SDPA, so greedy ties may break
+    # the other way on random weights.
+    for index in (0, 1, 2, 4):
+        assert torch.equal(want[index], got[index]), index
