@@ -258,3 +258,31 @@ def test_padded_calls_read_no_tensor_value_on_the_host(tmp_path, monkeypatch):
     attention(layer, q, k, v, step)
     monkeypatch.undo()
     assert gt.stats()["hits"] == 3 and {s.layout for s in gt.RUNTIME._graphs} >= {"thd"}
+
+
+@pytest.mark.parametrize(
+    ("config", "reason"),
+    [
+        (transformers.Gemma2Config, "softcap"),  # attention softcapping: transformers' sdpa refuses these models
+        (transformers.GptOssConfig, "sinks"),  # attention sinks (s_aux)
+    ],
+)
+def test_softcap_and_sink_models_run_with_eagers_logits_under_a_named_reason(config, reason):
+    graphcache.hf.register()
+    torch.manual_seed(0)
+    # A cap of 0.02 changes the (small) scores of a random model; Gemma 2's default of 50 would not.
+    extra = (
+        {"attn_logit_softcapping": 0.02} if reason == "softcap" else {"num_local_experts": 4, "num_experts_per_tok": 2}
+    )
+    cfg = config(
+        vocab_size=64, hidden_size=256, intermediate_size=256, num_hidden_layers=2, num_attention_heads=8,
+        num_key_value_heads=2, head_dim=32, sliding_window=16, pad_token_id=0, **extra,
+    )  # fmt: skip
+    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval().to(torch.bfloat16)
+    ids = torch.randint(1, 64, (1, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = model(ids).logits
+        model.set_attn_implementation("graphcache")
+        got = model(ids).logits
+    assert torch.equal(want, got)
+    assert gt.stats()["fallbacks"] == {reason: 2} and gt.stats()["calls"] == 2
