@@ -42,6 +42,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 break
 
 
+@pytest.fixture
+def cudnn():
+    """The installed cudnn-frontend where it is 1.32 or later, the release
+    whose graph code (validate, build_operation_graph, its lowering) runs on
+    a CPU; the test skips, saying so, elsewhere."""
+    module = pytest.importorskip("cudnn", reason="needs nvidia-cudnn-frontend (1.32 runs its graph code on a CPU)")
+    if tuple(int(x) for x in module.__version__.split(".")[:2]) < (1, 32):
+        pytest.skip(f"validate() and lowering without a GPU need frontend 1.32+, found {module.__version__}")
+    return module
+
+
 def _need_redis() -> None:
     if not (shutil.which("redis-server") or os.path.exists("/usr/bin/redis-server")):
         pytest.skip("needs redis-server (Debian package redis-server; scripts/test.sh installs it)")

@@ -31,14 +31,6 @@ def exact_shapes(monkeypatch):
     monkeypatch.setenv("GRAPHCACHE_SHAPE_CLASSES", "exact")
 
 
-@pytest.fixture
-def cudnn():
-    module = pytest.importorskip("cudnn", reason="needs nvidia-cudnn-frontend (1.32 runs its graph code on a CPU)")
-    if tuple(int(x) for x in module.__version__.split(".")[:2]) < (1, 32):
-        pytest.skip(f"lowering without a GPU needs frontend 1.32+, found {module.__version__}")
-    return module
-
-
 # -- a failure of this host is never "unsupported" ----------------------------------
 
 

@@ -36,14 +36,6 @@ SPECS = {
 _TYPES = {"bfloat16": "BFLOAT16", "float16": "HALF", "float32": "FLOAT", "int32": "INT32", "int64": "INT64"}
 
 
-@pytest.fixture
-def cudnn():
-    module = pytest.importorskip("cudnn", reason="needs nvidia-cudnn-frontend (1.32 runs its graph code on a CPU)")
-    if tuple(int(x) for x in module.__version__.split(".")[:2]) < (1, 32):
-        pytest.skip(f"validate() without a GPU needs frontend 1.32+, found {module.__version__}")
-    return module
-
-
 @pytest.mark.parametrize("name", sorted(SPECS))
 def test_the_real_frontend_validates_and_builds_the_operation_graph(cudnn, name):
     from graphcache.compilers.cudnn import build_graph

@@ -46,14 +46,6 @@ def make(**changes) -> GraphSpec:
     return GraphSpec.from_dict({"batch": 2, "heads_q": 8, "seq_q": 128, "head_dim": 64, "mask": "causal", **changes})
 
 
-@pytest.fixture
-def cudnn():
-    module = pytest.importorskip("cudnn", reason="needs nvidia-cudnn-frontend (1.32 runs its graph code on a CPU)")
-    if tuple(int(x) for x in module.__version__.split(".")[:2]) < (1, 32):
-        pytest.skip(f"lowering without a GPU needs frontend 1.32+, found {module.__version__}")
-    return module
-
-
 # -- 3. every plan filtered out: NotSerializable, not "unsupported" ------------------------
 
 
