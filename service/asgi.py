@@ -21,6 +21,7 @@ from service.intake import BodyGate, arrived, declares_body
 from service.metrics import Metrics
 from service.reader import file_chunks
 from service.state import State
+from service.transport import SERVER
 
 log = logging.getLogger("graphcache.service")
 
@@ -98,6 +99,7 @@ class GraphcacheApp(FastAPI):
     fast_path: ArtifactFastPath | None = None
     batch_path: Any = None  # service.routes.batch.BatchFastPath
     gate: BodyGate | None = None  # every request body passes it first (service.intake)
+    sized = False  # whether the store's pools were sized to the server's concurrency
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         try:
@@ -106,6 +108,13 @@ class GraphcacheApp(FastAPI):
             arrived(scope)  # however it was answered, its body is no longer awaited
 
     async def _serve(self, scope: Any, receive: Any, send: Any) -> None:
+        if not self.sized and scope["type"] == "http":
+            # The first request says how many requests a worker serves at
+            # once (--limit-concurrency): the store's pools are sized to it.
+            self.sized = True
+            limit = scope.get("extensions", {}).get(SERVER, {}).get("limit_concurrency")
+            if limit:
+                self.state.gc.size_pools(limit)
         if scope["type"] == "http":
             headers = scope["headers"]
             if sum(len(k) + len(v) for k, v in headers) > MAX_HEADER_BYTES:

@@ -91,6 +91,12 @@ class State:
             self.metrics.store_errors.inc()
             raise
 
+    def size_pools(self, concurrency: int) -> None:
+        """Size the store's connection pools to ``concurrency`` requests at
+        once (a RedisStore's asyncio pool, before its first read)."""
+        if hasattr(self.store, "max_connections"):
+            self.store.max_connections = max(1, concurrency)
+
     def _timed_out(self, limit: float) -> ServiceError:
         """The 503 of a store call past GRAPHCACHE_TIMEOUT, counted in store_errors."""
         self.metrics.store_errors.inc()

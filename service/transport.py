@@ -58,6 +58,7 @@ from graphcache.settings import DEFAULT_HEADER_TIMEOUT
 EXTENSION = "graphcache.body_pieces"
 ARRIVING = "graphcache.arriving"  # the requests whose body is arriving (service.intake)
 ARRIVING_PER_LIMIT = 4
+SERVER = "graphcache.server"  # how this server runs: {"limit_concurrency": N or None}
 PIECES = "graphcache.response.body_pieces"
 _CYCLE_STATE = (
     "transport",
@@ -203,6 +204,7 @@ class GraphcacheHttpProtocol(HttpToolsProtocol):
         cycle.__class__ = PiecesCycle  # same state, one more message type
         extensions = cycle.scope.setdefault("extensions", {})
         extensions[EXTENSION] = {}  # type: ignore[index]
+        extensions[SERVER] = {"limit_concurrency": self.limit_concurrency}  # type: ignore[index]
         if body and app is not over_limit:
             # Listed until its body has come (service.intake takes it off).
             arriving.add(cycle)

@@ -16,7 +16,8 @@ from service.server import config as server_config
 class ServerThread:
     """Runs an ASGI app under uvicorn on an ephemeral 127.0.0.1 port."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, **options: Any) -> None:
+        """``options``: more of service.server's options (limit_concurrency, ...)."""
         self.app = app
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -26,7 +27,9 @@ class ServerThread:
         # The shipped configuration (service.server, as `graphcache serve` runs
         # it: uvloop, httptools, its limits); only the log level and the
         # shutdown grace differ, so that a test's server stops at once.
-        config = server_config(app, host="127.0.0.1", port=self.port, log_level="warning", shutdown_grace=1)
+        config = server_config(
+            app, host="127.0.0.1", port=self.port, **{"log_level": "warning", "shutdown_grace": 1, **options}
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 

@@ -344,3 +344,16 @@ def test_200_concurrent_readers_over_redis_on_one_worker_get_0_errors(private_re
     assert statuses == {200: 2000}, (statuses, errors[:3])
     stored = {art.encode() for art in arts}
     assert all(data in stored for _, data, _ in answers)
+
+
+def test_the_redis_pool_is_sized_from_the_servers_concurrency(redis_url):
+    from graphcache.stores.redis import RedisStore
+
+    store = RedisStore(redis_url)
+    art = make_artifact(spec(batch=5))
+    store.put(art.key, art.encode())
+    with ServerThread(create_app(Settings(), store=store), limit_concurrency=48) as srv:
+        assert httpx.get(f"{srv.url}/v1/artifacts/{art.key}").content == art.encode()
+        (client,) = store._async.values()  # noqa: SLF001 - the asyncio pool of the server's event loop
+        assert client.connection_pool.max_connections == 48
+    store.close()

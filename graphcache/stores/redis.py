@@ -17,8 +17,9 @@ from graphcache.key import FORMAT_VERSION
 # may evict them; pinned entries have none and are never evicted.
 EVICTABLE_TTL = 365 * 24 * 3600
 # Connections of ``aget``'s pool (one pool per event loop, i.e. per server
-# worker): one per request a worker serves at once, graphcache serve's
-# --limit-concurrency default. Past it a read waits for a free connection,
+# worker): one per request a worker serves at once. The service sets
+# ``max_connections`` to its --limit-concurrency before the first read; this
+# is that option's default. Past it a read waits for a free connection,
 # bounded by the timeout (GRAPHCACHE_TIMEOUT).
 ASYNC_CONNECTIONS = 1024
 
