@@ -205,6 +205,7 @@ def prefetch_cmd(
         tiered,
         signing_key=ctx.settings.signing_key,
         require_signed=ctx.settings.require_signed,
+        verify_keys=ctx.settings.verify_keys,  # every key of GRAPHCACHE_SIGNING_KEY during a rotation
         shape_classes=ctx.settings.shape_classes,
     )
     with progress_bar(f"prefetching {tgt}") as bar:
