@@ -9,8 +9,8 @@ is never read):
    byte is read;
 2. the declared size against the route's own limit (413; see ``rule_for``):
    an upload GRAPHCACHE_MAX_UPLOAD, a batch what GRAPHCACHE_MAX_BATCH keys
-   take, /v1/resolve and /v1/build ``SPEC_BODY_MAX``, every other route
-   ``SMALL_BODY_MAX``;
+   take, /v1/resolve and /v1/build ``SPEC_BODY_MAX``, a manifest posted to
+   the status page ``MANIFEST_BODY_MAX``, every other route ``SMALL_BODY_MAX``;
 3. the upload budget: bytes of bodies in flight in this worker (declared,
    or the route's limit when chunked) past GRAPHCACHE_UPLOAD_BUDGET get 503
    with Retry-After;
@@ -41,6 +41,7 @@ from service.state import State
 from service.transport import ARRIVING
 
 SPEC_BODY_MAX = 64 * 1024  # /v1/resolve, /v1/build: a spec and a target are a few hundred bytes
+MANIFEST_BODY_MAX = 1024 * 1024  # POST /: a manifest for the status page (service.routes.status)
 SMALL_BODY_MAX = 4 * 1024  # routes that take no body (purge, pin, DELETE, GET): what a proxy may add
 BATCH_BODY_PER_KEY = 128  # a key is 64 hex characters, quoted, with a separator and indentation
 BATCH_BODY_SLACK = 4096
@@ -82,6 +83,8 @@ def rule_for(state: State, method: str, path: str) -> Rule:
         return Rule("write", SPEC_BODY_MAX, True, f"{SPEC_BODY_MAX} bytes for a spec")
     if path == "/v1/purge":
         return Rule("admin", small.limit, False, small.what)
+    if path == "/":
+        return Rule("read", MANIFEST_BODY_MAX, False, f"{MANIFEST_BODY_MAX} bytes for a manifest")
     return small
 
 

@@ -123,6 +123,7 @@ def test_every_body_route_has_its_own_limit_413_before_reading(guarded):
         ("POST", "/v1/batch", READ, 4096 + 128 * 1024, "GRAPHCACHE_MAX_BATCH"),
         ("PUT", f"/v1/artifacts/{art.key}", WRITE, 64 * 1024**2, "GRAPHCACHE_MAX_UPLOAD"),
         ("POST", "/v1/purge?target=x", WRITE, 4096, "takes no body"),
+        ("POST", "/", READ, 1024**2, "for a manifest"),
     ]
     for method, path, token, limit, named in cases:
         with socket.create_connection(("127.0.0.1", port_of(url)), timeout=10) as sock:
