@@ -159,7 +159,8 @@ class _Maker:
                     "batches, windows in reach and chunked prefill; those calls run torch's SDPA"
                 )
                 return
-            self.out.add(self._dense(a, batch, q, kv, layout, "none", bias="b1ss"), user)
+            # With a mask, transformers' sdpa repeats the KV heads instead of enable_gqa (use_gqa_in_sdpa).
+            self.out.add(self._dense(a, batch, q, kv, layout, "none", bias="b1ss", heads_kv=a.heads_q), user)
             return
         window = a.window
         # graphcache.hf passes the window only when the keys outnumber it.
@@ -175,7 +176,9 @@ class _Maker:
         # head_dim**-0.5), is the spec's default, as graphcache.torch.derive maps it.
         default = math.isclose(a.scale, 1.0 / math.sqrt(a.head_dim), rel_tol=1e-12, abs_tol=0.0)
         scale = None if default else a.scale
-        return dict(heads_q=a.heads_q, heads_kv=a.heads_kv, head_dim=a.head_dim, dtype=self.dtype, attn_scale=scale)
+        # transformers' sdpa uses GQA only up to head_dim 256 (use_gqa_in_sdpa); above, it repeats the KV heads.
+        heads_kv = a.heads_kv if a.head_dim <= 256 else a.heads_q
+        return dict(heads_q=a.heads_q, heads_kv=heads_kv, head_dim=a.head_dim, dtype=self.dtype, attn_scale=scale)
 
     def _dense(self, a: Attention, b: int, q: int, kv: int, layout: str, mask: str, **extra: object) -> GraphSpec:
         fields = self._fields(a)
