@@ -109,10 +109,15 @@ def describe(config: dict[str, Any], source: str = "config.json") -> Model:
     if kind in ENCODER_DECODERS:
         return Model(kind, _encoder_decoder(fields, kind))
     softcap = config.get("attn_logit_softcapping")
-    if softcap is not None and "softcap" not in GraphSpec.field_names():
+    if softcap is not None:  # checked whether or not a spec field for it exists: no spec here writes one
+        what = (
+            "graphcache's specs have no softcap field"
+            if "softcap" not in GraphSpec.field_names()
+            else ("graphcache manifest does not write softcap specs yet")
+        )
         raise ManifestError(
-            f"{source}: attn_logit_softcapping={softcap} ({kind}) cannot be described: graphcache's specs have "
-            "no softcap field (and transformers' sdpa refuses softcap)"
+            f"{source}: attn_logit_softcapping={softcap} ({kind}) cannot be described: {what} "
+            "(and transformers' sdpa refuses softcap; graphcache.hf runs such layers on eager)"
         )
     return Model(kind, _decoder(fields, kind), softcap)
 
