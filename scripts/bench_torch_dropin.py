@@ -23,6 +23,12 @@ seq_kv 128, head_dim 64, bfloat16, on the CPU):
   first, and every later request, find them there).
 - class new shape: the first call of each of 256 new shapes (kv 257..512,
   class kv512, already loaded): derive, class, bind, memo entry.
+- bias: a masked call served by a bias graph (issue 25) against the same
+  call without a mask, both through the drop-in: the added cost of turning
+  the mask into the graph's bias on the device (a boolean mask: 0 / -inf;
+  a float one as it is) and of zeroing the rows that see no key. At the
+  decode shape with a (1, 1, 1, 128) boolean and a (1, 8, 1, 128) bfloat16
+  mask, and at a 128-token prefill (bhsd) with a (1, 1, 128, 128) boolean one.
 
     python scripts/bench_torch_dropin.py [--calls 20000] [--rounds 7]
 """
@@ -62,7 +68,7 @@ class NullGraph:
     def execute(self, q: Any, k: Any, v: Any, **kwargs: Any) -> Any:
         return self.out
 
-    def run_views(self, q: Any, k: Any, v: Any) -> Any:
+    def run_views(self, q: Any, k: Any, v: Any, bias: Any = None) -> Any:
         return self.out
 
 
@@ -133,6 +139,25 @@ def main() -> None:
                     lambda g=graph, a=(qs, ks, vs): g.execute(*a),
                     lambda a=(q, k, v): torch.ops.graphcache.sdpa(*a, None, 0.0, False, None, False),
                 )
+        q, k, v = tensors("bhsd")
+        bool_mask = torch.rand(1, 1, 1, 128) > 0.2
+        float_mask = torch.randn(1, 8, 1, 128, dtype=torch.bfloat16)
+        pq, pk, pv = (torch.randn(1, 8, 128, 64, dtype=torch.bfloat16) for _ in range(3))
+        prefill_mask = torch.ones(128, 128, dtype=torch.bool).tril().view(1, 1, 128, 128)
+        for mask_args in ((q, k, v, bool_mask), (q, k, v, float_mask), (pq, pk, pv), (pq, pk, pv, prefill_mask)):
+            gt.scaled_dot_product_attention(*mask_args)  # builds, stores, loads each bias graph once
+        cases["bias decode bool b1ss"] = (
+            lambda a=(q, k, v): gt.scaled_dot_product_attention(*a),
+            lambda a=(q, k, v, bool_mask): gt.scaled_dot_product_attention(*a),
+        )
+        cases["bias decode float 1hss"] = (
+            lambda a=(q, k, v): gt.scaled_dot_product_attention(*a),
+            lambda a=(q, k, v, float_mask): gt.scaled_dot_product_attention(*a),
+        )
+        cases["bias q128 bool b1ss"] = (
+            lambda a=(pq, pk, pv): gt.scaled_dot_product_attention(*a),
+            lambda a=(pq, pk, pv, prefill_mask): gt.scaled_dot_product_attention(*a),
+        )
         klass_cache = GraphCache(DiskStore(Path(tmp) / "classes"), NullCompiler(), shape_classes="pow2")  # type: ignore[arg-type]
         gt.configure(klass_cache, device="cpu", on_miss="build")
         q1 = torch.randn(1, 8, 1, 64, dtype=torch.bfloat16)
@@ -188,6 +213,7 @@ def main() -> None:
         "op": "graph.execute() direct",
         "fallback": "F.scaled_dot_product_attention",
         "class": "class graph.execute() direct",
+        "bias": "the same call without a mask (drop-in hit)",
     }
     for name in cases:
         base, ours = rows[name + " base"], rows[name + " ours"]

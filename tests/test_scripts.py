@@ -26,6 +26,9 @@ def test_bench_torch_dropin_runs_and_reports_every_case():
     for case in ("hit bhsd", "hit bshd", "op (custom op) bhsd", "fallback bhsd fp32", "class decode kv129-256"):
         assert case in out.stdout, out.stdout
     assert "class run: graphs 2, call shapes served 384" in out.stdout, out.stdout
+    for case in ("bias decode bool b1ss", "bias decode float 1hss", "bias q128 bool b1ss"):
+        assert case in out.stdout, out.stdout
+    assert "fallbacks {'dtype': " in out.stdout and "'mask'" not in out.stdout, "masked calls are bias-graph hits"
 
 
 @pytest.mark.torch
