@@ -103,14 +103,20 @@ def check(
     jobs: int = 8,
     progress: Progress | None = None,
     shape_classes: str | None = None,
+    class_slack: float | None = None,
 ) -> list[CheckRow]:
     """Coverage of ``specs`` on ``target`` in ``store``; needs no GPU.
 
     Under the class policy (``shape_classes``, default
     GRAPHCACHE_SHAPE_CLASSES) an exact spec is present when its class's graph
-    is stored and not a negative entry (``served_by`` names the class, as
-    ``GraphCache.load`` would pick it), else when its own entry is stored."""
+    is stored and not a negative entry, or, where it is not, a larger stored
+    class within ``class_slack`` (default GRAPHCACHE_CLASS_SLACK) covers it
+    (``served_by`` names the class, as ``GraphCache.load`` would pick it;
+    the store is listed once, at the first such spec), else when its own
+    entry is stored."""
     policy = policy_from_env() if shape_classes is None else check_policy(shape_classes, "shape_classes")
+    slack = slack_from_env() if class_slack is None else check_slack(class_slack)
+    index: list[ClassIndex] = []  # the store's classes on target, listed at the first class not stored
     # Each class asked once: over HTTP its header is the whole artifact, and
     # a decode loop's exact specs share a handful of classes (asked under the
     # lock, one at a time: there are few).
@@ -123,11 +129,21 @@ def check(
                 serving[klass] = _serves(store, key_for(klass, target))
             return serving[klass]
 
+    def larger(spec: GraphSpec, klass: GraphSpec) -> GraphSpec | None:
+        with lock:
+            if not index:
+                index.append(ClassIndex())
+                index[0].fill(h for h in _headers(store) if h.get("target") == target.to_dict())
+        chosen = index[0].choose(spec, klass, target, slack)
+        return chosen if chosen != klass else None
+
     def one(spec: GraphSpec) -> CheckRow:
         key = key_for(spec, target)
         klass = class_of(spec, policy)
         if klass != spec and serves(klass):
             row = CheckRow(spec, key, True, klass)
+        elif klass != spec and (bigger := larger(spec, klass)) is not None:
+            row = CheckRow(spec, key, True, bigger)
         else:
             row = CheckRow(spec, key, store.exists(key))
         if progress:

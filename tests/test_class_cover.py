@@ -191,3 +191,17 @@ def _spec_file(tmp_path, s):  # noqa: ANN001, ANN202
     path = tmp_path / "spec.json"
     path.write_text(json.dumps(s.to_dict()))
     return path
+
+
+def test_warm_check_counts_a_spec_present_through_a_larger_stored_class(tmp_path):
+    from graphcache import ops
+
+    cache, _ = warmed(tmp_path, prefill(1000), prefill(3000))
+    rows = ops.check([prefill(300), prefill(600), prefill(100)], TARGET, cache.store, shape_classes="pow2")
+    assert [(r.present, r.served_by.seq_q if r.served_by else None) for r in rows] == [
+        (True, 1024),  # 4x its own class (512)
+        (True, 1024),
+        (False, None),  # 1024 is 64x its own class (128), 4096 more
+    ]
+    strict = ops.check([prefill(300)], TARGET, cache.store, shape_classes="pow2", class_slack=1)
+    assert not strict[0].present
