@@ -11,6 +11,7 @@ import pytest
 from graphcache import GraphSpec, UidMap
 from graphcache.compilers.cudnn import build_graph
 from graphcache.compilers.cudnn.releases import BIAS, BIAS_OVERRIDE, available, missing
+from tests.test_compiler_cudnn import _frontend_1_32, _has_driver
 
 torch = pytest.importorskip("torch", reason="the reference checks run on torch tensors")
 
@@ -20,23 +21,6 @@ BIASES = ("bhss", "b1ss", "1hss", "11ss")
 def make(**changes) -> GraphSpec:  # noqa: ANN003
     base = {"batch": 2, "heads_q": 8, "heads_kv": 2, "seq_q": 128, "seq_kv": 192, "head_dim": 64}
     return GraphSpec.from_dict({**base, "dtype": "bfloat16", **changes})
-
-
-def _frontend_1_32():
-    cudnn = pytest.importorskip("cudnn", reason="needs nvidia-cudnn-frontend (1.32 runs its graph code on a CPU)")
-    if tuple(int(x) for x in cudnn.__version__.split(".")[:2]) < (1, 32):
-        pytest.skip(f"validate() and lowering without a GPU need frontend 1.32+, found {cudnn.__version__}")
-    return cudnn
-
-
-def _has_driver() -> bool:
-    import ctypes
-
-    try:
-        ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return False
-    return True
 
 
 @pytest.mark.cudnn
@@ -122,26 +106,11 @@ class BiasStandin:
 
 
 def bias_class_graph(spec: GraphSpec, **standin):  # noqa: ANN003, ANN201
-    """A CudnnGraph of a class spec on the CPU: the real class, with the
-    frontend graph and the compiler's handle stood in."""
-    import threading
+    """test_classes_cudnn's CPU class graph, with this file's frontend stand-in."""
+    from tests.test_classes_cudnn import cpu_graph
 
-    from graphcache import Artifact, Target
-    from graphcache.compilers.cudnn import CudnnGraph
-
-    class Compiler:
-        _lock = threading.RLock()
-
-        def handle(self) -> object:
-            return object()
-
-    artifact = Artifact(spec=spec, target=Target.parse("h200-sm90-mp132-cudnn9.28.0-fe1.32.0"), payload=b"x")
-    graph = CudnnGraph.__new__(CudnnGraph)
-    graph._compiler, graph.artifact, graph.spec, graph.uids = Compiler(), artifact, spec, artifact.uids
+    graph = cpu_graph(spec)
     graph._graph = BiasStandin(spec, **standin)
-    graph.device = torch.device("cpu")
-    graph.workspace_size = 1024
-    graph._workspaces = {}
     return graph
 
 
