@@ -154,7 +154,7 @@ def test_padded_encoder_and_cross_attention_are_ragged_graphs():
     assert hits() == 2 and gt.stats()["fallbacks"] == {}
 
 
-def test_sliding_window_in_reach_and_a_continued_prompt_are_bottom_right_ragged_graphs():
+def test_a_sliding_window_in_reach_is_a_window_graph_and_a_continued_prompt_a_bottom_right_ragged_one():
     layer, every = Layer(), torch.ones((1, 40), dtype=torch.bool)
     q, k, v = qkv(1, 40, 40)
     window = sliding_window_causal_mask_function(16)
@@ -163,7 +163,10 @@ def test_sliding_window_in_reach_and_a_continued_prompt_are_bottom_right_ragged_
     q = qkv(1, 8, 40, seed=3)[0]  # 8 new tokens on a 32-token cache
     assert_close_on(every[:, :8], ours(layer, q, k, v, every), torch_answer(layer, q, k, v, every))
     assert hits() == 2
-    assert {s.mask for s in gt.RUNTIME._graphs} == {"sliding_window_bottom_right", "causal_bottom_right"}
+    assert {(s.layout, s.mask, s.window_left) for s in gt.RUNTIME._graphs} == {
+        ("bhsd", "sliding_window", 15),  # a query sees 16 positions: its own and 15 before
+        ("thd", "causal_bottom_right", None),
+    }
 
 
 def test_what_no_graph_expresses_falls_back_under_a_named_reason():

@@ -7,15 +7,16 @@ How a call is served (docs/models.md has the table):
 - no padding mask: causal with as many queries as keys, a decode step (one
   query), or no causal mask (encoders, cross-attention) is the SDPA drop-in's
   dense graph (``graphcache.torch.scaled_dot_product_attention``, bshd/bhsd);
-  more queries than one but fewer than the keys (a prompt continued on a
-  cache), and a sliding window in reach, are a ragged (thd) graph with a
-  bottom-right mask (``graphcache.torch.varlen_attn``);
+  a causal prompt with a sliding window in reach is a dense ``sliding_window``
+  graph (``graphcache.hf.dense``); more queries than one but fewer than the
+  keys (a prompt continued on a cache, with or without a window) is a ragged
+  (thd) graph with a bottom-right mask (``graphcache.torch.varlen_attn``);
 - a padding mask (``graphcache.hf.masks.padding_mask``): left padding, and
   any padding of a non-causal call, is a thd graph whose key offsets start
   each sequence at its first token inside the padded tensors (``cu_seq_k``,
   ``seqused_k``: device arithmetic, no host sync); right padding of a causal
   prompt is a dense graph with ``padding`` (``seq_len_q`` / ``seq_len_kv``)
-  (``graphcache.hf.padded``);
+  (``graphcache.hf.dense``);
 - what no graph expresses falls back, counted under its reason in
   ``graphcache.torch.stats()``: ``softcap`` and ``sinks`` (to the model's
   ``eager``: transformers' sdpa refuses softcap), ``output_attentions``
@@ -33,8 +34,8 @@ from typing import Any
 import torch
 
 import graphcache.torch as gt
+from graphcache.hf.dense import run_dense
 from graphcache.hf.masks import PADDING_ATTR, dense_mask, padding_side
-from graphcache.hf.padded import run_padded
 from graphcache.torch.runtime import Plan
 
 # Keyword arguments models pass that change nothing in the attention itself.
@@ -92,6 +93,8 @@ def attention(
             return call.dense()
         if window is not None and not causal and sq != skv:
             return call.sdpa("window", f"a bidirectional window with {sq} queries and {skv} keys")
+        if window is not None and causal and sq == skv:
+            return call.windowed(window)
         return call.ragged(None)
     if dropout:
         return call.sdpa("dropout", "dropout with a padding mask: the ragged graphs take no dropout")
@@ -185,10 +188,15 @@ class _Call:
 
     def padded(self) -> tuple[torch.Tensor, None]:
         """A dense graph with per-sequence lengths (right padding, causal)."""
-        out = run_padded(self.q, self.k, self.v, self.mask.sum(dim=1, dtype=torch.int32), self.scaling)
-        if out is None:
-            return self.sdpa_uncounted()
-        return out, None
+        out = run_dense(self.q, self.k, self.v, self.scaling, None, self.mask.sum(dim=1, dtype=torch.int32))
+        return (out, None) if out is not None else self.sdpa_uncounted()
+
+    def windowed(self, window: int) -> tuple[torch.Tensor, None]:
+        """A dense graph with a sliding window (a causal prompt, no padding)."""
+        if self.dropout:
+            return self.sdpa("dropout", "dropout with a sliding window: the window graphs take no dropout")
+        out = run_dense(self.q, self.k, self.v, self.scaling, window)
+        return (out, None) if out is not None else self.sdpa_uncounted()
 
     # fallbacks ----------------------------------------------------------------------
 

@@ -62,18 +62,21 @@ def plain_pattern(fn: Any, depth: int = 0) -> bool:
     return True
 
 
-def padding_side(pad: torch.Tensor) -> str:
+def padding_side(pad: torch.Tensor, whole: torch.Tensor | None = None) -> str:
     """``"none"``, ``"left"``, ``"right"`` or ``"holes"`` for a (batch, kv)
-    boolean padding mask (True = a token). Reads the mask (one host sync)."""
-    if pad.shape[-1] < 2:
-        return "none" if bool(pad.all()) else "holes"
-    rises = (pad[:, 1:] & ~pad[:, :-1]).any()  # padding after a token
-    falls = (~pad[:, 1:] & pad[:, :-1]).any()  # a token after padding
-    everything, rises_any, falls_any = torch.stack([pad.all(), rises, falls]).tolist()
+    boolean padding mask (True = a token). ``"none"`` only where ``whole``
+    (the batch's whole mask, of which ``pad`` is the last kv columns; default
+    ``pad``) has no padding: a padded batch's calls stay ragged when their
+    window holds only tokens, so they share the graphs of the calls whose
+    window holds padding. Reads the masks (one host sync)."""
+    whole = pad if whole is None else whole
+    rises = (pad[:, 1:] & ~pad[:, :-1]).any()  # a token after padding
+    falls = (~pad[:, 1:] & pad[:, :-1]).any()  # padding after a token
+    everything, rises_any, falls_any = torch.stack([whole.all(), rises, falls]).tolist()
     if everything:
         return "none"
     if not falls_any:
-        return "left"  # padding then tokens, in every row
+        return "left"  # padding then tokens (or tokens only), in every row
     if not rises_any:
         return "right"
     return "holes"
@@ -114,7 +117,7 @@ def padding_mask(
     pad = attention_mask[:, -kv_length:].to(torch.bool)
     if pad.shape[-1] != kv_length:  # a static cache longer than the tokens seen: sdpa's mask slices it
         return dense()
-    side = padding_side(pad)
+    side = padding_side(pad, attention_mask.to(torch.bool))
     if side == "none":
         return None
     if side == "holes":
