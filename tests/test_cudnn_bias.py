@@ -209,3 +209,40 @@ def test_the_fallback_graph_combines_the_bias_with_the_specs_mask_and_refuses_a_
         TorchSdpaGraph(make(layout="bhsd", seq_q=64, seq_kv=64)).execute(
             feed["q"], feed["k"], feed["v"], bias=feed["bias"]
         )
+
+
+# -- the dense build check (CudnnCompiler._checked) on a bias graph -----------------------
+
+
+class DensePlan:
+    """A stand-in for a loaded exact bias graph: torch's semantics on the CPU,
+    NaN on the rows that see no key (where cuDNN promises nothing);
+    ``ignore_bias`` runs without the bias, a plan that dropped it."""
+
+    device = "cpu"
+
+    def __init__(self, spec: GraphSpec, ignore_bias: bool = False) -> None:
+        from graphcache.compilers.torch_sdpa import TorchSdpaGraph
+
+        self.spec, self.ignore = spec, ignore_bias
+        self.inner = TorchSdpaGraph(spec.replace(bias=None) if ignore_bias else spec)
+
+    def execute(self, **feed):  # noqa: ANN003, ANN201
+        bias = feed.pop("bias")
+        out = self.inner.execute(**feed, **({} if self.ignore else {"bias": bias}))
+        hidden = (bias == float("-inf")).all(-1, keepdim=True)  # (b|1, h|1, s_q, 1)
+        (out.transpose(1, 2) if self.spec.layout == "bshd" else out).masked_fill_(hidden, float("nan"))
+        return out
+
+
+@pytest.mark.parametrize("bias", ["b1ss", "1hss"])
+def test_the_build_check_passes_a_bias_plan_with_nan_on_rows_without_keys_and_fails_one_ignoring_the_bias(bias):
+    from graphcache import BuildError
+    from graphcache.compilers.cudnn import CudnnCompiler
+    from tests.fakes import TARGET, make_artifact
+
+    spec = make(bias=bias, seq_q=96, seq_kv=160, mask="causal")
+    checked = CudnnCompiler(canary=False)._checked(make_artifact(spec, TARGET), DensePlan(spec))  # type: ignore[arg-type]
+    assert checked.validation_error <= 2e-2 and checked.canary is not None
+    with pytest.raises(BuildError, match="reference"):
+        CudnnCompiler(canary=False)._checked(make_artifact(spec, TARGET), DensePlan(spec, ignore_bias=True))  # type: ignore[arg-type]
