@@ -28,6 +28,9 @@ SPECS = [
     dict(dtype="bfloat16", layout="bshd", mask="sliding_window", window_left=31),
     dict(dtype="float16", layout="bshd", mask="causal", generate_stats=True),
     dict(dtype="bfloat16", layout="bshd", mask="causal", padding=True),
+    dict(dtype="bfloat16", layout="bshd", bias="b1ss"),  # a padded batch's mask, as a bias (issue 25)
+    dict(dtype="float16", layout="bhsd", bias="1hss"),  # a per-head relative position bias
+    dict(dtype="bfloat16", layout="bshd", mask="causal", bias="bhss", generate_stats=True),
 ]
 
 

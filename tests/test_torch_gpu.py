@@ -100,3 +100,25 @@ def test_compiled_model_under_patch_matches_torch(cached):
     assert relative_error(got, want) < TOLERANCE["bfloat16"]
     assert gt.stats()["hits"] == 1
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("float_mask", [False, True], ids=["bool", "float"])
+def test_masked_calls_are_bias_graph_hits_with_torchs_answer_and_no_host_sync(cached, float_mask):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(2, 8, s, 64, device="cuda", dtype=torch.bfloat16, generator=g) for s in (96, 160, 160))
+    mask = torch.rand(2, 1, 96, 160, device="cuda", generator=g) > 0.3
+    mask[1, :, :, :80] = False  # left padding: the first 64-key tile hidden from every row
+    mask[0, :, 5] = False  # a row that sees no key: torch's answer is 0
+    if float_mask:
+        mask = torch.where(mask, 0.0, float("-inf")).to(torch.bfloat16)
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    gt.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # builds, checks, loads the bias graph
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        got = gt.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert gt.stats()["hits"] == 2 and gt.stats()["fallbacks"] == {}, gt.stats()
+    assert not got.isnan().any() and (got[0, :, 5] == 0).all()
+    assert relative_error(got, want) < TOLERANCE["bfloat16"]
