@@ -145,6 +145,11 @@ class Settings:
         settings = cls(**values)  # type: ignore[arg-type]
         if settings.require_signed and not settings.signing_key:
             raise SettingsError("GRAPHCACHE_REQUIRE_SIGNED=1 needs GRAPHCACHE_SIGNING_KEY")
+        if settings.upload_budget < settings.max_upload:
+            raise SettingsError(
+                f"GRAPHCACHE_UPLOAD_BUDGET={settings.upload_budget} is below GRAPHCACHE_MAX_UPLOAD="
+                f"{settings.max_upload}: no upload of the largest size could ever be taken in; raise it"
+            )
         if settings.signing_key and not settings.require_signed:
             log.warning(
                 "GRAPHCACHE_REQUIRE_SIGNED=0 with GRAPHCACHE_SIGNING_KEY set: unsigned and wrongly signed "

@@ -17,11 +17,11 @@ from typing import Any
 from fastapi import FastAPI
 
 from service.errors import JSON, ServiceError, body, from_library, send_error
-from service.intake import BodyGate, arrived, declares_body
+from service.intake import BodyGate, arrived
 from service.metrics import Metrics
 from service.reader import file_chunks
 from service.state import State
-from service.transport import SERVER
+from service.transport import SERVER, declares_body
 
 log = logging.getLogger("graphcache.service")
 
@@ -130,7 +130,7 @@ class GraphcacheApp(FastAPI):
                 # A decoded %2F or ../ in a key, whatever the method.
                 await send_error(send, 400, "invalid_key", "a key is 64 lowercase hex characters")
                 return
-            if self.gate is not None and declares_body(dict(headers)):
+            if self.gate is not None and declares_body(headers):
                 await self.gate(scope, receive, send, self.dispatch)
                 return
         await self.dispatch(scope, receive, send)

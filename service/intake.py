@@ -88,13 +88,6 @@ def rule_for(state: State, method: str, path: str) -> Rule:
     return small
 
 
-def declares_body(headers: dict[bytes, bytes]) -> bool:
-    length = headers.get(b"content-length")
-    if length is not None:
-        return length.strip() not in (b"0", b"")
-    return b"chunked" in headers.get(b"transfer-encoding", b"").lower()
-
-
 class Budget:
     """Bytes of request bodies in flight in this worker (one event loop)."""
 

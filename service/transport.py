@@ -198,7 +198,7 @@ class GraphcacheHttpProtocol(HttpToolsProtocol):
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
         arriving = self._arriving()
-        body = _declares_body(cycle.scope["headers"])
+        body = declares_body(cycle.scope["headers"])
         if app is httptools_impl.service_unavailable:
             app = self.app if self._admits(len(arriving), body) else over_limit
         cycle.__class__ = PiecesCycle  # same state, one more message type
@@ -247,7 +247,8 @@ def _compatible() -> bool:
     )
 
 
-def _declares_body(headers: Any) -> bool:
+def declares_body(headers: Any) -> bool:
+    """Whether a request's head (ASGI's list of header pairs) declares a body."""
     for name, value in headers:
         if name == b"content-length":
             return bytes(value).strip() not in (b"0", b"")

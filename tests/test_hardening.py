@@ -273,6 +273,14 @@ def test_a_signing_key_makes_signatures_required_by_default_and_0_warns(caplog):
     assert rotating.signing_key == b"new" and rotating.verify_keys == (b"new", b"old")
 
 
+def test_the_upload_budget_defaults_to_4_largest_uploads_and_may_not_be_below_one():
+    from graphcache.settings import SettingsError
+
+    assert Settings.from_env({"GRAPHCACHE_MAX_UPLOAD": "1000"}).upload_budget == 4000
+    with pytest.raises(SettingsError, match="GRAPHCACHE_UPLOAD_BUDGET=999 is below GRAPHCACHE_MAX_UPLOAD=1000"):
+        Settings.from_env({"GRAPHCACHE_MAX_UPLOAD": "1000", "GRAPHCACHE_UPLOAD_BUDGET": "999"})
+
+
 def test_the_server_does_not_serve_unsigned_or_wrongly_signed_entries_planted_in_its_store(tmp_path):
     store = DiskStore(tmp_path)
     planted = {
