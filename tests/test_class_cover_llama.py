@@ -14,75 +14,38 @@ transformers = pytest.importorskip("transformers", reason="needs Hugging Face tr
 import graphcache.torch as gt  # noqa: E402
 from graphcache import GraphCache, manifest, ops  # noqa: E402
 from graphcache.stores import DiskStore  # noqa: E402
+from tests import hf_models  # noqa: E402
 from tests.torch_standins import CpuGraphCompiler  # noqa: E402
 
 NEW_TOKENS = 32
 
 
-@pytest.fixture(autouse=True)
-def fresh_runtime():
-    gt.reset()
-    yield
-    gt.reset()
-
-
-@pytest.fixture(scope="module")
-def model():
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        attn_implementation="sdpa",
-    )
-    return transformers.LlamaForCausalLM(config).eval().to(torch.bfloat16)
-
-
-def generate(model, prompt: int) -> torch.Tensor:  # noqa: ANN001
-    ids = torch.randint(1, 128, (1, prompt), generator=torch.Generator().manual_seed(prompt))
-    with torch.no_grad():
-        return model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=NEW_TOKENS,
-            min_new_tokens=NEW_TOKENS,
-            do_sample=False,
-            pad_token_id=0,
-        )
-
-
-def test_a_300_token_prompt_is_served_by_the_recorded_1024_classes(tmp_path, model):
+def test_a_300_token_prompt_is_served_by_the_recorded_1024_classes(tmp_path):
+    model = hf_models.build("llama", "sdpa")
     path = tmp_path / "llama.yaml"
-    with gt.record(path, shape_classes="pow2"):
-        for prompt in (37, 200, 513):
-            generate(model, prompt)
-    specs = manifest.load(path)
-    assert sorted((s.seq_q, s.seq_kv) for s in specs) == [
-        (1, 128),
-        (1, 256),
-        (1, 1024),
-        (128, 128),
-        (256, 256),
-        (1024, 1024),
-    ]
-    store = DiskStore(tmp_path / "store")
-    ops.warm(specs, GraphCache(store, CpuGraphCompiler(), shape_classes="pow2"))
-
-    want = generate(model, 300)  # unpatched torch
-    compiler = CpuGraphCompiler()
-    cache = GraphCache(DiskStore(tmp_path / "store"), compiler, shape_classes="pow2")  # a new process
     gt.reset()
-    gt.configure(cache, device="cpu", on_miss="torch")
-    with gt.patch():
-        got = generate(model, 300)
-    stats = gt.stats()
-    assert torch.equal(want, got)
-    assert stats["calls"] == 2 * NEW_TOKENS
-    assert stats["hits"] == stats["calls"] == stats["served_by_larger"], stats
-    assert {g.spec.seq_kv for g in gt.RUNTIME._graphs.values()} == {1024}
-    assert compiler.builds == 0
-    assert stats["declared_to_real"] > 1
+    try:
+        with gt.record(path, shape_classes="pow2"):
+            for prompt in (37, 200, 513):
+                hf_models.generate(model, (prompt,), NEW_TOKENS)
+        specs = manifest.load(path)
+        sizes = sorted((s.seq_q, s.seq_kv) for s in specs)
+        assert sizes == [(1, 128), (1, 256), (1, 1024), (128, 128), (256, 256), (1024, 1024)]
+        ops.warm(specs, GraphCache(DiskStore(tmp_path / "store"), CpuGraphCompiler(), shape_classes="pow2"))
+
+        want = hf_models.generate(model, (300,), NEW_TOKENS)  # unpatched torch
+        compiler = CpuGraphCompiler()
+        cache = GraphCache(DiskStore(tmp_path / "store"), compiler, shape_classes="pow2")  # a new process
+        gt.reset()
+        gt.configure(cache, device="cpu", on_miss="torch")
+        with gt.patch():
+            got = hf_models.generate(model, (300,), NEW_TOKENS)
+        stats = gt.stats()
+        assert torch.equal(want, got)
+        assert stats["calls"] == 2 * NEW_TOKENS
+        assert stats["hits"] == stats["calls"] == stats["served_by_larger"], stats
+        assert {g.spec.seq_kv for g in gt.RUNTIME._graphs.values()} == {1024}
+        assert compiler.builds == 0
+        assert stats["declared_to_real"] > 1
+    finally:
+        gt.reset()
