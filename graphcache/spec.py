@@ -331,8 +331,8 @@ class GraphSpec:
         """Strides of a role's (b, h, s, d) dims in memory, fixed by the layout.
 
         q, k, v and o follow the layout (bshd: interleaved heads, as most
-        models store them; bhsd: contiguous per head); stats and seq_len
-        tensors are always packed.
+        models store them; bhsd: contiguous per head); stats, seq_len and
+        bias tensors (a bias's dims are (b|1, h|1, s_q, s_kv)) are always packed.
         """
         if self.layout == "thd":
             return spec_ragged.strides(self, role)
