@@ -91,23 +91,22 @@ def test_gemma3_layer_types_give_one_family_per_window(tmp_path):
     assert {a.scale for a in model.attentions} == {64**-0.5}
 
 
+def seq2seq(model_type: str, heads: int, **extra) -> tuple[dict, list[GraphSpec]]:  # noqa: ANN003
+    """An encoder-decoder's specs at batch 1, and those of its encoder."""
+    max_seq = extra.pop("max_seq", 256)
+    config = dict(model_type=model_type, encoder_attention_heads=heads, decoder_attention_heads=heads, **extra)
+    specs = specs_for(describe(config), max_batch=1, max_seq=max_seq).users
+    return specs, [s for s, us in specs.items() if us[0].startswith("encoder")]
+
+
 def test_bart_has_encoder_decoder_and_cross_attention(tmp_path):
-    config = dict(
-        model_type="bart",
-        d_model=256,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_layers=2,
-        decoder_layers=3,
-    )
-    specs = specs_for(describe(config), max_batch=1, max_seq=256).users
+    specs, encoder = seq2seq("bart", 4, d_model=256, encoder_layers=2, decoder_layers=3)
     users = {u.split(":")[0] for us in specs.values() for u in us}
     assert users == {
         "encoder layers 0-1 (bidirectional)",
         "decoder layers 0-2 (causal)",
         "decoder cross-attention, layers 0-2 (bidirectional)",
     }
-    encoder = [s for s, us in specs.items() if us[0].startswith("encoder")]
     assert {(s.layout, s.mask, s.seq_q, s.seq_kv) for s in encoder} == {
         ("bshd", "none", 128, 128),
         ("bshd", "none", 256, 256),
@@ -115,18 +114,8 @@ def test_bart_has_encoder_decoder_and_cross_attention(tmp_path):
 
 
 def test_whisper_encoder_length_is_fixed(tmp_path):
-    config = dict(
-        model_type="whisper",
-        d_model=384,
-        encoder_attention_heads=6,
-        decoder_attention_heads=6,
-        encoder_layers=4,
-        decoder_layers=4,
-        max_source_positions=1500,
-        max_target_positions=448,
-    )
-    specs = specs_for(describe(config), max_batch=1, max_seq=8192).users
-    encoder = [s for s, us in specs.items() if us[0].startswith("encoder")]
+    whisper = dict(d_model=384, encoder_layers=4, decoder_layers=4, max_source_positions=1500, max_target_positions=448)
+    specs, encoder = seq2seq("whisper", 6, max_seq=8192, **whisper)
     assert [(s.seq_q, s.seq_kv) for s in encoder] == [(2048, 2048)]
     assert max(s.seq_q for s in specs if s not in encoder) == 512  # the decoder's 448 tokens
 
