@@ -215,6 +215,15 @@ def test_masked_and_padded_calls_never_read_a_tensor_on_the_host(served, no_host
     assert gt.stats()["hits"] == 2
 
 
+def test_unmasked_calls_never_read_a_tensor_on_the_host_either(served, no_host_reads):
+    q, k, v = qkv()
+    gt.scaled_dot_product_attention(q, k, v, is_causal=True)
+    no_host_reads()
+    gt.scaled_dot_product_attention(q, k, v, is_causal=True)
+    gt.scaled_dot_product_attention(q[:, :, :1], k, v)  # a new call shape: derive reads shapes only
+    assert gt.stats()["hits"] == 3
+
+
 # -- record ----------------------------------------------------------------------------
 
 
