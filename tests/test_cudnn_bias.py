@@ -44,6 +44,22 @@ def test_a_bias_graph_validates_and_lowers_with_the_bias_tensor_it_declares(bias
         built.graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
 
 
+@pytest.mark.cudnn
+@pytest.mark.parametrize("bias", BIASES)
+def test_the_frontends_own_sdpa_analyzer_reads_the_bias_as_declared(bias):
+    """1.32's graph analyzer (cudnn/sdpa/graph_analyzer.py) resolves a graph to
+    the facts its Python engines run: the bias must be there, valid, with the
+    spec's dims, packed strides, io dtype and UID."""
+    cudnn = _frontend_1_32()
+    from cudnn.sdpa.graph_analyzer import analyze
+
+    spec = make(bias=bias)
+    facts = analyze(build_graph(cudnn, spec, UidMap.default(), lower=False).graph)
+    assert facts is not None and facts.invalid is None and facts.has_bias and not facts.has_dbias
+    assert facts.bias_dim == spec.dims("bias") and facts.bias_stride == spec.strides("bias")
+    assert facts.bias_dtype == cudnn.data_type.BFLOAT16 and facts.bias_t.uid == 17
+
+
 def test_a_graph_without_bias_declares_none():
     cudnn = _frontend_1_32()
     built = build_graph(cudnn, make(), UidMap.default(), lower=False)
