@@ -36,8 +36,8 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -49,7 +49,7 @@ from graphcache.artifact import Artifact  # noqa: E402
 from graphcache.spec import GraphSpec  # noqa: E402
 from graphcache.stores import DiskStore  # noqa: E402
 from graphcache.target import Target  # noqa: E402
-from tests.servers import raw_gets, slow_sender  # noqa: E402
+from tests.servers import free_port, raw_gets, serve_one_worker, slow_sender  # noqa: E402
 
 TARGET = Target.parse("h200-sm90-cudnn9.28.0-fe1.32.0")
 WRITE = "probe-write"
@@ -60,45 +60,8 @@ def artifact(batch: int, size: int) -> Artifact:
     return Artifact(spec=spec, target=TARGET, payload=os.urandom(size))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextlib.contextmanager
-def serve(env: dict[str, str], *args: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    port = free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "graphcache",
-        "serve",
-        "--port",
-        str(port),
-        "--workers",
-        "1",
-        "--log-level",
-        "critical",
-    ]
-    proc = subprocess.Popen(
-        [*cmd, *args],
-        env={**os.environ, "PYTHONPATH": str(TREE), **env},
-        cwd=TREE,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(150):
-            with contextlib.suppress(httpx.TransportError):
-                httpx.get(url + "/healthz", timeout=1)
-                break
-            time.sleep(0.2)
-        yield url, proc
-    finally:
-        proc.terminate()
-        proc.wait(15)
+def serve(env: dict[str, str], *args: str) -> Any:
+    return serve_one_worker(env, *args, tree=TREE)
 
 
 def rss_mib(pid: int) -> float:

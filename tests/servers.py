@@ -314,3 +314,33 @@ async def raw_gets(port: int, paths: list[str]) -> list[tuple[int, bytes, float]
     finally:
         writer.close()
     return out
+
+
+def serve_one_worker(env: dict[str, str], *args: str, tree: Any = None) -> Any:
+    """A context manager: `python -m graphcache serve --workers 1` on a free
+    127.0.0.1 port with ``env`` added to the environment and ``args`` after
+    the command (``tree``: serve that checkout's code, a baseline worktree);
+    yields its URL and process, stopped at the end."""
+    import contextlib
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    @contextlib.contextmanager
+    def running() -> Any:
+        root = Path(tree) if tree is not None else Path(__file__).resolve().parents[1]
+        port = free_port()
+        cmd = [sys.executable, "-m", "graphcache", "serve", "--port", str(port), "--workers", "1"]
+        cmd += ["--log-level", "critical", *args]
+        env_all = {**os.environ, **({"PYTHONPATH": str(root)} if tree is not None else {}), **env}
+        proc = subprocess.Popen(cmd, env=env_all, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            wait_for_server(url, proc)
+            yield url, proc
+        finally:
+            proc.terminate()
+            proc.wait(15)
+
+    return running()

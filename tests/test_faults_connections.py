@@ -5,21 +5,16 @@ JSON, against `graphcache serve` as a user starts it, on 127.0.0.1."""
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.fakes import TARGET, spec
-from tests.servers import ServerThread, free_port, wait_for_server
+from tests.servers import ServerThread, serve_one_worker
 
-ROOT = Path(__file__).resolve().parents[1]
 HEAD_TIMEOUT = 1.0
 LIMIT = 6
 
@@ -27,18 +22,10 @@ LIMIT = 6
 @pytest.fixture(scope="module")
 def server(tmp_path_factory) -> Iterator[tuple[int, str]]:
     folder = tmp_path_factory.mktemp("conn") / "cache"
-    port = free_port()
-    env = {**os.environ, "GRAPHCACHE_HEADER_TIMEOUT": str(HEAD_TIMEOUT)}
-    cmd = [sys.executable, "-m", "graphcache", "serve", "--port", str(port), "--cache-dir", str(folder)]
-    cmd += ["--workers", "1", "--timeout-keep-alive", "1", "--limit-concurrency", str(LIMIT), "--log-level", "critical"]
-    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_for_server(url, proc)
-        yield port, url
-    finally:
-        proc.terminate()
-        proc.wait(15)
+    env = {"GRAPHCACHE_HEADER_TIMEOUT": str(HEAD_TIMEOUT)}
+    args = ["--cache-dir", str(folder), "--timeout-keep-alive", "1", "--limit-concurrency", str(LIMIT)]
+    with serve_one_worker(env, *args) as (url, _):
+        yield int(url.rsplit(":", 1)[1]), url
 
 
 def read_all(sock: socket.socket, within: float) -> tuple[bytes, float]:

@@ -10,15 +10,11 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import resource
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -29,29 +25,11 @@ from graphcache.settings import Settings
 from graphcache.stores import DiskStore
 from service.app import create_app
 from tests.fakes import TARGET, make_artifact, spec
-from tests.servers import ServerThread, free_port, raw_gets, slow_sender, wait_for_server
+from tests.servers import ServerThread, raw_gets, serve_one_worker, slow_sender
 
 ROOT = Path(__file__).resolve().parents[1]
 WRITE, READ = "w-token", "r-token"
 GiB = 1024**3
-
-
-@contextlib.contextmanager
-def serve(env: dict[str, str], *args: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """`python -m graphcache serve` (one worker) with ``env`` added; yields its URL and process."""
-    port = free_port()
-    cmd = [sys.executable, "-m", "graphcache", "serve", "--port", str(port), "--workers", "1"]
-    cmd += ["--log-level", "critical", *args]
-    proc = subprocess.Popen(
-        cmd, env={**os.environ, **env}, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_for_server(url, proc)
-        yield url, proc
-    finally:
-        proc.terminate()
-        proc.wait(15)
 
 
 def rss(pid: int) -> int:
@@ -87,7 +65,7 @@ def guarded(tmp_path_factory):
     store.put(art.key, art.encode())
     store.close()
     env = {"GRAPHCACHE_WRITE_TOKENS": WRITE, "GRAPHCACHE_READ_TOKENS": READ, "GRAPHCACHE_DIR": str(folder)}
-    with serve(env) as (url, proc):
+    with serve_one_worker(env) as (url, proc):
         yield url, proc, art
 
 
@@ -174,7 +152,7 @@ def test_uploads_past_the_budget_get_503_with_retry_after_before_the_body(tmp_pa
         f"PUT /v1/artifacts/{art.key} HTTP/1.1\r\nhost: t\r\nauthorization: Bearer {WRITE}\r\n"
         f"content-length: {1024**2}\r\n\r\n"
     ).encode()
-    with serve(env) as (url, _):
+    with serve_one_worker(env) as (url, _):
         held = [socket.create_connection(("127.0.0.1", port_of(url)), timeout=10) for _ in range(2)]
         try:
             for sock in held:
@@ -209,7 +187,7 @@ def test_1000_slow_senders_leave_gets_at_0_errors_and_are_cut_408_and_closed(tmp
     store.put(art.key, art.encode())
     store.close()
     env = {"GRAPHCACHE_DIR": str(tmp_path), "GRAPHCACHE_UPLOAD_TIMEOUT": "10"}
-    with serve(env, "--limit-concurrency", "256") as (url, _):
+    with serve_one_worker(env, "--limit-concurrency", "256") as (url, _):
         port = port_of(url)
         errors: list[str] = []
         gets = 0
@@ -248,7 +226,7 @@ def test_1000_slow_senders_leave_gets_at_0_errors_and_are_cut_408_and_closed(tmp
 
 
 def test_a_request_refused_over_the_concurrency_limit_is_closed(tmp_path):
-    with serve({"GRAPHCACHE_DIR": str(tmp_path)}, "--limit-concurrency", "2") as (url, _):
+    with serve_one_worker({"GRAPHCACHE_DIR": str(tmp_path)}, "--limit-concurrency", "2") as (url, _):
         # Open connections are bounded at 5 x --limit-concurrency (service.transport).
         idle = [socket.create_connection(("127.0.0.1", port_of(url)), timeout=10) for _ in range(10)]
         try:
@@ -332,7 +310,7 @@ def test_200_concurrent_readers_over_redis_on_one_worker_get_0_errors(private_re
     # GRAPHCACHE_TIMEOUT raised: on a loaded 2-core machine a read may take
     # over 5 s; what is tested is that no read fails for want of a connection.
     env = {"GRAPHCACHE_WRITE_TOKENS": WRITE, "GRAPHCACHE_TIMEOUT": "30"}
-    with serve(env, "--store", redis_srv.url) as (url, _):
+    with serve_one_worker(env, "--store", redis_srv.url) as (url, _):
         for art in arts:
             put = httpx.put(
                 f"{url}/v1/artifacts/{art.key}", content=art.encode(), headers={"authorization": f"Bearer {WRITE}"}
