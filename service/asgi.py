@@ -18,7 +18,7 @@ from fastapi import FastAPI
 
 from service.errors import JSON, ServiceError, body, from_library, send_error
 from service.intake import BodyGate, arrived
-from service.metrics import Metrics
+from service.metrics import Metrics, route_label
 from service.reader import file_chunks
 from service.state import State
 from service.transport import SERVER, declares_body
@@ -152,21 +152,6 @@ class GraphcacheApp(FastAPI):
         await super().__call__(scope, receive, send)
 
 
-KNOWN_ROUTES = (
-    "/v1/artifacts",
-    "/v1/purge",
-    "/v1/batch",
-    "/v1/resolve",
-    "/v1/build",
-    "/v1/stats",
-    "/healthz",
-    "/metrics",
-    "/docs",
-    "/openapi.json",
-    "/docs/oauth2-redirect",
-)
-
-
 class RequestMetrics:
     """Counts every request by route template, method and status."""
 
@@ -179,14 +164,7 @@ class RequestMetrics:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        path = scope["path"]
-        if path.startswith(ARTIFACTS):
-            # pin and unpin are routes of their own, not artifact DELETEs
-            route = "/v1/artifacts/{key}/pin" if path.endswith("/pin") else "/v1/artifacts/{key}"
-        elif path in KNOWN_ROUTES:
-            route = path
-        else:
-            route = "/docs/assets" if path.startswith("/docs/assets/") else "other"
+        route = route_label(scope["path"])
         status = 500
 
         async def counting_send(message: dict[str, Any]) -> None:

@@ -37,6 +37,7 @@ import anyio
 
 from graphcache.key import is_key
 from service.errors import JSON, RAW_BODY, ServiceError, bad_json, body, json_problem
+from service.metrics import route_label
 from service.state import State
 from service.transport import ARRIVING
 
@@ -131,7 +132,7 @@ class BodyGate:
                 state.metrics.rejected.labels("too_large").inc()
                 raise _too_large(declared, rule)
         except ServiceError as err:
-            await refuse(send, err)
+            await self._refuse(scope, send, err)
             return
         reserve = declared if declared is not None else rule.limit
         if not self.budget.take(reserve):
@@ -140,7 +141,7 @@ class BodyGate:
                 f"the server holds {self.budget.used} bytes of uploads in flight; this body of {reserve} bytes "
                 f"would pass GRAPHCACHE_UPLOAD_BUDGET ({self.budget.limit} bytes); retry shortly"
             )
-            await refuse(send, ServiceError(503, "upload_budget", detail, {"retry-after": "1"}))
+            await self._refuse(scope, send, ServiceError(503, "upload_budget", detail, {"retry-after": "1"}))
             return
         try:
             data = await self._read(scope, receive, send, rule)
@@ -166,7 +167,7 @@ class BodyGate:
                     size += len(chunk)
                     if size > rule.limit:
                         state.metrics.rejected.labels("too_large").inc()
-                        await refuse(send, _too_large(size, rule))
+                        await self._refuse(scope, send, _too_large(size, rule))
                         return None
                     chunks.append(chunk)
                     more = message.get("more_body", False)
@@ -176,7 +177,7 @@ class BodyGate:
                 f"the request body did not arrive within {state.settings.upload_timeout:g}s "
                 f"(GRAPHCACHE_UPLOAD_TIMEOUT; {size} bytes came)"
             )
-            await refuse(send, ServiceError(408, "timeout", detail))
+            await self._refuse(scope, send, ServiceError(408, "timeout", detail))
             return None
         finally:
             arrived(scope)
@@ -184,9 +185,14 @@ class BodyGate:
         if rule.json and data:
             problem = json_problem(data)
             if problem is not None:
-                await refuse(send, bad_json(problem), close=False)
+                await self._refuse(scope, send, bad_json(problem), close=False)
                 return None
         return data
+
+    async def _refuse(self, scope: dict[str, Any], send: Any, err: ServiceError, *, close: bool = True) -> None:
+        """``refuse``, counted in graphcache_requests_total as the route would count it."""
+        self.state.metrics.requests.labels(route_label(scope["path"]), scope["method"], str(err.status)).inc()
+        await refuse(send, err, close=close)
 
 
 def arrived(scope: dict[str, Any]) -> None:

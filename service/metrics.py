@@ -134,3 +134,28 @@ class _Bookkeeping(Collector):
 
     def describe(self) -> Iterator[CounterMetricFamily]:
         yield CounterMetricFamily("graphcache_store_bookkeeping_errors", "")
+
+
+KNOWN_ROUTES = (
+    "/v1/artifacts",
+    "/v1/purge",
+    "/v1/batch",
+    "/v1/resolve",
+    "/v1/build",
+    "/v1/stats",
+    "/healthz",
+    "/metrics",
+    "/docs",
+    "/openapi.json",
+    "/docs/oauth2-redirect",
+)
+
+
+def route_label(path: str) -> str:
+    """The route template a request path is counted under."""
+    if path.startswith("/v1/artifacts/"):
+        # pin and unpin are routes of their own, not artifact DELETEs
+        return "/v1/artifacts/{key}/pin" if path.endswith("/pin") else "/v1/artifacts/{key}"
+    if path in KNOWN_ROUTES:
+        return path
+    return "/docs/assets" if path.startswith("/docs/assets/") else "other"

@@ -110,6 +110,9 @@ def test_every_body_route_has_its_own_limit_413_before_reading(guarded):
             answer = answer_of(sock)  # nothing of the body sent: the answer comes from the head
         assert answer.startswith(b"HTTP/1.1 413"), (path, answer[:300])
         assert named.encode() in answer, (path, answer[:300])
+    # Counted as the routes count their own answers.
+    metrics = httpx.get(url + "/metrics", timeout=10).text
+    assert 'graphcache_requests_total{method="POST",route="/v1/resolve",status="413"}' in metrics
 
 
 # -- item 6: malformed JSON is a 400 naming what is wrong --------------------------------------------
