@@ -17,8 +17,9 @@ of each family through ``graphcache.torch.record``):
   than the window) and a padded batch (batch > 1) arrive as a mask tensor on
   route ``sdpa``, served by bias graphs (``bias: b1ss``); on route
   ``graphcache`` (graphcache.hf) they are ragged graphs with bottom-right
-  masks (``thd``), padding as per-sequence offsets. ``--chunk`` adds chunked
-  prefill (fewer queries than keys), the same way.
+  masks (``thd``), padding as per-sequence offsets, except an unpadded
+  prompt with its window in reach: a dense ``sliding_window`` graph.
+  ``--chunk`` adds chunked prefill (fewer queries than keys), the same way.
 - an encoder's self-attention: bidirectional (mask none, ``bshd``), at the
   model's fixed length where it has one (Whisper: 1500 frames).
 - an encoder-decoder's decoder: its self-attention as a decoder's (its first
@@ -147,11 +148,13 @@ class _Maker:
             self.out.add(self._dense(a, batch, q, kv, layout, mask), user)
         reach = window is not None and kv > window
         if reach or chunked:
-            self._masked(a, batch, q, kv, layout, user + (", window in reach" if reach else ""))
+            self._masked(a, batch, q, kv, layout, user + (", window in reach" if reach else ""), unpadded=True)
         if padded and batch > 1:
             self._masked(a, batch, q, kv, layout, user + ", padded batch")
 
-    def _masked(self, a: Attention, batch: int, q: int, kv: int, layout: str, user: str) -> None:
+    def _masked(
+        self, a: Attention, batch: int, q: int, kv: int, layout: str, user: str, unpadded: bool = False
+    ) -> None:
         if self.route == "sdpa":
             if not self.bias:
                 self.out.lack(
@@ -163,6 +166,11 @@ class _Maker:
             self.out.add(self._dense(a, batch, q, kv, layout, "none", bias="b1ss", heads_kv=a.heads_q), user)
             return
         window = a.window
+        if unpadded and a.causal and q == kv and window is not None:
+            # graphcache.hf: a causal prompt with its window in reach is a dense sliding_window graph.
+            bounds: dict[str, object] = {"window_left": window - 1, "window_right": 0}
+            self.out.add(self._dense(a, batch, q, kv, layout, "sliding_window", **bounds), user)
+            return
         # graphcache.hf passes the window only when the keys outnumber it.
         if window is None or _low(kv) <= window:
             self.out.add(self._thd(a, batch, q, kv, {"mask": "causal_bottom_right" if a.causal else "none"}), user)

@@ -59,8 +59,12 @@ def served(name: str, route: str, tmp_path) -> tuple[dict[str, hf_models.Case], 
     return found, compiler.builds
 
 
-@pytest.mark.parametrize("route", ["sdpa", "graphcache"])
-@pytest.mark.parametrize("name", ["llama", "bart"])
+@pytest.mark.parametrize(
+    ("name", "route"),
+    # Mistral (a 64-token window) on route sdpa passes a mask past the window:
+    # issue 25's bias graphs, not asserted here (README).
+    [("llama", "sdpa"), ("llama", "graphcache"), ("bart", "sdpa"), ("bart", "graphcache"), ("mistral", "graphcache")],
+)
 def test_a_model_warmed_only_from_its_config_serves_prompts_and_beams(tmp_path, name, route):
     found, builds = served(name, route, tmp_path)
     assert builds == 0, "served from what the manifest warmed"
