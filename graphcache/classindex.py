@@ -77,17 +77,19 @@ class ClassIndex:
     def add(self, spec: GraphSpec, target: Target) -> None:
         if not spec.is_class:
             return
+        # Copy on write: ``choose`` reads the lists without the lock (a list
+        # being sorted in place looks empty to another thread).
         with self._lock:
-            members = self._classes.setdefault((target, family(spec)), [])
+            members = self._classes.get((target, family(spec)), [])
             if spec not in members:
-                members.append(spec)
-                members.sort(key=lambda s: (work(s), s.seq_kv, s.seq_q, s.batch))
+                grown = sorted([*members, spec], key=lambda s: (work(s), s.seq_kv, s.seq_q, s.batch))
+                self._classes[(target, family(spec))] = grown
 
     def discard(self, spec: GraphSpec, target: Target) -> None:
         with self._lock:
             members = self._classes.get((target, family(spec)), [])
             if spec in members:
-                members.remove(spec)
+                self._classes[(target, family(spec))] = [m for m in members if m != spec]
 
     def __contains__(self, item: tuple[GraphSpec, Target]) -> bool:
         spec, target = item
