@@ -186,6 +186,11 @@ def test_a_full_disk_serves_every_stored_entry_and_refuses_uploads_with_507(smal
         for key in list(stored)[:2]:
             assert client.delete(f"/v1/artifacts/{key}", headers=AUTH_A).status_code == 204
             assert client.get(f"/v1/artifacts/{key}").status_code == 404
+        # Room for the refused upload and the index's reserve (docs/reliability.md):
+        # health says so at once, before any upload succeeds (issue 27, item 8).
+        for key in list(stored)[2:6]:
+            assert client.delete(f"/v1/artifacts/{key}", headers=AUTH_A).status_code == 204
+        assert client.get("/healthz").json()["writable"] is True, client.get("/healthz").text
         art = make_artifact(spec(batch=100), size=ENTRY)
         assert client.put(f"/v1/artifacts/{art.key}", content=art.encode(), headers=AUTH_W).status_code == 201
         assert client.get(f"/v1/artifacts/{art.key}").content == art.encode()
