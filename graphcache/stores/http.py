@@ -107,7 +107,9 @@ class HttpStore:
         except CorruptArtifact as exc:
             with self._lock:
                 self.corrupt += 1
-            log.warning("corrupt artifact %s from %s refused: %s", key[:12], self.url, exc)
+            log.warning(
+                "artifact %s from %s failed verification here (%s), not used: %s", key, self.url, exc.reason, exc
+            )
             return None
         return data
 
