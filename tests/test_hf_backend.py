@@ -289,3 +289,26 @@ def test_softcap_and_sink_models_run_with_eagers_logits_under_a_named_reason(con
         got = model(ids).logits
     assert torch.equal(want, got)
     assert gt.stats()["fallbacks"] == {reason: 2} and gt.stats()["calls"] == 2
+
+
+def test_a_static_cache_keys_past_the_tokens_seen_are_masked_not_attended():
+    # A StaticCache hands attention every slot of the cache; only a mask
+    # leaves out those not written yet, so the backend is handed one (through
+    # the drop-in) and never guesses an alignment over the empty slots.
+    graphcache.hf.register()
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=64, hidden_size=256, intermediate_size=256, num_hidden_layers=2,
+        num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=128,
+    )  # fmt: skip
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval().to(torch.bfloat16)
+    ids = torch.randint(1, 64, (1, 12), generator=torch.Generator().manual_seed(0))
+    run = dict(max_new_tokens=3, do_sample=False, cache_implementation="static", output_logits=True)
+    with torch.no_grad():
+        want = model.generate(ids, attention_mask=torch.ones_like(ids), return_dict_in_generate=True, **run)
+        model.set_attn_implementation("graphcache")
+        got = model.generate(ids, attention_mask=torch.ones_like(ids), return_dict_in_generate=True, **run)
+    for w, g in zip(want.logits, got.logits, strict=True):
+        torch.testing.assert_close(g.float(), w.float(), atol=2e-2, rtol=2e-2)
+    stats = gt.stats()
+    assert stats["calls"] == 2 * 3 and stats["hits"] + stats["fallbacks"].get("mask", 0) == stats["calls"]

@@ -12,9 +12,10 @@ tagged with the side its padding is on (``PADDING_ATTR``: "left" or
 
 A mask pattern other than causal, bidirectional and sliding windows (packed
 sequences, chunked attention, a model's own ``or``/``and`` mask functions),
-and a padding mask with holes (a row that is not padding then tokens, or
-tokens then padding), get transformers' own 4-D ``sdpa_mask``: the
-attention runs them through the SDPA drop-in (counted there under ``mask``).
+a causal mask over keys past the tokens seen (a static cache), and a padding
+mask with holes (a row that is not padding then tokens, or tokens then
+padding), get transformers' own 4-D ``sdpa_mask``: the attention runs them
+through the SDPA drop-in (a bias graph, or counted under ``mask``).
 """
 
 from __future__ import annotations
@@ -43,23 +44,28 @@ _PLAIN = frozenset(
 )
 
 
-def plain_pattern(fn: Any, depth: int = 0) -> bool:
-    """True when the mask function ``fn`` is built only from masking_utils'
-    causal, bidirectional and sliding-window functions (what the attention's
-    own ``is_causal`` and ``sliding_window`` arguments say again)."""
+def pattern_names(fn: Any, depth: int = 0) -> set[str] | None:
+    """The masking_utils functions the mask function ``fn`` is built from,
+    or None when it holds any other (a custom pattern): plain patterns are
+    causal, bidirectional and sliding windows, what the attention's own
+    ``is_causal`` and ``sliding_window`` arguments say again."""
     if fn is None:
-        return True
+        return set()
     if depth > 8 or not callable(fn):
-        return False
+        return None
     if getattr(fn, "__module__", "") != "transformers.masking_utils" or fn.__qualname__ not in _PLAIN:
-        return False
+        return None
+    names = {fn.__qualname__}
     for cell in getattr(fn, "__closure__", None) or ():
         content = cell.cell_contents
         parts = content if isinstance(content, (tuple, list)) else (content,)
         for part in parts:
-            if callable(part) and not plain_pattern(part, depth + 1):
-                return False
-    return True
+            if callable(part):
+                inner = pattern_names(part, depth + 1)
+                if inner is None:
+                    return None
+                names |= inner
+    return names
 
 
 def padding_side(pad: torch.Tensor, whole: torch.Tensor | None = None) -> str:
@@ -98,7 +104,7 @@ def padding_mask(
     pattern or padding with holes."""
     from transformers.masking_utils import causal_mask_function, sdpa_mask
 
-    def dense() -> Any:
+    def dense() -> Any:  # never None: the attention must not guess a causal alignment
         return sdpa_mask(
             batch_size=batch_size,
             q_length=q_length,
@@ -107,11 +113,15 @@ def padding_mask(
             kv_offset=kv_offset,
             mask_function=mask_function or causal_mask_function,
             attention_mask=attention_mask,
-            **kwargs,
+            **{**kwargs, "allow_is_causal_skip": False},
         )
 
-    if kwargs.get("use_vmap") or not plain_pattern(mask_function):
+    names = pattern_names(mask_function)
+    if kwargs.get("use_vmap") or names is None:
         return dense()
+    causal = "bidirectional_mask_function" not in names
+    if causal and (isinstance(q_offset, torch.Tensor) or kv_offset + kv_length != q_offset + q_length):
+        return dense()  # a static cache: keys past the tokens seen, which only a mask leaves out
     if attention_mask is None:
         return None
     pad = attention_mask[:, -kv_length:].to(torch.bool)
