@@ -1,0 +1,69 @@
+"""How much of a Hugging Face model's attention the cache serves (issue 25).
+
+For each model built from a config (tests/hf_models.py: 2 layers, hidden
+256, bf16, random weights, no download): generate() is recorded on prompts
+of 37, 200 and 513 tokens (and one padded batch of 4 and one 2-beam
+search), the manifest warmed into a store with the reference compiler (it
+executes on the CPU), then served on other prompt lengths (50, 300, 700),
+a padded batch of 4 (700, 300, 90, 160) and 2-beam search (120). Prints a
+markdown table: attention calls served by graphs, and whether the greedy
+tokens equal unpatched torch's ("tie": they differ only where torch's own
+top two logits were within a bf16 rounding, see tests/hf_models.py).
+
+    python scripts/bench_hf_models.py                       # all models, both routes
+    python scripts/bench_hf_models.py --models llama bart --attn graphcache
+
+``--attn graphcache`` is the backend (attn_implementation="graphcache");
+``--attn sdpa`` is attn_implementation="sdpa" under graphcache.torch.patch().
+CPU only; nothing here times anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from graphcache.compilers.reference import ReferenceCompiler  # noqa: E402
+from tests.hf_models import Case, Lengths, measure  # noqa: E402
+
+MODELS = ("llama", "bart", "mistral", "t5")
+
+
+def cell(case: Case) -> str:
+    tokens = "equal" if case.equal else ("tie" if case.tie else "DIFFER")
+    text = f"{case.fraction:.0%} ({case.hits}/{case.calls}), {tokens}"
+    if case.fallbacks:
+        text += "; " + ", ".join(f"{k} {n}" for k, n in sorted(case.fallbacks.items()))
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
+    parser.add_argument("--attn", nargs="+", choices=("graphcache", "sdpa"), default=["graphcache", "sdpa"])
+    parser.add_argument("--new-tokens", type=int, default=8)
+    args = parser.parse_args(argv)
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        for attn in args.attn:
+            for name in args.models:
+                where = Path(folder) / f"{name}-{attn}"
+                where.mkdir()
+                cases = measure(name, ReferenceCompiler(), where, Lengths(), args.new_tokens, attn)
+                rows.append((name, attn, cases))
+                print(f"# {name} / {attn}: done", file=sys.stderr, flush=True)
+    names = [c.name for c in rows[0][2]]
+    print("| model | attention | " + " | ".join(names) + " |")
+    print("|---|---|" + "---|" * len(names))
+    for name, attn, cases in rows:
+        route = 'attn_implementation="graphcache"' if attn == "graphcache" else '"sdpa" + patch()'
+        print(f"| {name} | {route} | " + " | ".join(cell(c) for c in cases) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
