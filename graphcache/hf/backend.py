@@ -23,7 +23,8 @@ How a call is served (docs/models.md has the table):
   (eager), ``kwarg`` (an argument this backend does not know), ``dropout``
   with a padding mask, ``shape`` (more queries than keys); a 4-D mask (a
   custom pattern, padding with holes) and T5's ``position_bias`` run
-  transformers' sdpa under the drop-in, which counts them itself (``mask``).
+  transformers' sdpa under the drop-in, which serves them as bias graphs (or
+  counts them under ``mask``).
 """
 
 from __future__ import annotations
