@@ -28,6 +28,7 @@ from graphcache.stores import Store, stored_header
 from graphcache.stores.space import free_bytes, human
 from graphcache.target import Target
 from service.errors import ServiceError
+from service.models import error_responses
 from service.state import State
 
 MANIFEST_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*\.(yaml|yml|json)$")
@@ -60,8 +61,19 @@ class Holdings:
     corrupt: int = 0
 
 
+HTML_PAGE: dict[str, Any] = {
+    "content": {"text/html": {"schema": {"type": "string"}}},
+    "description": "the status page",
+}
+
+
 def add_routes(app: FastAPI, state: State) -> None:
-    @app.get("/", summary="Status page (HTML): store, entries by target, counters, a named manifest's coverage")
+    @app.get(
+        "/",
+        response_class=Response,
+        summary="Status page (HTML): store, entries by target, counters, a named manifest's coverage",
+        responses={200: HTML_PAGE, **error_responses(400, 401, 403, 404, 503)},
+    )
     async def status_page(request: Request, manifest: str | None = None) -> Response:
         state.auth.require(request, "read")
         text, source = None, None
@@ -69,7 +81,12 @@ def add_routes(app: FastAPI, state: State) -> None:
             text, source = _named_manifest(state, manifest), manifest
         return await _page(state, text, source)
 
-    @app.post("/", summary="Status page (HTML) with the coverage of the manifest in the body")
+    @app.post(
+        "/",
+        response_class=Response,
+        summary="Status page (HTML) with the coverage of the manifest in the body",
+        responses={200: HTML_PAGE, **error_responses(400, 401, 403, 413, 503)},
+    )
     async def status_posted(request: Request) -> Response:
         state.auth.require(request, "read")
         body = (await request.body()).decode("utf-8", "replace")
