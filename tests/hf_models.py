@@ -12,7 +12,7 @@ compiler is a CPU one that executes (the caller's), so hits run real math.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +23,7 @@ import transformers
 
 import graphcache.hf
 import graphcache.torch as gt
-from graphcache import GraphCache, manifest, ops
+from graphcache import GraphCache, GraphSpec, manifest, ops
 from graphcache.errors import ManifestError
 from graphcache.stores import DiskStore
 
@@ -150,11 +150,19 @@ def cases(lengths: Lengths) -> dict[str, list[tuple[tuple[int, ...], int]]]:
 
 
 def measure(
-    name: str, compiler: Any, folder: Path, lengths: Lengths = Lengths(), new_tokens: int = 8, attn: str = "graphcache"
+    name: str,
+    compiler: Any,
+    folder: Path,
+    lengths: Lengths = Lengths(),
+    new_tokens: int = 8,
+    attn: str = "graphcache",
+    also: Sequence[GraphSpec] = (),
 ) -> list[Case]:
     """Record, warm and serve ``name`` through ``attn`` ("graphcache", or
-    "sdpa" under graphcache.torch.patch()); see the module docs. One Case
-    per entry of ``cases``."""
+    "sdpa" under graphcache.torch.patch()); see the module docs. ``also``
+    is warmed beside the recording (a manifest of the model's config, what
+    the "coverage" issue adds where a recording falls short). One Case per
+    entry of ``cases``."""
     model = build(name, attn)
     gt.reset()
     path = folder / f"{name}-{attn}.yaml"
@@ -169,6 +177,8 @@ def measure(
     cache = GraphCache(DiskStore(folder / f"{name}-{attn}-store"), compiler, shape_classes="pow2")
     if path.exists():
         ops.warm(manifest.load(path), cache)
+    if also:
+        ops.warm(list(also), cache)
     found = []
     for case, runs in cases(lengths).items():
         model.set_attn_implementation("sdpa")

@@ -15,6 +15,15 @@ seen on CPU with 2.13) returns 0 for a query row whose mask hides every key,
 boolean or all -inf, where a softmax over nothing would be NaN. ``BiasFrom``
 also gives those rows (``hidden``, computed on the device) so that the
 drop-in writes 0 there whatever the graph wrote.
+
+Query rows as heads: transformers' sdpa hands a GQA model's masked decode
+step over as (b, h_kv, n_rep, d) queries against (b, h_kv, s_kv, d) keys
+(``pack_gqa``), the query heads of one token packed into rows. Where the
+mask is shared by those rows and heads, the call is the decode step it came
+from: ``rows`` says so, and ``fold`` / ``unfold`` turn the query into
+(b, h_kv * n_rep, 1, d) and the output back, views only. Its spec is the
+GQA decode spec (seq_q 1, decode's own classes) instead of a 4-query call
+that rounds to a prefill class of 128 queries.
 """
 
 from __future__ import annotations
@@ -44,6 +53,15 @@ class BiasFrom:
     copy: bool
     lead: int
     zero: torch.Tensor = field(compare=False)  # 0 in the io dtype on the call's device, made once
+    rows: int = 1  # query rows folded into heads (transformers' pack_gqa), 1: none
+
+    def fold(self, q: torch.Tensor) -> torch.Tensor:
+        """The graph's query: ``q`` itself, or its rows as heads (a view)."""
+        return q if self.rows == 1 else q.reshape(q.shape[0], -1, 1, q.shape[-1])
+
+    def unfold(self, out: torch.Tensor) -> torch.Tensor:
+        """The call's output from the graph's (the inverse of ``fold``)."""
+        return out if self.rows == 1 else out.reshape(out.shape[0], -1, self.rows, out.shape[-1])
 
     def __call__(self, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(bias, hidden)``: the packed (``dims``) bias in the io dtype, and
@@ -69,14 +87,16 @@ def _packed(mask: torch.Tensor, dims: tuple[int, ...]) -> bool:
     return tuple(mask.shape) == tuple(dims) and mask.is_contiguous()
 
 
-def bias_from(mask: Any, batch: int, heads_q: int, seq_q: int, seq_kv: int, query: torch.Tensor) -> BiasFrom:
+def bias_from(
+    mask: Any, batch: int, heads_q: int, seq_q: int, seq_kv: int, query: torch.Tensor, rows: int = 1
+) -> BiasFrom:
     """How ``mask`` of a (batch, heads_q, seq_q, seq_kv) call with ``query``'s
     dtype and device becomes a bias graph's input.
 
     Raises UnsupportedCall with reason ``mask`` (a mask no bias spec
     expresses: not a plain tensor, more than 4 dims, a dim neither the
     call's nor 1, an integer dtype, a float dtype other than float32 or
-    query's) or ``invalid`` (another device), ``autograd`` (a mask that
+    query's; ``rows``: see ``BiasFrom.rows``) or ``invalid`` (another device), ``autograd`` (a mask that
     requires grad)."""
     if not isinstance(mask, torch.Tensor) or type(mask) not in (torch.Tensor, torch.nn.Parameter) or mask.is_nested:
         raise UnsupportedCall(
@@ -107,4 +127,18 @@ def bias_from(mask: Any, batch: int, heads_q: int, seq_q: int, seq_kv: int, quer
     lead = 4 - mask.dim()
     copy = not boolean and (mask.dtype != query.dtype or not _packed(mask[(None,) * lead], dims))
     zero = torch.zeros((), dtype=query.dtype, device=query.device)
-    return BiasFrom(kind, dims, query.dtype, boolean, copy, lead, zero)
+    return BiasFrom(kind, dims, query.dtype, boolean, copy, lead, zero, rows)
+
+
+# The most query rows taken for one decode step's heads (a GQA group: query heads per KV head).
+FOLD_ROWS = 128
+
+
+def rows_are_heads(mask: torch.Tensor, bias: BiasFrom, query: torch.Tensor, heads_kv: int) -> bool:
+    """True for a call ``fold`` turns into the decode step it came from:
+    as many query as KV heads, 2 to FOLD_ROWS query rows packed (b, h, s, d),
+    and a mask shared by every head and every query row, so that each row
+    sees the same keys and bias (pack_gqa passes the decode step's mask as it is)."""
+    _, heads, rows, _ = query.shape
+    shared = mask.dim() < 2 or mask.shape[-2] == 1
+    return shared and bias.dims[1] == 1 and heads == heads_kv and 1 < rows <= FOLD_ROWS and query.is_contiguous()

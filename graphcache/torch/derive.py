@@ -10,7 +10,9 @@ q into it: q is the smallest of the three and the copy is one elementwise pass.
 
 An ``attn_mask`` makes a bias spec (``graphcache.torch.bias``): the spec's
 ``bias`` says which dims the mask has, and the call's mask becomes the
-graph's additive bias on the device.
+graph's additive bias on the device. A masked GQA decode step whose query
+heads transformers packed into rows is the decode spec it came from
+(``graphcache.torch.bias.rows_are_heads``).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import torch
 
 from graphcache.errors import SpecError, UnsupportedCall
 from graphcache.spec import DTYPES, GraphSpec
-from graphcache.torch.bias import BiasFrom, bias_from
+from graphcache.torch.bias import BiasFrom, bias_from, rows_are_heads
 
 _DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
@@ -114,6 +116,10 @@ def derive(
                 reason="mask", message="attn_mask with is_causal=True, which torch refuses: pass one of the two"
             )
         bias = bias_from(attn_mask, b, hq, sq, skv, query)  # UnsupportedCall for a mask no bias spec expresses
+        if rows_are_heads(attn_mask, bias, query, hk):  # a GQA decode step, its heads packed into rows
+            hq, sq = hq * sq, 1
+            query = query.reshape(b, hq, 1, d)
+            bias = bias_from(attn_mask, b, hq, sq, skv, query, rows=bias.dims[2])
     if dtype is None:
         found = _DTYPE_NAMES.get(query.dtype)
         if found is None:

@@ -84,7 +84,7 @@ class Plan:
             if self.copy_q:
                 q = q.transpose(1, 2).contiguous().transpose(1, 2) if self.spec.layout == "bshd" else q.contiguous()
             run = self.graph.run_views if self.views else partial(_run_views, self.graph)  # type: ignore[attr-defined]
-            return run(q, k, v, bias).masked_fill_(hidden, 0.0)
+            return self.bias.unfold(run(self.bias.fold(q), k, v, bias).masked_fill_(hidden, 0.0))
         # No view is made per call on the views path: the memo key (shapes,
         # strides, dtypes, devices) has already matched these tensors to the spec.
         if self.copy_q:
