@@ -34,7 +34,7 @@ MODELS = ("llama", "bart", "mistral", "t5")
 
 
 def cell(case: Case) -> str:
-    tokens = "equal" if case.equal else ("tie" if case.tie else "DIFFER")
+    tokens = "equal" if case.equal else (f"tie (gap {case.gap:.3f})" if case.tie and case.gap is not None else "DIFFER")
     text = f"{case.fraction:.0%} ({case.hits}/{case.calls}), {tokens}"
     if case.fallbacks:
         text += "; " + ", ".join(f"{k} {n}" for k, n in sorted(case.fallbacks.items()))
