@@ -37,7 +37,7 @@ from graphcache.modelconfig import describe  # noqa: E402
 from graphcache.modelspecs import specs_for  # noqa: E402
 from tests.hf_models import Case, Lengths, config, measure  # noqa: E402
 
-MODELS = ("llama", "bart", "mistral", "t5")
+MODELS = ("llama", "bart", "mistral", "gemma3", "t5")
 
 
 def cell(case: Case) -> str:

@@ -50,21 +50,25 @@ SMALL = Lengths(record=(9, 150), record_batch=(9, 150, 20, 40), serve=(20, 140),
 
 def config(name: str) -> Any:
     """2 layers, hidden 256, head dim 32: Llama-style GQA (8/2 heads),
-    Mistral with a 64-token sliding window, BART, T5 (relative position bias)."""
+    Mistral with a 64-token sliding window, Gemma 3 (a window on alternate
+    layers), BART, T5 (relative position bias)."""
     common: dict[str, Any] = dict(vocab_size=VOCAB, pad_token_id=0, eos_token_id=VOCAB - 1, bos_token_id=1)
-    if name in ("llama", "mistral"):
-        cls = transformers.LlamaConfig if name == "llama" else transformers.MistralConfig
-        extra = {"sliding_window": 64} if name == "mistral" else {}
-        return cls(
-            hidden_size=256,
-            intermediate_size=512,
-            num_hidden_layers=2,
-            num_attention_heads=8,
-            num_key_value_heads=2,
-            max_position_embeddings=2048,
-            **extra,
-            **common,
-        )
+    decoder: dict[str, Any] = dict(
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        **common,
+    )
+    if name == "llama":
+        return transformers.LlamaConfig(**decoder)
+    if name == "mistral":
+        return transformers.MistralConfig(sliding_window=64, **decoder)
+    if name == "gemma3":  # a 64-token window on its first layer, full attention on its second
+        layers = ["sliding_attention", "full_attention"]
+        return transformers.Gemma3TextConfig(head_dim=32, sliding_window=64, layer_types=layers, **decoder)
     if name == "bart":
         return transformers.BartConfig(
             d_model=256,
@@ -83,7 +87,7 @@ def config(name: str) -> Any:
         return transformers.T5Config(
             d_model=256, d_kv=32, d_ff=512, num_layers=2, num_heads=8, decoder_start_token_id=0, **common
         )
-    raise ValueError(f"unknown model {name!r}: llama, mistral, bart, t5")
+    raise ValueError(f"unknown model {name!r}: llama, mistral, gemma3, bart, t5")
 
 
 def build(name: str, attn: str = "graphcache") -> Any:
