@@ -25,7 +25,7 @@ def fresh_runtime():
 
 
 # T5's relative position bias reaches the graphs through the SDPA drop-in's bias graphs.
-@pytest.mark.parametrize("name", ["llama", "bart", "mistral", "t5"])
+@pytest.mark.parametrize("name", ["llama", "bart", "mistral", "gemma3", "t5"])
 def test_recorded_and_warmed_model_is_served_by_graphs_with_torchs_tokens(tmp_path, name):
     compiler = CpuGraphCompiler()
     cases = measure(name, compiler, tmp_path, SMALL, new_tokens=3)
