@@ -106,6 +106,17 @@ def hits() -> int:
     return gt.stats()["hits"]
 
 
+def tiny_llama(attn: str):  # noqa: ANN201
+    """A 2-layer Llama (hidden 256, GQA 8/2) from its config, bf16, seeded."""
+    graphcache.hf.register()
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=64, hidden_size=256, intermediate_size=256, num_hidden_layers=2,
+        num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=128,
+    )  # fmt: skip
+    return transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attn).eval().to(torch.bfloat16)
+
+
 def test_importing_graphcache_hf_imports_neither_transformers_nor_torch():
     code = "import sys, graphcache.hf; assert not {'transformers', 'torch'} & set(sys.modules), sorted(sys.modules)"
     subprocess.run([sys.executable, "-c", code], check=True)
@@ -196,14 +207,7 @@ def test_padding_with_holes_and_custom_patterns_get_transformers_own_4d_mask():
 
 
 def test_a_model_built_with_attn_implementation_graphcache_is_served_and_recorded(tmp_path):
-    graphcache.hf.register()
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=64, hidden_size=256, intermediate_size=256, num_hidden_layers=2,
-        num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=128,
-    )  # fmt: skip
-    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="graphcache")
-    model = model.eval().to(torch.bfloat16)
+    model = tiny_llama("graphcache")
     ids = torch.randint(1, 64, (2, 12), generator=torch.Generator().manual_seed(0))
     mask = tokens([12, 7], 12, left=True).long()
     with torch.no_grad(), gt.record(tmp_path / "m.yaml") as recorder:
@@ -295,13 +299,7 @@ def test_a_static_cache_keys_past_the_tokens_seen_are_masked_not_attended():
     # A StaticCache hands attention every slot of the cache; only a mask
     # leaves out those not written yet, so the backend is handed one (through
     # the drop-in) and never guesses an alignment over the empty slots.
-    graphcache.hf.register()
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=64, hidden_size=256, intermediate_size=256, num_hidden_layers=2,
-        num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=128,
-    )  # fmt: skip
-    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval().to(torch.bfloat16)
+    model = tiny_llama("sdpa")
     ids = torch.randint(1, 64, (1, 12), generator=torch.Generator().manual_seed(0))
     run = dict(max_new_tokens=3, do_sample=False, cache_implementation="static", output_logits=True)
     with torch.no_grad():
