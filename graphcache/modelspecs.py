@@ -162,8 +162,11 @@ class _Maker:
                     "batches, windows in reach and chunked prefill; those calls run torch's SDPA"
                 )
                 return
-            # With a mask, transformers' sdpa repeats the KV heads instead of enable_gqa (use_gqa_in_sdpa).
-            self.out.add(self._dense(a, batch, q, kv, layout, "none", bias="b1ss", heads_kv=a.heads_q), user)
+            # With a mask, transformers' sdpa repeats the KV heads instead of enable_gqa (use_gqa_in_sdpa),
+            # but packs a decode step's query heads into rows (pack_gqa), which the drop-in folds back
+            # into the GQA decode step (graphcache.torch.bias.rows_are_heads).
+            heads_kv = a.heads_kv if q == 1 else a.heads_q
+            self.out.add(self._dense(a, batch, q, kv, layout, "none", bias="b1ss", heads_kv=heads_kv), user)
             return
         window = a.window
         if unpadded and a.causal and q == kv and window is not None:

@@ -47,8 +47,10 @@ def test_llama_3_8b_lists_prefill_and_decode_per_batch_and_length_class(tmp_path
     assert len(plain) == 2 * 7 * 7
     assert len(specs) == 98 + (6 * 14 if BIAS else 0)  # padded batches (> 1) as bias graphs on route sdpa
     assert {(s.heads_q, s.heads_kv, s.head_dim, s.dtype, s.layout) for s in plain} == {(32, 8, 128, "bfloat16", "bhsd")}
-    # With a mask tensor transformers' sdpa repeats the KV heads (no enable_gqa): bias graphs are MHA.
-    assert {s.heads_kv for s in specs if s not in plain} <= {32}
+    # With a mask tensor transformers' sdpa repeats the KV heads (no enable_gqa): prefill bias graphs are
+    # MHA; a decode step's query heads packed into rows are folded back into the GQA decode step.
+    bias = {(s.seq_q == 1, s.heads_kv) for s in specs if s not in plain}
+    assert bias == ({(False, 32), (True, 8)} if BIAS else set())
     assert {s.mask for s in plain if s.seq_q > 1} == {"causal"} and {s.mask for s in plain if s.seq_q == 1} == {"none"}
     assert all(s.is_class for s in specs)
     assert f"{len(specs)} graph(s) for llama on route sdpa, cold build ~" in run.stdout
