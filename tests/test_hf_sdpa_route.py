@@ -3,7 +3,8 @@
 sliding-window band masks and T5's position bias over as ``attn_mask``
 tensors (bias graphs). Models built from configs (tests/hf_models.py),
 recorded on prompts of 37/200/513 tokens, warmed, then served on other
-prompt lengths, a left-padded batch of 4 and 2-beam search; the CPU
+prompt lengths, a left-padded batch of 4 and 2-beam search (the windowed
+models with their config's manifest warmed beside the recording); the CPU
 stand-in compiler executes every graph. docs/benchmarks.md has the figures.
 """
 
@@ -48,13 +49,14 @@ def test_a_recorded_model_on_route_sdpa_is_served_by_graphs_with_torchs_tokens(t
     assert compiler.executions > 0
 
 
-def test_mistral_on_route_sdpa_with_its_config_manifest_beside_the_recording(tmp_path):
+@pytest.mark.parametrize("name", ["mistral", "gemma3"])
+def test_a_windowed_model_on_route_sdpa_with_its_config_manifest_beside_the_recording(tmp_path, name):
     # The recording's 2-beam search (37 tokens) never reached the 64-token
     # window, so a 2-beam prompt past it (a band mask at batch 2) has no
     # recorded class; the config's manifest (batch classes up to 4) has it.
-    manifest = specs_for(describe(hf_models.config("mistral").to_dict()), max_batch=4, max_seq=1024, route="sdpa")
+    manifest = specs_for(describe(hf_models.config(name).to_dict()), max_batch=4, max_seq=1024, route="sdpa")
     lengths = hf_models.Lengths()
-    cases = hf_models.measure("mistral", CpuGraphCompiler(), tmp_path, lengths, NEW_TOKENS, "sdpa", manifest.users)
+    cases = hf_models.measure(name, CpuGraphCompiler(), tmp_path, lengths, NEW_TOKENS, "sdpa", manifest.users)
     assert_served(cases)
 
 
