@@ -16,7 +16,9 @@ torch = pytest.importorskip("torch", reason="graphcache.torch needs torch (pip i
 transformers = pytest.importorskip("transformers", reason="needs Hugging Face transformers (the dev extra)")
 
 import graphcache.torch as gt  # noqa: E402
-from graphcache import GraphCache  # noqa: E402
+from graphcache import GraphCache, UidMap  # noqa: E402
+from graphcache.classes import class_of  # noqa: E402
+from graphcache.compilers.cudnn import build_graph  # noqa: E402
 from graphcache.modelconfig import describe  # noqa: E402
 from graphcache.modelspecs import specs_for  # noqa: E402
 from graphcache.stores import DiskStore  # noqa: E402
@@ -101,3 +103,16 @@ def test_a_masked_gqa_decode_step_is_served_with_torchs_answer_and_no_host_read(
     assert {(g.spec.heads_q, g.spec.seq_q) for g in gt.RUNTIME._graphs.values()} == {(8, 1)}
     assert got.shape == q2.shape
     torch.testing.assert_close(got.float(), SDPA(q2, k2, v2, attn_mask=other).float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.cudnn
+def test_the_folded_decode_steps_bias_class_validates_and_lowers_with_the_real_frontend(cudnn):
+    """The class graph a packed decode step is served by (GQA, one query, a
+    (b, 1, 1, kv) bias) through validate() and build_operation_graph() of
+    frontend 1.32 on this CPU. Not yet run on a GPU."""
+    q, k, v, mask = packed_decode(b=3, kv=300, pad=(0, 9, 40))
+    spec = class_of(gt.spec_for(q, k, v, attn_mask=mask), "pow2")
+    assert (spec.batch, spec.heads_q, spec.heads_kv, spec.seq_q, spec.seq_kv, spec.bias) == (4, 8, 2, 1, 512, "b1ss")
+    built = build_graph(cudnn, spec, UidMap.default(), lower=False)
+    assert list(built.tensors["bias"].get_dim()) == [4, 1, 1, 512]
+    built.graph.build_operation_graph()
