@@ -116,3 +116,25 @@ def test_the_folded_decode_steps_bias_class_validates_and_lowers_with_the_real_f
     built = build_graph(cudnn, spec, UidMap.default(), lower=False)
     assert list(built.tensors["bias"].get_dim()) == [4, 1, 1, 512]
     built.graph.build_operation_graph()
+
+
+@pytest.mark.gpu
+def test_a_packed_gqa_decode_step_is_a_cudnn_bias_graph_hit_with_torchs_answer_and_no_sync(tmp_path):
+    """The fold on a GPU with cuDNN: built on the first call, served on the
+    second under torch.cuda.set_sync_debug_mode('error'). Not yet run on a GPU."""
+    from graphcache.compilers.cudnn import CudnnCompiler
+    from graphcache.compilers.torch_sdpa import TOLERANCE, relative_error
+
+    gt.configure(GraphCache(DiskStore(tmp_path / "store"), CudnnCompiler()), on_miss="build")
+    q, k, v, mask = (t.to("cuda") for t in packed_decode(b=2, kv=300, pad=(0, 100)))
+    want = SDPA(q, k, v, attn_mask=mask)
+    gt.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # builds, checks, loads the decode class
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        got = gt.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert gt.stats()["hits"] == 2 and gt.stats()["fallbacks"] == {}, gt.stats()
+    assert {(g.spec.heads_q, g.spec.seq_q) for g in gt.RUNTIME._graphs.values()} == {(8, 1)}
+    assert relative_error(got, want) < TOLERANCE["bfloat16"]
