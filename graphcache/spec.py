@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from graphcache import spec_bias, spec_ragged
+from graphcache import spec_bias, spec_ragged, spec_sinks
 from graphcache.errors import SpecError
 
 DTYPES = ("float16", "bfloat16")
@@ -44,7 +44,8 @@ class GraphSpec:
 
     Bias: ``bias`` (None, ``bhss``, ``b1ss``, ``1hss``, ``11ss``) is an
     additive score bias tensor, an input of the graph (an attn_mask): see
-    ``graphcache.spec_bias``.
+    ``graphcache.spec_bias``. ``sinks`` (per-head sink logits, gpt-oss): see
+    ``graphcache.spec_sinks``.
 
     Shapes: ``shapes="exact"`` (the default) is a graph of exactly these
     sizes. ``shapes="class"`` is a length class: ``batch``, ``seq_q`` and
@@ -77,6 +78,7 @@ class GraphSpec:
     num_pages: int | None = None
     pages_per_seq: int | None = None
     bias: str | None = None
+    sinks: bool = False
 
     def __post_init__(self) -> None:
         for name in ("batch", "heads_q", "seq_q", "head_dim"):
@@ -133,6 +135,7 @@ class GraphSpec:
             raise SpecError(f"shapes='class' is not supported with {what}: use shapes='exact'", "shapes")
         spec_ragged.check(self)
         spec_bias.check(self)
+        spec_sinks.check(self)
 
     def _check_window(self) -> None:
         if spec_ragged.check_window(self):
@@ -233,6 +236,7 @@ class GraphSpec:
             "shapes": {"enum": list(SHAPES)},
             **spec_ragged.json_schema_props(),
             **spec_bias.json_schema_props(),
+            **spec_sinks.json_schema_props(),
         }
         return {
             "type": "object",
@@ -260,6 +264,8 @@ class GraphSpec:
         for name in (*spec_ragged.PAGED_FIELDS, "bias"):  # likewise: only a paged / bias spec has them
             if data[name] is None:
                 del data[name]
+        if not self.sinks:  # likewise: only a sink spec has it
+            del data["sinks"]
         return data
 
     def canonical_json(self) -> str:
@@ -325,6 +331,8 @@ class GraphSpec:
         }
         if role == "bias":
             return spec_bias.dims(self)
+        if role == "sink":
+            return spec_sinks.dims(self)
         return shapes[role]
 
     def strides(self, role: str) -> tuple[int, ...]:
@@ -360,7 +368,7 @@ class GraphSpec:
             mask = spec_ragged.mask_text(self)
         parts = [f"b{self.batch}", heads, seq, dim, _SHORT_DTYPE[self.dtype], self.layout, mask]
         parts += spec_ragged.summary_parts(self)
-        parts += spec_bias.summary_part(self)
+        parts += spec_bias.summary_part(self) + spec_sinks.summary_part(self)
         if self.padding:
             parts.append("padded")
         if self.generate_stats:

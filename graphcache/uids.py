@@ -34,6 +34,8 @@ _RAGGED = {
 }
 # The additive score bias: only bias specs' maps hold it (same reason).
 _BIAS = {"bias": 17}
+# The per-head attention sink logits: only sink specs' maps hold them (same reason).
+_SINK = {"sink": 18}
 
 
 @dataclass(frozen=True)
@@ -72,13 +74,16 @@ class UidMap:
     def for_spec(self, spec: Any) -> UidMap:
         """This map, with the ragged-offset and page-table roles added (at
         their default UIDs, where this map lacks them) for a thd spec, and
-        the bias role for a spec with a ``bias``; unchanged for any other.
+        the bias role for a spec with a ``bias``, the sink role for a spec
+        with ``sinks``; unchanged for any other.
         Idempotent."""
         extra: dict[str, int] = {}
         if getattr(spec, "layout", None) == "thd":
             extra.update(_RAGGED)
         if getattr(spec, "bias", None) is not None:
             extra.update(_BIAS)
+        if getattr(spec, "sinks", False):
+            extra.update(_SINK)
         if all(role in self.uids for role in extra):
             return self
         return UidMap({**extra, **self.uids})

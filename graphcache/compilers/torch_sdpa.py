@@ -16,7 +16,7 @@ from typing import Any
 
 from graphcache.compilers.classgraph import real_spec, run_views
 from graphcache.errors import NoGpu
-from graphcache.reference.checks import check_inputs
+from graphcache.reference.checks import check_inputs, check_sink
 from graphcache.reference.dense import (
     REFERENCE_BUDGET,
     allowed_mask,
@@ -100,6 +100,7 @@ class TorchSdpaGraph:
         seq_len_q: Any = None,
         seq_len_kv: Any = None,
         bias: Any = None,
+        sink: Any = None,
     ) -> Any:
         import torch
 
@@ -107,6 +108,8 @@ class TorchSdpaGraph:
         spec = real_spec(self.spec, q, k) if self.spec.is_class else self.spec
         given = {"q": q, "k": k, "v": v, "o": out, "seq_len_q": seq_len_q, "seq_len_kv": seq_len_kv, "bias": bias}
         check_inputs(spec, given)
+        if spec.sinks or sink is not None:  # torch's SDPA has no sinks: the float32 reference serves them
+            return _with_sinks(spec, q, k, v, out, seq_len_q, seq_len_kv, bias, sink)
         qb, kb, vb = (to_bhsd(spec, t) for t in (q, k, v))
         group = spec.heads_q // (spec.heads_kv or spec.heads_q)
         if group > 1:
@@ -158,3 +161,17 @@ class TorchSdpaGraph:
         same way. For specs without padding, stats or dropout; inputs are
         checked as ``execute`` checks them."""
         return run_views(self, q, k, v, bias)
+
+
+def _with_sinks(
+    spec: GraphSpec, q: Any, k: Any, v: Any, out: Any, len_q: Any, len_kv: Any, bias: Any, sink: Any
+) -> Any:
+    """A sink spec's call through the float32 reference (cast to q's dtype)."""
+
+    check_sink(spec, sink, q)
+    ref, _ = reference(spec, q, k, v, len_q, len_kv, bias, sink=sink)
+    o = ref.to(q.dtype)
+    if out is not None:
+        out.copy_(o)
+        o = out
+    return o

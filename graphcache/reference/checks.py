@@ -73,6 +73,23 @@ def check_inputs(
             raise ExecutionError(f"bias is on {bias.device} but q is on {device}")
 
 
+def check_sink(spec: GraphSpec, sink: Any, q: Any) -> None:
+    """Raise ExecutionError unless ``sink`` is what the spec takes: a sink
+    spec's contiguous float32 (1, h_q, 1, 1) logits on q's device, else None."""
+    import torch
+
+    if (sink is None) != (not spec.sinks):
+        raise ExecutionError(
+            f"sink is missing: the spec has sinks=true, pass its float32 {spec.dims('sink')} logits"
+            if sink is None
+            else "sink was given but the spec has sinks=false"
+        )
+    if sink is not None:
+        _check_tensor(spec, "sink", sink, spec.dims("sink"), torch.float32)
+        if sink.device != q.device:
+            raise ExecutionError(f"sink is on {sink.device} but q is on {q.device}")
+
+
 def _check_tensor(spec: GraphSpec, role: str, t: Any, shape: tuple[int, ...], dtype: Any) -> None:
     if tuple(t.shape) != tuple(shape):
         raise ExecutionError(f"{role} has shape {tuple(t.shape)}; the spec ({spec.summary()}) needs {tuple(shape)}")
@@ -84,6 +101,8 @@ def _check_tensor(spec: GraphSpec, role: str, t: Any, shape: tuple[int, ...], dt
             f"spec's layout {spec.layout} (call .contiguous())"
         )
 
+
+check_tensor = _check_tensor  # one tensor's shape, dtype and packing (the class graphs' checks)
 
 _INDEX_DTYPES = ("torch.int32", "torch.int64")
 

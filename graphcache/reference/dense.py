@@ -74,6 +74,7 @@ def reference(
     seq_len_kv: Any = None,
     bias: Any = None,
     *,
+    sink: Any = None,
     budget: int = REFERENCE_BUDGET,
 ) -> tuple[Any, Any]:
     """SDPA computed in float32 by plain matrix products (torch's math path),
@@ -84,7 +85,10 @@ def reference(
     the log-sum-exp per query row (b, h, s, 1). ``bias`` (a bias spec's
     additive (b|1, h|1, s_q, s_kv) tensor) is added to the scaled scores.
     Rows with no allowed key (the mask's, or -inf bias on every key) and
-    padded query rows are zero, as torch's SDPA answers them.
+    padded query rows are zero, as torch's SDPA answers them. ``sink`` (a
+    sink spec's (1, h_q, 1, 1) logits) joins each row's softmax as one more
+    column and is then dropped, as transformers' gpt-oss eager attention
+    does; the stats then include it.
     """
     import torch
 
@@ -110,8 +114,13 @@ def reference(
             if bias is not None:
                 scores += _bias_of(bias, b, heads).float()
             scores.masked_fill_(~allowed, float("-inf"))
+            if sink is not None:  # one more column per row: the head's sink logit
+                column = sink.reshape(-1)[heads.to(sink.device)].float().to(q.device).view(-1, 1, 1)
+                scores = torch.cat([scores, column.expand(-1, spec.seq_q, 1)], dim=-1)
             stats[b, heads] = torch.logsumexp(scores, dim=-1, keepdim=True)
             probs = torch.softmax(scores, dim=-1).nan_to_num_(0.0)
+            if sink is not None:
+                probs = probs[..., :-1]
             del scores
             out[b, heads] = torch.matmul(probs, vf)
             del probs
@@ -201,8 +210,9 @@ def reference_errors(
 
 
 def random_inputs(spec: GraphSpec, device: str, seed: int = 0) -> dict[str, Any]:
-    """Fresh random q, k, v (never zeros), with padding valid lengths, and
-    with a bias spec a random bias (``random_bias``)."""
+    """Fresh random q, k, v (never zeros), with padding valid lengths,
+    with a bias spec a random bias (``random_bias``), with a sink spec
+    random sink logits."""
     import torch
 
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -222,6 +232,8 @@ def random_inputs(spec: GraphSpec, device: str, seed: int = 0) -> dict[str, Any]
             )
     if spec.bias is not None:
         inputs["bias"] = random_bias(spec, gen, device)
+    if spec.sinks:  # float32 logits of either sign, some above the scores
+        inputs["sink"] = torch.randn(spec.dims("sink"), generator=gen, device=device, dtype=torch.float32).mul_(2.0)
     return inputs
 
 

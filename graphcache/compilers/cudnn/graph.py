@@ -1,5 +1,5 @@
 """Declaring a spec's SDPA graph in the frontend: tensors, mask keywords,
-additive bias, padding, dropout, outputs.
+additive bias, sink logits, padding, dropout, outputs.
 
 This is where execute-time shape overrides, ragged offsets and page tables
 are declared. Nothing here lowers the graph: ``build.py`` runs the steps.
@@ -34,7 +34,7 @@ def declare(
         from graphcache.compilers.cudnn import ragged
 
         return ragged.declare(cudnn, spec, uids, handle, mask_kwargs)
-    uids = uids.for_spec(spec)  # a bias spec's map holds the bias role
+    uids = uids.for_spec(spec)  # a bias spec's map holds the bias role, a sink spec's the sink role
     dt = cudnn.data_type
     io_type = getattr(dt, _IO_TYPES[spec.dtype])
     graph_kwargs: dict[str, Any] = {
@@ -60,6 +60,8 @@ def declare(
     kwargs: dict[str, Any] = {"attn_scale": spec.attn_scale, **mask_kwargs}
     if spec.bias is not None:  # additive, packed, in the io dtype; broadcast dims are 1 (spec_bias)
         kwargs["bias"] = add("bias", spec.dims("bias"), spec.strides("bias"), io_type)
+    if spec.sinks:  # per-head sink logits: float32 (1, h_q, 1, 1), what the frontend's analyzer asks
+        kwargs["sink_token"] = add("sink", spec.dims("sink"), spec.strides("sink"), dt.FLOAT)
     # A class graph always masks past the real lengths: overrides off the
     # 64-row tile without a padding mask gave wrong output (cudnn-frontend#1148).
     if spec.padding or spec.is_class:

@@ -14,7 +14,7 @@ from graphcache.artifact import Artifact
 from graphcache.compilers.cudnn.override import ClassRun, Loader, execute_class
 from graphcache.compilers.cudnn.ragged import variant_pack, zero_length_ok
 from graphcache.errors import ExecutionError
-from graphcache.reference.checks import check_inputs
+from graphcache.reference.checks import check_inputs, check_sink
 from graphcache.spec import GraphSpec
 
 
@@ -75,18 +75,21 @@ class CudnnGraph:
         seq_len_q: Any = None,
         seq_len_kv: Any = None,
         bias: Any = None,
+        sink: Any = None,
     ) -> Any:
         """Run the plan; returns ``out`` (allocated when None), and
         ``(out, stats)`` when the spec generates stats. ``bias``: a bias
-        spec's packed (b|1, h|1, s_q, s_kv) tensor. Raises ExecutionError for
+        spec's packed (b|1, h|1, s_q, s_kv) tensor; ``sink``: a sink spec's
+        float32 (1, h_q, 1, 1) logits. Raises ExecutionError for
         tensors that do not match the spec or are not on this graph's GPU."""
         import torch
 
         spec = self.spec
         if spec.is_class:  # real tensors of any shape the class covers
-            return execute_class(self, q, k, v, out, seq_len_q, seq_len_kv, bias=bias)
+            return execute_class(self, q, k, v, out, seq_len_q, seq_len_kv, bias=bias, sink=sink)
         tensors = {"q": q, "k": k, "v": v, "o": out, "seq_len_q": seq_len_q, "seq_len_kv": seq_len_kv, "bias": bias}
         check_inputs(spec, tensors, device_type="cuda")
+        check_sink(spec, sink, q)
         if q.device != self.device:
             raise ExecutionError(f"q is on {q.device}; this graph was loaded on {self.device}: move the tensors")
         with torch.cuda.device(self.device), self._compiler._lock:
@@ -98,6 +101,8 @@ class CudnnGraph:
                 pack[self.uids["seq_len_kv"]] = seq_len_kv
             if bias is not None:
                 pack[self.uids["bias"]] = bias
+            if sink is not None:
+                pack[self.uids["sink"]] = sink
             stats = None
             if spec.generate_stats:
                 stats = torch.empty(spec.dims("stats"), dtype=torch.float32, device=q.device)

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 from graphcache.compilers.classgraph import check_covered, real_spec
 from graphcache.compilers.cudnn.releases import BIAS_OVERRIDE, OVERRIDE_WORKSPACE, SHAPE_OVERRIDE, available, missing
 from graphcache.errors import ExecutionError, UnsupportedSpec
-from graphcache.reference.checks import _check_tensor as check_tensor
+from graphcache.reference.checks import check_sink, check_tensor
 from graphcache.reference.dense import random_inputs, reference_errors, to_bhsd, torch_dtype
 from graphcache.reference.measure import TOLERANCE, within_tolerance
 from graphcache.spec import GraphSpec
@@ -180,6 +180,7 @@ def execute_class(
     seq_len_kv: Any,
     stats: Any = None,
     bias: Any = None,
+    sink: Any = None,
 ) -> Any:
     """``CudnnGraph.execute`` of a class graph: real tensors of any shape the
     class covers, in its layout, any strides with a packed last dim (a view
@@ -214,6 +215,7 @@ def execute_class(
         bias is not None and (tuple(bias.shape) != spec.dims("bias") or bias.dtype != q.dtype or bias.stride(-1) != 1)
     ):
         raise ExecutionError(f"bias must be {spec.dims('bias') if spec.bias else 'absent'} in {q.dtype} here")
+    check_sink(spec, sink, q)
     with _on(graph.device), graph._compiler._lock:
         if out is None:
             out = torch.empty(spec.storage_shape("o"), dtype=q.dtype, device=q.device)
@@ -223,6 +225,7 @@ def execute_class(
         views.update(seq_len_q=seq_len_q, seq_len_kv=seq_len_kv)
         if bias is not None:
             views["bias"] = bias
+        views.update({} if sink is None else {"sink": sink})  # (1, h_q, 1, 1): no dim a class overrides
         if spec.generate_stats:
             if stats is None:
                 stats = torch.empty(spec.dims("stats"), dtype=torch.float32, device=q.device)

@@ -39,6 +39,7 @@ CU_SEQ_LEN_MIXED = "cu_seq_len_mixed"
 ZERO_LENGTH = "zero_length_sequences"
 BIAS = "bias"
 BIAS_OVERRIDE = "bias_override"
+SINKS = "sinks"
 
 
 @dataclass(frozen=True)
@@ -200,6 +201,17 @@ ROWS = (
         "notes/shape-classes.md §2) takes a Bias input from cuDNN 9.21.0; override itself needs FE 1.24",
         frontend="1.24",
         cudnn="9.21",
+    ),
+    # -- attention sinks (gpt-oss's s_aux) --
+    Feature(
+        SINKS,
+        "sdpa(sink_token=), per-head float32 (1, h_q, 1, 1) sink logits",
+        "cudnn-frontend source: SDPA_attributes::set_sink_token from v1.14.0 (release notes, sample "
+        "fp16_fwd_with_sink_token.cpp); the Python sdpa(sink_token=) from v1.19.0 (python/pygraph/sdpa.cpp); "
+        "node/scaled_dot_product_flash_attention.h: 'SDPA with sink_token is not supported before 9.13'; "
+        "node/sdpa_support_surface.h: backend engines refuse s_q == 1 with a sink (1.32's python engines may take it)",
+        frontend="1.19",
+        cudnn="9.13",
     ),
     # -- ragged and paged (serving engines) --
     Feature(
