@@ -392,8 +392,8 @@ class GraphCache:
 
         Raises StoreUnavailable when the remote tier failed (down, or its
         store unavailable): what it holds is unknown, not missing."""
-        target = self.target(target)
-        return fetch_all(self.store, specs, target, self.uids, self.shape_classes, self._decoded, progress)
+        tgt, slack = self.target(target), self.class_slack
+        return fetch_all(self.store, specs, tgt, self.uids, self.shape_classes, self._decoded, progress, slack)
 
     def stats(self) -> dict[str, Any]:
         """Counters: hits, misses, builds, corrupt, unsupported, fallbacks,

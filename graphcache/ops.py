@@ -16,7 +16,7 @@ from graphcache.classindex import ClassIndex, check_slack, slack_from_env
 from graphcache.errors import CorruptArtifact, GraphCacheError, SpecError, TargetError, UnsupportedSpec
 from graphcache.key import key_for
 from graphcache.spec import GraphSpec
-from graphcache.stores import stored_header
+from graphcache.stores import stored_header, stored_headers
 from graphcache.stores.base import Store
 from graphcache.target import Target
 
@@ -133,7 +133,7 @@ def check(
         with lock:
             if not index:
                 index.append(ClassIndex())
-                index[0].fill(h for h in _headers(store) if h.get("target") == target.to_dict())
+                index[0].fill(h for h in stored_headers(store) if h.get("target") == target.to_dict())
         chosen = index[0].choose(spec, klass, target, slack)
         return chosen if chosen != klass else None
 
@@ -262,7 +262,7 @@ def explain(
         return Explanation(
             key, store.exists(key), [], 0, klass, class_key, served, klass if served else None, class_key
         )
-    listed = list(headers if headers is not None else _headers(store))
+    listed = list(headers if headers is not None else stored_headers(store))
     not_serving: list[str] = []
     if klass is not None:
         index = ClassIndex()
@@ -313,16 +313,3 @@ def _default_uids(spec: GraphSpec) -> dict[str, int]:
 
     return UidMap.default().for_spec(spec).to_dict()
 
-
-def _headers(store: Store) -> Iterator[dict[str, Any]]:
-    headers = getattr(store, "headers", None)
-    if headers is not None:
-        yield from headers()
-        return
-    for key in store.keys():
-        try:
-            header = stored_header(store, key)
-        except CorruptArtifact:
-            continue
-        if header is not None:
-            yield header

@@ -1,5 +1,8 @@
 """What ``GraphCache.prefetch`` does: fetch the artifacts of many specs, and
-their classes', in as few store requests as the store allows."""
+their classes', in as few store requests as the store allows; where a spec's
+own class is not stored, the larger stored class that would serve it
+(``GraphCache.serving_class``, within GRAPHCACHE_CLASS_SLACK), found in the
+store's listing of headers (asked once, only then)."""
 
 from __future__ import annotations
 
@@ -8,10 +11,12 @@ from collections.abc import Callable, Iterable
 
 from graphcache.artifact import Artifact
 from graphcache.classes import class_of
+from graphcache.classindex import ClassIndex
 from graphcache.counters import PrefetchReport
 from graphcache.errors import StoreUnavailable
 from graphcache.key import key_for
 from graphcache.spec import GraphSpec
+from graphcache.stores import stored_headers
 from graphcache.stores.base import Store, get_many
 from graphcache.target import Target
 from graphcache.uids import UidMap
@@ -25,11 +30,14 @@ def fetch_all(
     policy: str,
     decoded: Callable[[str, bytes], Artifact | None],
     progress: Callable[[str], None] | None = None,
+    slack: float | None = None,
 ) -> PrefetchReport:
     """Fetch ``specs`` and the class of each under ``policy`` from ``store``;
     ``decoded(key, data)`` verifies each answer (the cache's, which counts
-    and removes a corrupt one and notes the classes it sees). See
-    ``GraphCache.prefetch``."""
+    and removes a corrupt one and notes the classes it sees). A spec whose
+    own class and own entry are not stored is present through the smallest
+    stored class covering it within ``slack`` times its own class's work
+    (None: none), fetched too. See ``GraphCache.prefetch``."""
     start = time.perf_counter()
     wanted: dict[str, GraphSpec] = {}
     classes: dict[str, GraphSpec] = {}  # the class key of each exact spec under the policy
@@ -45,9 +53,7 @@ def fetch_all(
     # spec); the classes fetched beside them are not steps of it.
     step = None if progress is None else (lambda key: progress(key) if key in wanted else None)
     found = get_many(store, list(wanted) + [k for k in class_keys if k not in wanted], step)
-    if getattr(store, "remote_errors", 0) != failures:
-        error = getattr(store, "remote_error", None)
-        raise StoreUnavailable(f"prefetch failed: {error}") from error
+    _failed(store, failures)
     present = size = corrupt = 0
     missing: list[GraphSpec] = []
     serving: set[GraphSpec] = set()  # classes stored as graphs (not negative entries)
@@ -70,4 +76,42 @@ def fetch_all(
             continue
         corrupt += data is not None
         missing.append(spec)
+    unclassed = [spec for spec in missing if spec != class_of(spec, policy)]
+    if slack is not None and unclassed:
+        larger = _larger(store, unclassed, policy, target, slack)
+        larger_keys = {key_for(k, target, uids): k for k in set(larger.values())}
+        found = get_many(store, list(larger_keys))
+        _failed(store, failures)
+        for key, klass in larger_keys.items():
+            data = found.get(key)
+            artifact = decoded(key, data) if data is not None else None
+            if artifact is not None and not artifact.unsupported:
+                serving.add(klass)
+                size += len(data or b"")
+        for spec, klass in larger.items():
+            if klass in serving:
+                present += 1
+                served_by[spec] = klass
+                missing.remove(spec)
     return PrefetchReport(present, tuple(missing), size, time.perf_counter() - start, target, corrupt, served_by)
+
+
+def _failed(store: Store, failures: int) -> None:
+    """Raise StoreUnavailable when the remote tier failed since ``failures``
+    was read: what it holds is unknown, not missing."""
+    if getattr(store, "remote_errors", 0) != failures:
+        error = getattr(store, "remote_error", None)
+        raise StoreUnavailable(f"prefetch failed: {error}") from error
+
+
+def _larger(
+    store: Store, specs: list[GraphSpec], policy: str, target: Target, slack: float
+) -> dict[GraphSpec, GraphSpec]:
+    """For each exact spec, the larger stored class that would serve it
+    (``ClassIndex.choose``), listed from the store (its remote tier's, where
+    it has one) once; specs no stored class serves are left out."""
+    index = ClassIndex()
+    listed = getattr(store, "remote", store)
+    index.fill(h for h in stored_headers(listed) if h.get("target") == target.to_dict())
+    chosen = {spec: index.choose(spec, class_of(spec, policy), target, slack) for spec in specs}
+    return {spec: klass for spec, klass in chosen.items() if klass != class_of(spec, policy)}

@@ -205,3 +205,39 @@ def test_warm_check_counts_a_spec_present_through_a_larger_stored_class(tmp_path
     ]
     strict = ops.check([prefill(300)], TARGET, cache.store, shape_classes="pow2", class_slack=1)
     assert not strict[0].present
+
+
+def test_prefetch_counts_a_spec_present_through_a_larger_stored_class_and_fetches_that_class(tmp_path):
+    from graphcache.stores import TieredStore
+
+    server, _ = warmed(tmp_path, prefill(1000), prefill(3000))
+    local = DiskStore(tmp_path / "local")
+    asked = [prefill(300), prefill(600), prefill(100)]
+    report = GraphCache(TieredStore(local, server.store), shape_classes="pow2").prefetch(asked, TARGET)
+    assert report.present == 2 and report.missing == (prefill(100),)  # 1024 is 64x its own class (128)
+    assert {s: k.seq_q for s, k in report.served_by.items()} == {prefill(300): 1024, prefill(600): 1024}
+    # What the worker then serves from its local store alone, with no build and no server.
+    worker = GraphCache(local, FakeCompiler(), shape_classes="pow2")
+    assert worker.load(prefill(300), build=False).spec.seq_q == 1024
+    strict = GraphCache(TieredStore(DiskStore(tmp_path / "l2"), server.store), shape_classes="pow2", class_slack=1)
+    assert strict.prefetch(asked, TARGET).missing == (prefill(300), prefill(100))  # 600's own class is 1024
+
+
+def test_the_prefetch_command_counts_a_larger_stored_class_over_a_real_server(tmp_path):
+    import json
+
+    from graphcache import key_for
+    from service.app import create_app
+    from tests.servers import ServerThread
+
+    server, _ = warmed(tmp_path, prefill(1000))
+    path = tmp_path / "m.yaml"
+    path.write_text(json.dumps({"graphs": [{"name": f"p{n}", **prefill(n).to_dict()} for n in (300, 600)]}))
+    app = create_app(Settings(cache_dir=server.store.path, write_tokens=("w",)), store=server.store)
+    with ServerThread(app) as srv:
+        env = {"GRAPHCACHE_TOKEN": "w", "GRAPHCACHE_DIR": str(tmp_path / "local")}
+        out = cli("prefetch", str(path), "--target", str(TARGET), "--server", srv.url, "--strict", env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    klass = class_of(prefill(1000), "pow2")
+    assert f"class {klass.summary()} serves 2" in out.stdout
+    assert DiskStore(tmp_path / "local").exists(key_for(klass, TARGET))

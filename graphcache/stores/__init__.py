@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ __all__ = [
     "disk_folder",
     "open_store",
     "stored_header",
+    "stored_headers",
     "worker_store",
 ]
 
@@ -95,3 +97,20 @@ def stored_header(store: Store, key: str) -> dict[str, Any] | None:
             # a header longer than the prefix: read the entry whole
     data = store.get(key)
     return None if data is None else read_header(data)
+
+
+def stored_headers(store: Store) -> Iterator[dict[str, Any]]:
+    """Every stored entry's header: the store's own listing where it has one
+    (HttpStore: the listing route, no artifact downloaded), else key by key
+    (``stored_header``), entries whose header is corrupt left out."""
+    headers = getattr(store, "headers", None)
+    if headers is not None:
+        yield from headers()
+        return
+    for key in store.keys():
+        try:
+            header = stored_header(store, key)
+        except CorruptArtifact:
+            continue
+        if header is not None:
+            yield header
