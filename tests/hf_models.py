@@ -69,6 +69,10 @@ def config(name: str) -> Any:
     if name == "gemma3":  # a 64-token window on its first layer, full attention on its second
         layers = ["sliding_attention", "full_attention"]
         return transformers.Gemma3TextConfig(head_dim=32, sliding_window=64, layer_types=layers, **decoder)
+    if name == "gpt_oss":  # attention sinks (s_aux) on both layers, a 64-token window on the first
+        return transformers.GptOssConfig(
+            head_dim=32, sliding_window=64, num_local_experts=4, num_experts_per_tok=2, **decoder
+        )
     if name == "bart":
         return transformers.BartConfig(
             d_model=256,
@@ -87,7 +91,7 @@ def config(name: str) -> Any:
         return transformers.T5Config(
             d_model=256, d_kv=32, d_ff=512, num_layers=2, num_heads=8, decoder_start_token_id=0, **common
         )
-    raise ValueError(f"unknown model {name!r}: llama, mistral, gemma3, bart, t5")
+    raise ValueError(f"unknown model {name!r}: llama, mistral, gemma3, gpt_oss, bart, t5")
 
 
 def build(name: str, attn: str = "graphcache") -> Any:
@@ -161,12 +165,15 @@ def measure(
     new_tokens: int = 8,
     attn: str = "graphcache",
     also: Sequence[GraphSpec] = (),
+    baseline: str = "sdpa",
+    only: Sequence[str] | None = None,
 ) -> list[Case]:
     """Record, warm and serve ``name`` through ``attn`` ("graphcache", or
     "sdpa" under graphcache.torch.patch()); see the module docs. ``also``
     is warmed beside the recording (a manifest of the model's config, what
     the "coverage" issue adds where a recording falls short). One Case per
-    entry of ``cases``."""
+    entry of ``cases`` (or of those named in ``only``); tokens are compared
+    with ``baseline``'s (gpt-oss: "eager", transformers' sdpa refuses sinks)."""
     model = build(name, attn)
     gt.reset()
     path = folder / f"{name}-{attn}.yaml"
@@ -185,7 +192,9 @@ def measure(
         ops.warm(list(also), cache)
     found = []
     for case, runs in cases(lengths).items():
-        model.set_attn_implementation("sdpa")
+        if only is not None and case not in only:
+            continue
+        model.set_attn_implementation(baseline)
         want = [generate(model, p, new_tokens, beams) for p, beams in runs]
         model.set_attn_implementation(attn)
         gt.reset()
@@ -193,7 +202,7 @@ def measure(
         with gt.patch() if attn == "sdpa" else _nothing():
             got = [generate(model, p, new_tokens, beams) for p, beams in runs]
         stats = gt.stats()
-        model.set_attn_implementation("sdpa")
+        model.set_attn_implementation(baseline)
         gt.reset()
         equal = all(torch.equal(w, g) for w, g in zip(want, got, strict=True))
         ties = [tie_gap(model, p, w, g) for (p, beams), w, g in zip(runs, want, got, strict=True) if beams == 1]

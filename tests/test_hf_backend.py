@@ -187,8 +187,8 @@ def test_what_no_graph_expresses_falls_back_under_a_named_reason():
     assert_close_on(every, ours(layer, q, k, v, every, cu_seq_lens_q=torch.tensor([0, 12])), want)
     capped = ours(layer, q, k, v, every, softcap=50.0)  # the layer's own eager, which caps the scores
     assert_close_on(every, capped, want)  # scores far below the cap: capping changes little
-    sinks = torch.zeros(HQ)
-    ours(layer, q, k, v, every, s_aux=sinks)
+    q2, k2, v2 = qkv(2, 12, 12)  # sinks on a left-padded batch: no sink graph takes a padding mask
+    ours(layer, q2, k2, v2, tokens([7, 12], 12, left=True), s_aux=torch.zeros(HQ))
     assert gt.stats()["fallbacks"] == {"kwarg": 1, "softcap": 1, "sinks": 1} and hits() == 0
 
 
@@ -271,7 +271,7 @@ def test_padded_calls_read_no_tensor_value_on_the_host(tmp_path, monkeypatch):
     ("config", "reason"),
     [
         (transformers.Gemma2Config, "softcap"),  # attention softcapping: transformers' sdpa refuses these models
-        (transformers.GptOssConfig, "sinks"),  # attention sinks (s_aux)
+        (transformers.GptOssConfig, "sinks"),  # attention sinks (s_aux): served, see the sink tests below
     ],
 )
 def test_softcap_and_sink_models_run_with_eagers_logits_under_a_named_reason(config, reason):
@@ -291,8 +291,31 @@ def test_softcap_and_sink_models_run_with_eagers_logits_under_a_named_reason(con
         want = model(ids).logits
         model.set_attn_implementation("graphcache")
         got = model(ids).logits
+    if reason == "sinks":  # sink graphs serve both layers (the float32 reference executes them here)
+        torch.testing.assert_close(got.float(), want.float(), atol=3e-2, rtol=3e-2)
+        assert gt.stats()["fallbacks"] == {} and hits() == 2
+        return
     assert torch.equal(want, got)
     assert gt.stats()["fallbacks"] == {reason: 2} and gt.stats()["calls"] == 2
+
+
+@pytest.mark.parametrize(("sq", "skv", "window"), [(20, 20, None), (20, 20, 8), (1, 30, None), (1, 30, 8)])
+def test_sinks_are_a_sink_graph_with_gpt_oss_eagers_answer(sq, skv, window):
+    """A causal prompt (a window in reach or not) and a decode step (past
+    its window too: its last ``window`` keys) against gpt-oss's own eager."""
+    from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward as gpt_oss_eager
+
+    layer = Layer()
+    layer.sinks = torch.randn(HQ, generator=torch.Generator().manual_seed(1)).mul(2).to(torch.bfloat16)
+    q, k, v = qkv(1, sq, skv)
+    got = attention(layer, q, k, v, None, scaling=D**-0.5, sliding_window=window, s_aux=layer.sinks)[0]
+    i = torch.arange(skv - sq, skv).view(-1, 1)
+    j = torch.arange(skv).view(1, -1)
+    seen = (j <= i) & ((j > i - window) if window is not None else True)
+    mask = torch.zeros(sq, skv).masked_fill(~seen, float("-inf")).view(1, 1, sq, skv).to(torch.bfloat16)
+    want = gpt_oss_eager(layer, q, k, v, mask, scaling=D**-0.5)[0]
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+    assert hits() == 1 and gt.stats()["fallbacks"] == {}
 
 
 def test_a_static_cache_keys_past_the_tokens_seen_are_masked_not_attended():

@@ -34,3 +34,21 @@ def test_recorded_and_warmed_model_is_served_by_graphs_with_torchs_tokens(tmp_pa
         assert case.fraction >= 0.95, case
         assert case.equal or case.tie, case
     assert compiler.executions > 0
+
+
+def test_gpt_oss_attention_sinks_are_served_by_sink_graphs_with_eagers_tokens(tmp_path):
+    """gpt-oss (s_aux sinks on both layers, a 64-token window on one): its
+    prompts, decode steps (past the window too) and beams are dense ``sinks``
+    graphs, compared with transformers' eager (its sdpa refuses sinks); a
+    left-padded batch still falls back to eager, named ``sinks``."""
+    pytest.importorskip("transformers.models.gpt_oss")
+    compiler = CpuGraphCompiler()
+    cases = measure("gpt_oss", compiler, tmp_path, SMALL, new_tokens=3, baseline="eager")
+    by_name = {case.name: case for case in cases}
+    for name in ("other prompt lengths, b=1", "2-beam search"):
+        case = by_name[name]
+        assert case.calls > 0 and case.fraction >= 0.95 and (case.equal or case.tie), case
+    padded = by_name["padded batch of 4"]
+    assert padded.fallbacks.get("sinks", 0) > 0 and (padded.equal or padded.tie), padded
+    assert compiler.executions > 0
+    assert "sinks: true" in (tmp_path / "gpt_oss-graphcache.yaml").read_text()  # the recording writes the field

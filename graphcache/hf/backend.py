@@ -18,8 +18,9 @@ How a call is served (docs/models.md has the table):
   prompt is a dense graph with ``padding`` (``seq_len_q`` / ``seq_len_kv``)
   (``graphcache.hf.dense``);
 - what no graph expresses falls back, counted under its reason in
-  ``graphcache.torch.stats()``: ``softcap`` and ``sinks`` (to the model's
-  ``eager``: transformers' sdpa refuses softcap), ``output_attentions``
+  ``graphcache.torch.stats()``: ``softcap`` and ``sinks`` where no sink
+  graph expresses the call (to the model's ``eager``: transformers' sdpa
+  refuses softcap and has no sinks), ``output_attentions``
   (eager), ``kwarg`` (an argument this backend does not know), ``dropout``
   with a padding mask, ``shape`` (more queries than keys); a 4-D mask (a
   custom pattern, padding with holes) and T5's ``position_bias`` run
@@ -49,6 +50,7 @@ _INERT = frozenset(
         "past_key_value",
         "layer_idx",
         "output_hidden_states",
+        "output_router_logits",  # a mixture-of-experts flag (gpt-oss): not the attention's
         "return_dict",
     }
 )
@@ -77,7 +79,7 @@ def attention(
             "softcap", "softcap (tanh score capping): cuDNN 1.32's score modifier does not serialize", softcap=softcap
         )
     if s_aux is not None:
-        return call.eager("sinks", "attention sinks (s_aux): no sink field in graphcache's specs yet", s_aux=s_aux)
+        return call.sinks(s_aux)
     if kwargs.get("output_attentions"):
         return call.eager("output_attentions", "output_attentions=True needs the weights: eager")
     if kwargs.get("position_bias") is not None or (attention_mask is not None and attention_mask.dim() != 2):
@@ -192,6 +194,25 @@ class _Call:
         out = run_dense(self.q, self.k, self.v, self.scaling, None, self.mask.sum(dim=1, dtype=torch.int32))
         return (out, None) if out is not None else self.sdpa_uncounted()
 
+    def sinks(self, s_aux: torch.Tensor) -> tuple[torch.Tensor, None]:
+        """Attention sinks (gpt-oss's ``s_aux``): a dense ``sinks`` graph for
+        an unpadded causal prompt (a window in reach or not) or a decode step
+        (one query: with a window in reach, over its last ``window`` keys, a
+        copy of those keys); anything else is the model's eager under ``sinks``."""
+        sq, skv = self.q.shape[2], self.k.shape[2]
+        window = self.window if self.window is not None and skv > self.window else None
+        plain = not self.dropout and not any(v is not None for k, v in self.kwargs.items() if k not in _INERT)
+        if plain and self.mask is None and self.causal and (sq == skv or sq == 1):
+            k, v = self.k, self.v
+            if sq == 1 and window is not None:  # the keys a decode step's window sees: the last `window`
+                k, v, window = k[:, :, -window:].contiguous(), v[:, :, -window:].contiguous(), None
+            out = run_dense(self.q, k, v, self.scaling, window, sink=s_aux)
+            if out is not None:
+                return out, None
+            return self.eager_uncounted(s_aux=s_aux)
+        why = "a padding mask, a cache with several queries, dropout or weights"
+        return self.eager("sinks", f"attention sinks (s_aux) with {why}: no sink graph expresses it", s_aux=s_aux)
+
     def windowed(self, window: int) -> tuple[torch.Tensor, None]:
         """A dense graph with a sliding window (a causal prompt, no padding)."""
         if self.dropout:
@@ -230,6 +251,9 @@ class _Call:
     def eager(self, reason: str, message: str, **extra: Any) -> tuple[torch.Tensor, None]:
         """The model's own eager attention (softcap, sinks, weights), counted under ``reason``."""
         _count(reason, message)
+        return self.eager_uncounted(**extra)
+
+    def eager_uncounted(self, **extra: Any) -> tuple[torch.Tensor, None]:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         own = getattr(sys.modules.get(type(self.module).__module__), "eager_attention_forward", None)

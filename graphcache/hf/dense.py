@@ -6,7 +6,10 @@ counters; the memo entry of a call shape is made once):
   ``length`` rows, cuDNN's padding mask (``seq_len_q`` / ``seq_len_kv``)
   ending it there;
 - an unpadded prompt with a sliding window in reach: mask
-  ``sliding_window`` (queries and keys aligned, s_q == s_kv).
+  ``sliding_window`` (queries and keys aligned, s_q == s_kv);
+- attention sinks (gpt-oss's ``s_aux``): ``sinks``, the per-head logits a
+  graph input, on an unpadded prompt (causal, windowed or not) or a decode
+  step (one query, every key).
 """
 
 from __future__ import annotations
@@ -25,23 +28,39 @@ _MEMO_TAG = "hf-dense"  # shares the runtime's memo (configure/reset clear it), 
 
 
 def dense_spec(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None, window: int | None, dtype: str | None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float | None,
+    window: int | None,
+    dtype: str | None,
+    sinks: bool = False,
 ) -> Derived:
     """The causal dense spec of a call: padded without ``window``, else a
-    sliding window of ``window`` positions (UnsupportedCall says why not)."""
-    found = derive(q, k, v, is_causal=True, scale=scale, enable_gqa=q.shape[1] != k.shape[1], dtype=dtype)
-    if window is None:
-        return Derived(found.spec.replace(padding=True), found.copy_q)
-    return Derived(found.spec.replace(mask="sliding_window", window_left=window - 1, window_right=0), found.copy_q)
+    sliding window of ``window`` positions (UnsupportedCall says why not).
+    With ``sinks``: never padded, and a decode step (one query) sees every key."""
+    causal = q.shape[2] > 1 or not sinks
+    found = derive(q, k, v, is_causal=causal, scale=scale, enable_gqa=q.shape[1] != k.shape[1], dtype=dtype)
+    changes: dict[str, Any] = {"sinks": True} if sinks else {"padding": window is None}
+    if window is not None:
+        changes.update(mask="sliding_window", window_left=window - 1, window_right=0)
+    return Derived(found.spec.replace(**changes), found.copy_q)
 
 
 def run_dense(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None, window: int | None, lengths: Any = None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float | None,
+    window: int | None,
+    lengths: Any = None,
+    sink: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
     """(b, s, h_q, d_v) from the graph, counted as a hit; or None (the call
     counted under its reason) for the caller to run transformers' sdpa.
     ``lengths`` (b,) int32 on the device: each sequence's tokens (with no
-    ``window``), ``window`` the positions a query sees (without lengths)."""
+    ``window``), ``window`` the positions a query sees (without lengths);
+    ``sink`` (h_q,): the sink logits of a sink spec (without lengths)."""
     runtime = gt.RUNTIME
     memo_key = (
         _MEMO_TAG,
@@ -55,27 +74,32 @@ def run_dense(
         q.device,
         scale,
         window,
+        sink is not None,
     )
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         plan = Plan(None, None, "autograd", "an input requires grad: cuDNN graphs here are forward-only")
     else:
-        plan = runtime._memo.get(memo_key) or _plan(memo_key, q, k, v, scale, window)
-    _note(q, k, v, scale, window)
+        plan = runtime._memo.get(memo_key) or _plan(memo_key, q, k, v, scale, window, sink is not None)
+    _note(q, k, v, scale, window, sink is not None)
     runtime.count(plan)
     if plan.graph is None or plan.spec is None:
         return None
-    if lengths is None:
+    if lengths is None and sink is None:
         return plan.run(q, k, v).transpose(1, 2).contiguous()
     spec = plan.spec
-    b = q.shape[0]
-    lens = lengths.view(b, 1, 1, 1)
+    extra: dict[str, Any] = {}
+    if lengths is not None:
+        lens = lengths.view(q.shape[0], 1, 1, 1)
+        extra.update(seq_len_q=lens, seq_len_kv=lens)
+    if sink is not None:  # float32 (1, h_q, 1, 1), a device cast (no host read)
+        extra["sink"] = sink.to(torch.float32).reshape(1, -1, 1, 1).contiguous()
     if spec.layout == "bshd":
         qs = q.transpose(1, 2)
         qs = qs.contiguous() if plan.copy_q else qs
-        out = plan.graph.execute(qs, k.transpose(1, 2), v.transpose(1, 2), seq_len_q=lens, seq_len_kv=lens)
+        out = plan.graph.execute(qs, k.transpose(1, 2), v.transpose(1, 2), **extra)
         return out
     qs = q.contiguous() if plan.copy_q else q
-    out = plan.graph.execute(qs, k, v, seq_len_q=lens, seq_len_kv=lens)
+    out = plan.graph.execute(qs, k, v, **extra)
     return out.transpose(1, 2).contiguous()
 
 
@@ -86,6 +110,7 @@ def _plan(
     v: torch.Tensor,
     scale: float | None,
     window: int | None,
+    sinks: bool = False,
 ) -> Plan:
     runtime = gt.RUNTIME
     with runtime._lock:
@@ -93,7 +118,7 @@ def _plan(
         if plan is not None:
             return plan
         try:
-            derived = dense_spec(q, k, v, scale, window, None)
+            derived = dense_spec(q, k, v, scale, window, None, sinks)
         except UnsupportedCall as exc:
             plan = Plan(None, None, exc.reason, str(exc))
         else:
@@ -102,13 +127,15 @@ def _plan(
         return plan
 
 
-def _note(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None, window: int | None) -> None:
+def _note(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None, window: int | None, sinks: bool = False
+) -> None:
     """Count the call in each recorder (graphcache.torch.record) as its spec
     in the recorder's dtype, or as why it cannot be one."""
     for recorder in list(gt.RUNTIME.recorders):
         found: GraphSpec | tuple[str, str]
         try:
-            found = dense_spec(q, k, v, scale, window, recorder.dtype).spec
+            found = dense_spec(q, k, v, scale, window, recorder.dtype, sinks).spec
         except UnsupportedCall as exc:
             found = (exc.reason, str(exc))
         recorder.count(found)
