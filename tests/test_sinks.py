@@ -157,3 +157,43 @@ def test_a_cudnn_sink_graph_matches_the_reference_on_a_gpu():  # pragma: no cove
     inputs = random_inputs(spec, "cuda")
     want, _ = reference(spec, **inputs)
     assert torch.allclose(graph.execute(**inputs).float(), want, atol=2e-2)
+
+
+# -- a class graph's check on this CPU (test_cudnn_bias's frontend stand-in) --------
+
+
+def _sink_standin(spec: GraphSpec, ignore_sink: bool = False):  # noqa: ANN202
+    from tests.test_cudnn_bias import BiasStandin
+
+    class SinkStandin(BiasStandin):
+        """Reads q/k/v/o through their override lists and the sink from the
+        pack by its UID (a (1, h, 1, 1) tensor no class overrides)."""
+
+        def execute(self, pack, workspace=None, handle=None, **lists):  # noqa: ANN001, ANN003, ANN202
+            self.calls.append(lists)
+            given = dict(zip(lists["override_uids"], lists["override_shapes"], strict=True))
+            q, k, v, o = (pack[uid] for uid in (1, 2, 3, 4))
+            assert tuple(q.shape) == tuple(given[1])  # (b, h, s, d) views at the real shape
+            real = self.declared.at(q.shape[0], q.shape[2], k.shape[2])
+            store = [t.transpose(1, 2) for t in (q, k, v)]  # bshd storage
+            sink = None if ignore_sink else pack[18]
+            out, _ = reference(real.replace(sinks=sink is not None), *store, sink=sink)
+            o.copy_(out.transpose(1, 2).to(o.dtype))
+
+    from tests.test_classes_cudnn import cpu_graph
+
+    graph = cpu_graph(spec)
+    graph._graph = SinkStandin(spec)
+    return graph
+
+
+def test_a_sink_class_graph_is_checked_with_its_sink_and_one_ignoring_it_fails(monkeypatch):
+    from graphcache import UnsupportedSpec
+    from graphcache.compilers.cudnn import CudnnGraph, override
+
+    monkeypatch.setattr(CudnnGraph, "workspace", property(lambda self: torch.empty(1 << 16, dtype=torch.uint8)))
+    monkeypatch.setattr(override, "workspace", lambda graph, size: torch.empty(size, dtype=torch.uint8))
+    spec = make(sinks=True, shapes="class", seq_q=128, seq_kv=128)
+    assert override.check_class(_sink_standin(spec)) < 2e-2
+    with pytest.raises(UnsupportedSpec, match="disagrees with the float32 reference"):
+        override.check_class(_sink_standin(spec, ignore_sink=True))

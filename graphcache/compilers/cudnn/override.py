@@ -370,9 +370,9 @@ def check_class(graph: ClassGraph) -> float:
         if real.generate_stats:  # (b, h, s, 1) whatever the layout: b and s padded
             stats = _poisoned(feed["q"].new_zeros(real.dims("stats")).float(), (1, 0, 64, 0))
         lengths, bias = (feed.get("seq_len_q"), feed.get("seq_len_kv")), feed.get("bias")
-        if bias is not None:  # a view into a buffer longer in s_q and s_kv
-            bias = _poisoned(bias, (0, 0, 64, 64))
-        execute_class(graph, poisoned["q"], poisoned["k"], poisoned["v"], out, *lengths, stats=stats, bias=bias)
+        bias = None if bias is None else _poisoned(bias, (0, 0, 64, 64))  # a view into a buffer longer in s_q, s_kv
+        q, k, v = (poisoned[r] for r in ("q", "k", "v"))
+        execute_class(graph, q, k, v, out, *lengths, stats=stats, bias=bias, sink=feed.get("sink"))
         error, stats_error = reference_errors(real, out, feed, stats)
         worst = max(worst, error)
         shape = f"b{real.batch} q{real.seq_q} kv{real.seq_kv}"
