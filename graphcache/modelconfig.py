@@ -10,12 +10,14 @@ Families read (the field names of transformers 5.24's configs):
 
 - decoders: llama, mistral, mixtral, qwen2, qwen3, phi3, gemma, gemma2,
   gemma3 / gemma3_text (a gemma3 checkpoint's ``text_config``), gpt2;
-- encoder-decoders: bart, mbart, whisper.
+- encoder-decoders: bart, mbart, whisper, t5, mt5 (T5's relative position
+  bias arrives with every attention call as a float mask: ``position_bias``,
+  served by bias graphs; its scale is 1.0, no 1/sqrt(d)).
 
 A family read here whose attention graphcache cannot describe is refused
-naming what is missing (softcap: Gemma 2; relative position bias: T5; a scale
-per layer: GPT-2 with ``scale_attn_by_inverse_layer_idx``), and so is every
-other ``model_type``: nothing is skipped silently.
+naming what is missing (softcap: Gemma 2; a scale per layer: GPT-2 with
+``scale_attn_by_inverse_layer_idx``), and so is every other ``model_type``:
+nothing is skipped silently.
 """
 
 from __future__ import annotations
@@ -29,12 +31,10 @@ from graphcache.errors import ManifestError
 from graphcache.spec import GraphSpec
 
 DECODERS = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3", "gemma3_text", "gpt2")
-ENCODER_DECODERS = ("bart", "mbart", "whisper")
+ENCODER_DECODERS = ("bart", "mbart", "whisper", "t5", "mt5")
 FAMILIES = DECODERS + ENCODER_DECODERS
 # Read here but refused, with what graphcache's specs lack for them.
 REFUSED = {
-    "t5": "relative position bias: T5 adds a learned (heads, q, kv) bias to every attention call as a float mask",
-    "mt5": "relative position bias: mT5 adds a learned (heads, q, kv) bias to every attention call as a float mask",
     "gpt_oss": "attention sinks (s_aux): no sink field in graphcache's specs",
 }
 
@@ -53,6 +53,9 @@ class Attention:
     window: int | None = None  # a sliding window: the keys a query sees, itself included (transformers' sliding_window)
     fixed_kv: int | None = None  # the encoder length when the model fixes it (Whisper's 1500 frames)
     max_q: int | None = None  # the longest decoder sequence the model allows (Whisper's 448)
+    # Every call arrives with a float mask (T5: its relative position bias, on the
+    # cross-attention zeros, plus any padding): only bias graphs serve it.
+    position_bias: bool = False
 
     def users(self) -> str:
         """``decoder layers 0-31 (sliding window 4096)``: who makes these calls."""
@@ -206,6 +209,8 @@ def _layer_types(f: _Fields, kind: str, layers: int, window: Any) -> list[str]:
 
 
 def _encoder_decoder(f: _Fields, kind: str) -> tuple[Attention, ...]:
+    if kind in ("t5", "mt5"):
+        return _t5(f)
     width = f.int("d_model")
     enc_heads, dec_heads = f.int("encoder_attention_heads"), f.int("decoder_attention_heads")
     enc_layers, dec_layers = f.int("encoder_layers"), f.int("decoder_layers")
@@ -218,6 +223,27 @@ def _encoder_decoder(f: _Fields, kind: str) -> tuple[Attention, ...]:
         Attention("encoder", enc, enc_heads, enc_heads, enc_dim, enc_dim**-0.5, False, fixed_kv=fixed),
         Attention("self", dec, dec_heads, dec_heads, dec_dim, dec_dim**-0.5, True, max_q=max_q),
         Attention("cross", dec, dec_heads, dec_heads, dec_dim, dec_dim**-0.5, False, fixed_kv=fixed, max_q=max_q),
+    )
+
+
+def _t5(f: _Fields) -> tuple[Attention, ...]:
+    """T5 and mT5: num_heads heads of d_kv (not d_model / heads), no scaling
+    (the 1/sqrt(d) is folded into the weights), num_layers encoder layers and
+    num_decoder_layers (default num_layers) decoder layers, the relative
+    position bias (relative_attention_num_buckets, _max_distance) on every call."""
+    heads, dim = f.int("num_heads"), f.int("d_kv")
+    for name, default in (
+        ("d_model", None),
+        ("relative_attention_num_buckets", 32),
+        ("relative_attention_max_distance", 128),
+    ):
+        f.int(name, default)  # read, so a bad config is refused naming the field
+    enc = tuple(range(f.int("num_layers")))
+    dec = tuple(range(f.int("num_decoder_layers", len(enc))))
+    return (
+        Attention("encoder", enc, heads, heads, dim, 1.0, False, position_bias=True),
+        Attention("self", dec, heads, heads, dim, 1.0, True, position_bias=True),
+        Attention("cross", dec, heads, heads, dim, 1.0, False, position_bias=True),
     )
 
 

@@ -25,6 +25,14 @@ of each family through ``graphcache.torch.record``):
 - an encoder-decoder's decoder: its self-attention as a decoder's (its first
   step arrives ``bshd``, later ones ``bhsd``), and cross-attention from one
   query (decode) or a prompt (prefill) to the encoder's output.
+- T5 (``position_bias``): every call carries its relative position bias as
+  a float mask, on either route (graphcache.hf hands T5 to the drop-in), so
+  every graph is a bias graph (mask none, the causal mask inside the bias):
+  at batch 1 ``bhss`` (the drop-in's name for any batch-1 bias), above it
+  ``1hss`` (the position bias alone) and, where the encoder's input is
+  padded (its own calls and cross-attention), ``bhss`` (bias plus padding).
+  Its decoder's prefill and decode steps arrive ``bhsd``, its first decode
+  step ``bshd``, the encoder ``bshd`` (recorded through a tiny T5, transformers 5.24).
 """
 
 from __future__ import annotations
@@ -99,6 +107,9 @@ def specs_for(
         raise ValueError(f"route={route!r} is not one of {', '.join(ROUTES)}")
     out = ModelSpecs()
     maker = _Maker(out, route, dtype, "bias" in GraphSpec.field_names())
+    if any(a.position_bias for a in model.attentions):
+        _position_biased(maker, model, max_batch, max_seq, decode, chunk)
+        return out
     for attention in model.attentions:
         longest = min(max_seq, attention.max_q) if attention.max_q else max_seq
         for batch in batches(max_batch):
@@ -132,6 +143,36 @@ def specs_for(
     return out
 
 
+def _position_biased(
+    maker: _Maker, model: Model, max_batch: int, max_seq: int, decode: bool, chunk: int | None
+) -> None:
+    """T5's calls (see the module's text): bias graphs only."""
+    if not maker.bias:
+        maker.out.lack("bias graphs (GraphSpec has no bias field here): T5's position bias arrives as a float mask")
+        return
+    for a in model.attentions:
+        for batch in batches(max_batch):
+            kv_lengths = lengths(max_seq)
+            if a.role == "encoder":
+                for s in kv_lengths:
+                    maker.biased(a, batch, s, s, "bshd", "encoder", padded=True)
+                continue
+            if a.role == "cross":
+                for kv in kv_lengths:
+                    for q in ([1] if decode else []) + lengths(max_seq):
+                        maker.biased(a, batch, q, kv, "bhsd", "decode" if q == 1 else "prefill", padded=True)
+                continue
+            for s in kv_lengths:
+                maker.biased(a, batch, s, s, "bhsd", "prefill")
+            if decode:
+                maker.biased(a, batch, 1, MIN_LENGTH, "bshd", "first decode step")
+                for kv in kv_lengths:
+                    maker.biased(a, batch, 1, kv, "bhsd", "decode")
+            for q in lengths(chunk) if chunk else []:
+                for kv in (kv for kv in kv_lengths if kv > q):
+                    maker.biased(a, batch, q, kv, "bhsd", f"chunked prefill (chunks up to {chunk})")
+
+
 class _Maker:
     def __init__(self, out: ModelSpecs, route: str, dtype: str, bias: bool) -> None:
         self.out, self.route, self.dtype, self.bias = out, route, dtype, bias
@@ -151,6 +192,14 @@ class _Maker:
             self._masked(a, batch, q, kv, layout, user + (", window in reach" if reach else ""), unpadded=True)
         if padded and batch > 1:
             self._masked(a, batch, q, kv, layout, user + ", padded batch")
+
+    def biased(self, a: Attention, b: int, q: int, kv: int, layout: str, phase: str, padded: bool = False) -> None:
+        """One class of calls whose every call carries a float mask (T5's
+        position bias): its bias graphs, by the bias dims the drop-in derives."""
+        kinds = ["bhss"] if b == 1 else ["1hss", "bhss"] if padded else ["1hss"]
+        for kind in kinds:
+            user = f"{a.users()}: {phase}" + (", padded batch" if kind == "bhss" and b > 1 else "")
+            self.out.add(self._dense(a, b, q, kv, layout, "none", bias=kind), user)
 
     def _masked(
         self, a: Attention, batch: int, q: int, kv: int, layout: str, user: str, unpadded: bool = False

@@ -118,6 +118,31 @@ def test_bart_has_encoder_decoder_and_cross_attention(tmp_path):
     }
 
 
+@pytest.mark.parametrize("route", ["sdpa", "graphcache"])
+def test_t5_is_bias_graphs_of_scale_one_with_the_bias_dims_the_drop_in_derives(route):
+    config = dict(model_type="t5", d_model=512, d_kv=64, num_heads=8, num_layers=6, num_decoder_layers=4)
+    users = specs_for(describe(config), max_batch=2, max_seq=256, route=route).users
+    assert {(s.heads_q, s.heads_kv, s.head_dim, s.attn_scale, s.mask) for s in users} == {(8, 8, 64, 1.0, "none")}
+    layers = {u.split(":")[0] for us in users.values() for u in us}
+    assert layers == {
+        "encoder layers 0-5 (bidirectional)",
+        "decoder layers 0-3 (causal)",
+        "decoder cross-attention, layers 0-3 (bidirectional)",
+    }
+
+    def kinds(phase: str, batch: int) -> set[tuple[str, str]]:
+        return {(s.layout, s.bias) for s, us in users.items() if s.batch == batch and any(phase in u for u in us)}
+
+    # Batch 1: every bias is bhss; above it the position bias alone (1hss), and
+    # with the encoder's padding (its own calls, cross-attention) bhss too.
+    assert kinds("(bidirectional): encoder", 1) == {("bshd", "bhss")}
+    assert kinds("(bidirectional): encoder", 2) == {("bshd", "1hss"), ("bshd", "bhss")}
+    assert kinds("(causal): decode", 2) == {("bhsd", "1hss")}
+    assert kinds("(causal): first decode step", 2) == {("bshd", "1hss")}
+    assert kinds("(causal): prefill", 2) == {("bhsd", "1hss")}
+    assert kinds("cross-attention, layers 0-3 (bidirectional): decode", 2) == {("bhsd", "1hss"), ("bhsd", "bhss")}
+
+
 def test_whisper_encoder_length_is_fixed(tmp_path):
     whisper = dict(d_model=384, encoder_layers=4, decoder_layers=4, max_source_positions=1500, max_target_positions=448)
     specs, encoder = seq2seq("whisper", 6, max_seq=8192, **whisper)
@@ -129,7 +154,7 @@ def test_whisper_encoder_length_is_fixed(tmp_path):
     ("config", "named"),
     [
         (llama(model_type="gemma2", attn_logit_softcapping=50.0, head_dim=64), "attn_logit_softcapping"),
-        ({"model_type": "t5", "d_model": 512}, "relative position bias"),
+        ({"model_type": "t5", "d_model": 512, "d_kv": 64, "num_layers": 6}, "num_heads is missing"),
         ({"model_type": "mamba"}, "model_type 'mamba' is not a family"),
         (llama(num_attention_heads=None), "num_attention_heads is missing"),
         (llama(layer_types=["full_attention", "chunked_attention"]), "chunked_attention"),

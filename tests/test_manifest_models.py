@@ -68,6 +68,8 @@ def served(name: str, route: str, tmp_path) -> tuple[dict[str, hf_models.Case], 
         ("bart", "graphcache"),
         ("mistral", "sdpa"),
         ("mistral", "graphcache"),
+        ("t5", "sdpa"),  # its relative position bias on every call: bias graphs only, on either route
+        ("t5", "graphcache"),
     ],
 )
 def test_a_model_warmed_only_from_its_config_serves_prompts_and_beams(tmp_path, name, route):
