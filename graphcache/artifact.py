@@ -26,7 +26,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from graphcache.errors import CorruptArtifact, SignatureError, SpecError, TargetError
+from graphcache.errors import (
+    CorruptArtifact,
+    NotSerializable,
+    SignatureError,
+    SpecError,
+    TargetError,
+    UnsupportedSpec,
+)
 from graphcache.key import FORMAT_VERSION, is_key, key_for
 from graphcache.spec import GraphSpec
 from graphcache.target import Target
@@ -125,6 +132,24 @@ class Artifact:
     def encode(self) -> bytes:
         """The envelope bytes."""
         return frame(self.header(), self.payload)
+
+    # -- negative entries ------------------------------------------------
+
+    @classmethod
+    def negative(cls, spec: GraphSpec, target: Target, uids: UidMap, exc: UnsupportedSpec) -> Artifact:
+        """The entry that remembers cuDNN's verdict on ``spec`` for ``target``
+        (no payload): which refusal it was, at which build step, under which
+        frontend and cuDNN."""
+        runtime = {"unsupported_kind": type(exc).__name__, "unsupported_step": exc.step}
+        runtime.update(frontend=target.frontend, cudnn=target.cudnn)
+        return cls(spec=spec, target=target, payload=b"", uids=uids, unsupported=str(exc), runtime=runtime)
+
+    def refusal(self) -> UnsupportedSpec | None:
+        """The error a negative entry stands for (None for a plan)."""
+        if not self.unsupported:
+            return None
+        kind = NotSerializable if self.runtime.get("unsupported_kind") == "NotSerializable" else UnsupportedSpec
+        return kind(self.unsupported, step=self.runtime.get("unsupported_step"))
 
     # -- signing ---------------------------------------------------------
 

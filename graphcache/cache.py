@@ -215,10 +215,10 @@ class GraphCache:
         return self._positive(artifact), built
 
     def _positive(self, artifact: Artifact) -> Artifact:
-        if artifact.unsupported:
+        refusal = artifact.refusal()
+        if refusal is not None:
             self._stats.bump("unsupported")
-            kind = NotSerializable if artifact.runtime.get("unsupported_kind") == "NotSerializable" else UnsupportedSpec
-            raise kind(artifact.unsupported, step=artifact.runtime.get("unsupported_step"))
+            raise refusal
         return artifact
 
     def _single_flight(self, key: str, spec: GraphSpec, target: Target) -> tuple[Artifact, bool]:
@@ -282,19 +282,7 @@ class GraphCache:
             # key): remember it, so the next request answers at once instead of
             # rebuilding. NotSerializable is one kind of it. Failures of this
             # host (BuildError) are not caught here: they are never stored.
-            artifact = Artifact(
-                spec=spec,
-                target=target,
-                payload=b"",
-                uids=self.uids,
-                unsupported=str(exc),
-                runtime={
-                    "unsupported_kind": type(exc).__name__,
-                    "unsupported_step": exc.step,
-                    "frontend": target.frontend,
-                    "cudnn": target.cudnn,
-                },
-            )
+            artifact = Artifact.negative(spec, target, self.uids, exc)
         if self.signing_key:
             artifact = artifact.signed(self.signing_key)
         if spec.is_class and not artifact.unsupported:
