@@ -186,6 +186,28 @@ def test_the_bias_a_graph_receives_is_additive_packed_and_in_the_io_dtype(served
     assert torch.equal(bias == 0, mask) and torch.equal(bias == NEG_INF, ~mask)
 
 
+# (a mask shared by every query row, (..., 1, s_kv), is folded into heads instead: rows_are_heads)
+@pytest.mark.parametrize("shape", [(16, 1), (1, 1, 16, 1), (2, 1, 16, 1), (16, 24), (2, 1, 16, 24)])
+def test_a_boolean_mask_that_broadcasts_reaches_the_graph_as_the_full_packed_bias(served, monkeypatch, shape):
+    from tests.torch_standins import StandinGraph
+
+    seen = []
+    real = StandinGraph.execute
+
+    def spy(self, q, k, v, **kwargs):  # noqa: ANN001, ANN003
+        seen.append(kwargs.get("bias"))
+        return real(self, q, k, v, **kwargs)
+
+    monkeypatch.setattr(StandinGraph, "execute", spy)
+    q, k, v = qkv()
+    mask = torch.rand(shape, generator=torch.Generator().manual_seed(1)) > 0.3
+    gt.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    full = (mask.shape[0] if len(shape) == 4 else 1, 1, 16, 24)
+    bias = seen[-1]
+    assert bias.dtype == torch.bfloat16 and bias.shape == full and bias.is_contiguous()
+    assert torch.equal(bias == 0, mask.expand(full))
+
+
 # -- no host sync ----------------------------------------------------------------------
 
 

@@ -54,6 +54,10 @@ class BiasFrom:
     lead: int
     zero: torch.Tensor = field(compare=False)  # 0 in the io dtype on the call's device, made once
     rows: int = 1  # query rows folded into heads (transformers' pack_gqa), 1: none
+    # -inf in the io dtype on the call's device, made once (a Python float is
+    # wrapped into a new tensor on every call); None: torch.where's own.
+    neg_inf: torch.Tensor | None = field(default=None, compare=False)
+    expand: bool = True  # the 4-D mask is not already ``dims`` (an expand view per call otherwise)
 
     def fold(self, q: torch.Tensor) -> torch.Tensor:
         """The graph's query: ``q`` itself, or its rows as heads (a view)."""
@@ -70,7 +74,11 @@ class BiasFrom:
         m = mask[(None,) * self.lead] if self.lead else mask
         if self.boolean:
             hidden = m.any(-1, keepdim=True).logical_not_()
-            bias = torch.where(m.expand(self.dims), self.zero, _NEG_INF)
+            bias = torch.where(
+                m.expand(self.dims) if self.expand else m,
+                self.zero,
+                _NEG_INF if self.neg_inf is None else self.neg_inf,
+            )
             if not bias.is_contiguous():  # strides, not values: no host sync
                 bias = bias.contiguous()
             return bias, hidden
@@ -127,7 +135,8 @@ def bias_from(
     lead = 4 - mask.dim()
     copy = not boolean and (mask.dtype != query.dtype or not _packed(mask[(None,) * lead], dims))
     zero = torch.zeros((), dtype=query.dtype, device=query.device)
-    return BiasFrom(kind, dims, query.dtype, boolean, copy, lead, zero, rows)
+    neg_inf = torch.full((), _NEG_INF, dtype=query.dtype, device=query.device)
+    return BiasFrom(kind, dims, query.dtype, boolean, copy, lead, zero, rows, neg_inf, shape != dims)
 
 
 # The most query rows taken for one decode step's heads (a GQA group: query heads per KV head).
