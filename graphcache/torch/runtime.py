@@ -19,7 +19,6 @@ import threading
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import torch
@@ -79,19 +78,21 @@ class Plan:
         With a bias, rows that see no key are 0, torch's answer, whatever
         the graph wrote there (all on the device: no host sync)."""
         assert self.graph is not None and self.spec is not None
-        if self.bias is not None:
-            bias, hidden = self.bias(mask)
-            if self.copy_q:
-                q = q.transpose(1, 2).contiguous().transpose(1, 2) if self.spec.layout == "bshd" else q.contiguous()
-            run = self.graph.run_views if self.views else partial(_run_views, self.graph)  # type: ignore[attr-defined]
-            return self.bias.unfold(run(self.bias.fold(q), k, v, bias).masked_fill_(hidden, 0.0))
         # No view is made per call on the views path: the memo key (shapes,
         # strides, dtypes, devices) has already matched these tensors to the spec.
         if self.copy_q:
             q = q.transpose(1, 2).contiguous().transpose(1, 2) if self.spec.layout == "bshd" else q.contiguous()
+        if self.bias is None:
+            if self.views:
+                return self.graph.run_views(q, k, v)  # type: ignore[attr-defined]
+            return _run_views(self.graph, q, k, v)
+        bias, hidden = self.bias(mask)
+        q = self.bias.fold(q)
         if self.views:
-            return self.graph.run_views(q, k, v)  # type: ignore[attr-defined]
-        return _run_views(self.graph, q, k, v)
+            out = self.graph.run_views(q, k, v, bias)  # type: ignore[attr-defined]
+        else:
+            out = _run_views(self.graph, q, k, v, bias)
+        return self.bias.unfold(out.masked_fill_(hidden, 0.0))
 
 
 class Runtime:
