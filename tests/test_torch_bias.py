@@ -167,7 +167,9 @@ def test_the_bias_graph_is_built_once_per_mask_shape_not_per_mask_value(served):
     assert gt.stats()["graphs_loaded"] == 2
 
 
-def test_the_bias_a_graph_receives_is_additive_packed_and_in_the_io_dtype(served, monkeypatch):
+@pytest.fixture
+def seen(monkeypatch):
+    """The bias each graph execution receives, in order."""
     from tests.torch_standins import StandinGraph
 
     seen = []
@@ -178,6 +180,10 @@ def test_the_bias_a_graph_receives_is_additive_packed_and_in_the_io_dtype(served
         return real(self, q, k, v, **kwargs)
 
     monkeypatch.setattr(StandinGraph, "execute", spy)
+    return seen
+
+
+def test_the_bias_a_graph_receives_is_additive_packed_and_in_the_io_dtype(served, seen):
     q, k, v = qkv()
     mask = left_padded()
     gt.scaled_dot_product_attention(q, k, v, attn_mask=mask)
@@ -188,17 +194,7 @@ def test_the_bias_a_graph_receives_is_additive_packed_and_in_the_io_dtype(served
 
 # (a mask shared by every query row, (..., 1, s_kv), is folded into heads instead: rows_are_heads)
 @pytest.mark.parametrize("shape", [(16, 1), (1, 1, 16, 1), (2, 1, 16, 1), (16, 24), (2, 1, 16, 24)])
-def test_a_boolean_mask_that_broadcasts_reaches_the_graph_as_the_full_packed_bias(served, monkeypatch, shape):
-    from tests.torch_standins import StandinGraph
-
-    seen = []
-    real = StandinGraph.execute
-
-    def spy(self, q, k, v, **kwargs):  # noqa: ANN001, ANN003
-        seen.append(kwargs.get("bias"))
-        return real(self, q, k, v, **kwargs)
-
-    monkeypatch.setattr(StandinGraph, "execute", spy)
+def test_a_boolean_mask_that_broadcasts_reaches_the_graph_as_the_full_packed_bias(served, seen, shape):
     q, k, v = qkv()
     mask = torch.rand(shape, generator=torch.Generator().manual_seed(1)) > 0.3
     gt.scaled_dot_product_attention(q, k, v, attn_mask=mask)
