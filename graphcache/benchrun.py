@@ -41,7 +41,7 @@ def _init() -> tuple[Any, Any, float]:
 def cold(spec: GraphSpec) -> dict[str, Any]:
     """Build from nothing (every build step), then the first execute."""
     from graphcache.compilers.cudnn import CudnnGraph, build_graph
-    from graphcache.compilers.torch_sdpa import random_inputs
+    from graphcache.reference.dense import random_inputs
 
     torch, compiler, init = _init()
     inputs = random_inputs(spec, "cuda")
@@ -64,7 +64,7 @@ def cold(spec: GraphSpec) -> dict[str, Any]:
 
 def warm(spec: GraphSpec, location: str) -> dict[str, Any]:
     """Fetch, verify, deserialize, first execute."""
-    from graphcache.compilers.torch_sdpa import random_inputs
+    from graphcache.reference.dense import random_inputs
     from graphcache.stores import open_store
 
     torch, compiler, init = _init()
@@ -97,7 +97,7 @@ def memory(spec: GraphSpec) -> dict[str, Any]:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from graphcache.compilers.cudnn import CudnnGraph, build_graph
-    from graphcache.compilers.torch_sdpa import random_inputs, score_matrix_bytes, to_bhsd
+    from graphcache.reference.dense import random_inputs, score_matrix_bytes, to_bhsd
 
     torch, compiler, _ = _init()
     inputs = random_inputs(spec, "cuda")

@@ -87,7 +87,7 @@ def _sdpa_backends(torch: Any, spec: GraphSpec, gpu: bool) -> list[tuple[str, st
         return [("torch SDPA backends", "none: torch is not installed")]
     import warnings
 
-    from graphcache.compilers.torch_sdpa import allowed_mask, torch_dtype
+    from graphcache.reference.dense import allowed_mask, torch_dtype
 
     device = "cuda" if gpu else "cpu"
     small = spec.replace(batch=1, seq_q=min(spec.seq_q, 256), seq_kv=min(spec.seq_kv or spec.seq_q, 256))
