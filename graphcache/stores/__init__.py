@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -99,10 +99,11 @@ def stored_header(store: Store, key: str) -> dict[str, Any] | None:
     return None if data is None else read_header(data)
 
 
-def stored_headers(store: Store) -> Iterator[dict[str, Any]]:
+def stored_headers(store: Store, corrupt: Callable[[str], object] | None = None) -> Iterator[dict[str, Any]]:
     """Every stored entry's header: the store's own listing where it has one
     (HttpStore: the listing route, no artifact downloaded), else key by key
-    (``stored_header``), entries whose header is corrupt left out."""
+    (``stored_header``), entries whose header is corrupt left out (their keys
+    given to ``corrupt``, when the scan is key by key)."""
     headers = getattr(store, "headers", None)
     if headers is not None:
         yield from headers()
@@ -111,6 +112,8 @@ def stored_headers(store: Store) -> Iterator[dict[str, Any]]:
         try:
             header = stored_header(store, key)
         except CorruptArtifact:
+            if corrupt is not None:
+                corrupt(key)
             continue
         if header is not None:
             yield header

@@ -23,8 +23,8 @@ from urllib.parse import parse_qs
 
 from fastapi import FastAPI, Request, Response
 
-from graphcache.errors import CorruptArtifact, GraphCacheError
-from graphcache.stores import Store, stored_header
+from graphcache.errors import GraphCacheError
+from graphcache.stores import Store, stored_headers
 from graphcache.stores.space import free_bytes, human
 from graphcache.target import Target
 from service.errors import ServiceError
@@ -131,22 +131,20 @@ def _named_manifest(state: State, name: str) -> str:
 
 
 def _holdings(store: Store) -> Holdings:
-    """Every entry's header, counted by target (a full scan of headers)."""
+    """Every entry's header, counted by target (``stored_headers``: a full
+    scan of headers, or the store's own listing)."""
     found = Holdings()
     is_pinned = getattr(store, "pinned", None)
-    for key in store.keys():
-        try:
-            header = stored_header(store, key)
-        except CorruptArtifact:
-            found.corrupt += 1
-            continue
-        if header is None:
-            continue
+
+    def corrupt(_key: str) -> None:
+        found.corrupt += 1
+
+    for header in stored_headers(store, corrupt):
         row = found.targets.setdefault(str(header.get("target_text", "?")), TargetRow())
         row.count += 1
         row.bytes += int(header.get("payload_size") or 0)
         row.negative += bool(header.get("unsupported"))
-        row.pinned += bool(is_pinned is not None and is_pinned(key))
+        row.pinned += bool(is_pinned is not None and is_pinned(str(header.get("key", ""))))
     return found
 
 
