@@ -39,7 +39,6 @@ __all__ = [
     "REFERENCE_BUDGET",
     "TOLERANCE",
     "TorchSdpaGraph",
-    "_run_views",
     "allowed_mask",
     "check_inputs",
     "compared_rows",
@@ -57,9 +56,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-# graphcache.torch's runtime calls it by this name.
-_run_views = run_views
 
 
 class TorchSdpaGraph:

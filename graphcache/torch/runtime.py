@@ -27,8 +27,7 @@ from graphcache.cache import GraphCache
 from graphcache.classes import class_of
 from graphcache.classindex import work
 from graphcache.compilers.base import LoadedGraph
-from graphcache.compilers.classgraph import bind
-from graphcache.compilers.torch_sdpa import _run_views
+from graphcache.compilers.classgraph import bind, run_views
 from graphcache.errors import GraphCacheError, NoGpu, NotFound, UnsupportedCall, UnsupportedGpu, UnsupportedSpec
 from graphcache.settings import SettingsError
 from graphcache.spec import GraphSpec
@@ -85,13 +84,13 @@ class Plan:
         if self.bias is None:
             if self.views:
                 return self.graph.run_views(q, k, v)  # type: ignore[attr-defined]
-            return _run_views(self.graph, q, k, v)
+            return run_views(self.graph, q, k, v)
         bias, hidden = self.bias(mask)
         q = self.bias.fold(q)
         if self.views:
             out = self.graph.run_views(q, k, v, bias)  # type: ignore[attr-defined]
         else:
-            out = _run_views(self.graph, q, k, v, bias)
+            out = run_views(self.graph, q, k, v, bias)
         return self.bias.unfold(out.masked_fill_(hidden, 0.0))
 
 
