@@ -102,6 +102,18 @@ def test_compiled_model_under_patch_matches_torch(cached):
     torch._dynamo.reset()
 
 
+def masked_hit_without_sync(q, k, v, mask):  # noqa: ANN001, ANN201
+    """The second masked call's answer: the first builds, checks and loads
+    the bias graph; the second runs under sync_debug_mode('error')."""
+    gt.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        return gt.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
 @pytest.mark.parametrize("float_mask", [False, True], ids=["bool", "float"])
 def test_masked_calls_are_bias_graph_hits_with_torchs_answer_and_no_host_sync(cached, float_mask):
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -112,13 +124,7 @@ def test_masked_calls_are_bias_graph_hits_with_torchs_answer_and_no_host_sync(ca
     if float_mask:
         mask = torch.where(mask, 0.0, float("-inf")).to(torch.bfloat16)
     want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    gt.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # builds, checks, loads the bias graph
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        got = gt.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    got = masked_hit_without_sync(q, k, v, mask)
     assert gt.stats()["hits"] == 2 and gt.stats()["fallbacks"] == {}, gt.stats()
     assert not got.isnan().any() and (got[0, :, 5] == 0).all()
     assert relative_error(got, want) < TOLERANCE["bfloat16"]
