@@ -80,7 +80,8 @@ def run_dense(
         plan = Plan(None, None, "autograd", "an input requires grad: cuDNN graphs here are forward-only")
     else:
         plan = runtime._memo.get(memo_key) or _plan(memo_key, q, k, v, scale, window, sink is not None)
-    _note(q, k, v, scale, window, sink is not None)
+    if runtime.recorders:  # a hit with none recording makes no list
+        _note(q, k, v, scale, window, sink is not None)
     runtime.count(plan)
     if plan.graph is None or plan.spec is None:
         return None
