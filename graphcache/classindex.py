@@ -24,10 +24,10 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
-from graphcache.artifact import read_header
 from graphcache.errors import CorruptArtifact, SpecError, StoreError, TargetError
 from graphcache.settings import DEFAULT_SLACK, SLACK_VAR, check_slack, slack_from_env
 from graphcache.spec import GraphSpec
+from graphcache.stores import stored_header
 from graphcache.stores.disk import DiskStore
 from graphcache.target import Target
 
@@ -45,7 +45,6 @@ __all__ = [
     "work",
 ]
 
-HEADER_PREFIX = 64 * 1024
 _SIZES = frozenset({"batch", "seq_q", "seq_kv", "shapes"})
 _FIXED = tuple(name for name in GraphSpec.field_names() if name not in _SIZES)
 
@@ -170,7 +169,7 @@ class ClassIndex:
 def local_headers(store: Any) -> Iterable[dict[str, Any]]:
     """The headers of what the store holds on this machine, read without a
     network round trip: a DiskStore's (a TieredStore's local tier's) entries,
-    each header read from the entry's first bytes. A remote store alone
+    each header read from the entry's first bytes (``stored_header``). A remote store alone
     (HttpStore, RedisStore) lists nothing here: its classes join the index as
     prefetch, warm and loads bring them."""
     local = getattr(store, "local", store)
@@ -183,8 +182,8 @@ def local_headers(store: Any) -> Iterable[dict[str, Any]]:
         return
     for key in keys:
         try:
-            data = local.head(key, HEADER_PREFIX)
-            if data is not None:
-                yield read_header(data)
+            header = stored_header(local, key)
+            if header is not None:
+                yield header
         except (StoreError, CorruptArtifact):
             continue  # a read quarantines it; the index only lists
