@@ -149,6 +149,14 @@ class ClassIndex:
                 reasons.append(f"{_sizes(klass)}: covers the call, but {_sizes(chosen)} declares less work")
         return chosen, reasons
 
+    @classmethod
+    def listed(cls, headers: Iterable[dict[str, Any]], target: Target) -> ClassIndex:
+        """An index of the class graphs among stored ``headers`` built for
+        ``target`` (a store's listing: prefetch, warm --check, explain)."""
+        index, wanted = cls(), target.to_dict()
+        index.fill(h for h in headers if h.get("target") == wanted)
+        return index
+
     def fill(self, headers: Iterable[dict[str, Any]]) -> int:
         """Add every class graph among stored ``headers``; returns how many."""
         added = 0

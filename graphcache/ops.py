@@ -132,8 +132,7 @@ def check(
     def larger(spec: GraphSpec, klass: GraphSpec) -> GraphSpec | None:
         with lock:
             if not index:
-                index.append(ClassIndex())
-                index[0].fill(h for h in stored_headers(store) if h.get("target") == target.to_dict())
+                index.append(ClassIndex.listed(stored_headers(store), target))
         chosen = index[0].choose(spec, klass, target, slack)
         return chosen if chosen != klass else None
 
@@ -265,8 +264,7 @@ def explain(
     listed = list(headers if headers is not None else stored_headers(store))
     not_serving: list[str] = []
     if klass is not None:
-        index = ClassIndex()
-        index.fill(h for h in listed if h.get("target") == target.to_dict())
+        index = ClassIndex.listed(listed, target)
         slack = slack_from_env() if class_slack is None else check_slack(class_slack)
         chosen, not_serving = index.why(spec, klass, target, slack)
         if chosen != klass:

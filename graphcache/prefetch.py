@@ -110,8 +110,6 @@ def _larger(
     """For each exact spec, the larger stored class that would serve it
     (``ClassIndex.choose``), listed from the store (its remote tier's, where
     it has one) once; specs no stored class serves are left out."""
-    index = ClassIndex()
-    listed = getattr(store, "remote", store)
-    index.fill(h for h in stored_headers(listed) if h.get("target") == target.to_dict())
+    index = ClassIndex.listed(stored_headers(getattr(store, "remote", store)), target)
     chosen = {spec: index.choose(spec, class_of(spec, policy), target, slack) for spec in specs}
     return {spec: klass for spec, klass in chosen.items() if klass != class_of(spec, policy)}
