@@ -216,11 +216,7 @@ class Runtime:
             plan = self._memo.get(memo_key) or self._plan(memo_key, args)
         if plan.graph is not None:
             out = plan.run(query, key, value, attn_mask)
-            with self._count_lock:
-                self._hits += 1
-                self._larger += plan.larger
-                self._declared += plan.declared
-                self._real += plan.real
+            self.count(plan)
             if self.recorders:
                 self._note(memo_key, args)
             return out
@@ -236,23 +232,23 @@ class Runtime:
         )
         # Counted after torch ran: a call torch refused (bad shapes, dtypes,
         # devices) raised above and leaves no trace.
-        with self._count_lock:
-            self._fallbacks[plan.reason] += 1
-            if plan.reason == "miss":
-                self._misses += 1
-                assert plan.spec is not None
-                self._missed[plan.spec] = self._missed.get(plan.spec, 0) + 1
+        self.count(plan)
         if self.recorders:
             self._note(memo_key, args)
         return out
 
     def count(self, plan: Plan) -> None:
         """Count one call that ran ``plan``: a hit where it has a graph, else a
-        fallback under its reason (and a miss of its spec). For callers
-        beside ``call`` (graphcache.torch.varlen_attn)."""
+        fallback under its reason (and a miss of its spec). The one place
+        calls are counted: ``call``, graphcache.torch.varlen_attn and
+        graphcache.hf's dense path alike, so a hit a larger stored class
+        served counts in served_by_larger whichever door it came through."""
         with self._count_lock:
             if plan.graph is not None:
                 self._hits += 1
+                self._larger += plan.larger
+                self._declared += plan.declared
+                self._real += plan.real
                 return
             self._fallbacks[plan.reason] += 1
             if plan.reason == "miss":
