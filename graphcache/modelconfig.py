@@ -102,6 +102,8 @@ def describe(config: dict[str, Any], source: str = "config.json") -> Model:
     kind = config.get("model_type")
     if kind == "gemma3" and isinstance(config.get("text_config"), dict):
         config, kind = {**config["text_config"], "model_type": "gemma3_text"}, "gemma3_text"
+    if kind is None:
+        raise ManifestError(f"{source}: model_type is missing (a transformers config.json names its model_type)")
     if kind in REFUSED:
         raise ManifestError(f"{source}: model_type {kind!r} cannot be described: {REFUSED[kind]}")
     if kind not in FAMILIES:

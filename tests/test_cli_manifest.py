@@ -156,11 +156,12 @@ def test_whisper_encoder_length_is_fixed(tmp_path):
         (llama(model_type="gemma2", attn_logit_softcapping=50.0, head_dim=64), "attn_logit_softcapping"),
         ({"model_type": "t5", "d_model": 512, "d_kv": 64, "num_layers": 6}, "num_heads is missing"),
         ({"model_type": "mamba"}, "model_type 'mamba' is not a family"),
+        ({"num_attention_heads": 8}, "model_type is missing"),
         (llama(num_attention_heads=None), "num_attention_heads is missing"),
         (llama(layer_types=["full_attention", "chunked_attention"]), "chunked_attention"),
         (llama(model_type="gpt2", n_head=4, n_embd=256, n_layer=2, scale_attn_by_inverse_layer_idx=True), "per layer"),
     ],
-    ids=["gemma2-softcap", "t5", "unknown", "missing-field", "layer-type", "gpt2-layer-scale"],
+    ids=["gemma2-softcap", "t5", "unknown", "no-model-type", "missing-field", "layer-type", "gpt2-layer-scale"],
 )
 def test_what_cannot_be_described_is_refused_naming_it(tmp_path, config, named):
     path = write(tmp_path, **config)
