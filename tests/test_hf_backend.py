@@ -184,12 +184,72 @@ def test_what_no_graph_expresses_falls_back_under_a_named_reason():
     layer, every = Layer(), torch.ones((1, 12), dtype=torch.bool)
     q, k, v = qkv(1, 12, 12)
     want = torch_answer(layer, q, k, v, every)
-    assert_close_on(every, ours(layer, q, k, v, every, cu_seq_lens_q=torch.tensor([0, 12])), want)
     capped = ours(layer, q, k, v, every, softcap=50.0)  # the layer's own eager, which caps the scores
     assert_close_on(every, capped, want)  # scores far below the cap: capping changes little
     q2, k2, v2 = qkv(2, 12, 12)  # sinks on a left-padded batch: no sink graph takes a padding mask
     ours(layer, q2, k2, v2, tokens([7, 12], 12, left=True), s_aux=torch.zeros(HQ))
-    assert gt.stats()["fallbacks"] == {"kwarg": 1, "softcap": 1, "sinks": 1} and hits() == 0
+    assert gt.stats()["fallbacks"] == {"softcap": 1, "sinks": 1} and hits() == 0
+
+
+def sdpa_reads() -> set[str]:
+    """The arguments the installed transformers' sdpa_attention_forward reads
+    beyond (module, query, key, value): its named parameters and the names
+    it looks up in its **kwargs, read from its source."""
+    import ast
+    import inspect
+    import textwrap
+
+    signature = inspect.signature(sdpa_attention_forward)
+    named = {n for n, p in signature.parameters.items() if p.kind is not p.VAR_KEYWORD}
+    tree = ast.parse(textwrap.dedent(inspect.getsource(sdpa_attention_forward)))
+    looked_up = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
+            target = node.func.value
+            if isinstance(target, ast.Name) and target.id == "kwargs" and isinstance(node.args[0], ast.Constant):
+                looked_up.add(node.args[0].value)
+        if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id == "kwargs":
+            looked_up.add(ast.literal_eval(node.slice))
+    return (named | looked_up) - {"module", "query", "key", "value"}
+
+
+def test_the_backend_reads_exactly_the_arguments_transformers_sdpa_reads():
+    from graphcache.hf.backend import BACKEND_ARGUMENTS, SDPA_ARGUMENTS
+
+    assert set(SDPA_ARGUMENTS) == sdpa_reads()
+    assert not set(BACKEND_ARGUMENTS) & set(SDPA_ARGUMENTS)
+
+
+@pytest.mark.parametrize(
+    "ignored",
+    [
+        {"deterministic": True},  # ModernBERT, every call
+        {"output_attentions": False},
+        {"cu_seq_lens_q": torch.tensor([0, 12]), "max_length_q": 12},
+        {"position_ids": torch.arange(12).view(1, 12), "cache_position": torch.arange(12)},
+    ],
+    ids=["deterministic", "output_attentions-false", "cu_seq_lens", "positions"],
+)
+def test_arguments_transformers_sdpa_ignores_are_ignored_and_the_call_is_served(ignored):
+    layer, every = Layer(), torch.ones((1, 12), dtype=torch.bool)
+    q, k, v = qkv(1, 12, 12)
+    got = ours(layer, q, k, v, every, **ignored)
+    assert_close_on(every, got, torch_answer(layer, q, k, v, every, **ignored))
+    assert hits() == 1 and gt.stats()["fallbacks"] == {}
+
+
+def test_output_attentions_returns_the_weights_eager_computes():
+    layer = Layer()
+    q, k, v = qkv(1, 12, 12)
+    out, weights = attention(layer, q, k, v, None, output_attentions=True)
+    mask = torch.zeros((1, 1, 12, 12), dtype=q.dtype).masked_fill(
+        ~torch.ones((12, 12), dtype=torch.bool).tril(), torch.finfo(q.dtype).min
+    )
+    want_out, want_weights = eager_attention_forward(layer, q, k, v, mask, scaling=D**-0.5)
+    assert weights is not None and weights.shape == (1, HQ, 12, 12)
+    torch.testing.assert_close(weights, want_weights)
+    torch.testing.assert_close(out, want_out)
+    assert gt.stats()["fallbacks"] == {"output_attentions": 1}
 
 
 def test_padding_with_holes_and_custom_patterns_get_transformers_own_4d_mask():
@@ -299,8 +359,11 @@ def test_softcap_and_sink_models_run_with_eagers_logits_under_a_named_reason(con
     assert gt.stats()["fallbacks"] == {reason: 2} and gt.stats()["calls"] == 2
 
 
-@pytest.mark.parametrize(("sq", "skv", "window"), [(20, 20, None), (20, 20, 8), (1, 30, None), (1, 30, 8)])
-def test_sinks_are_a_sink_graph_with_gpt_oss_eagers_answer(sq, skv, window):
+@pytest.mark.parametrize(
+    ("sq", "skv", "window", "extra"),
+    [(20, 20, None, {}), (20, 20, 8, {}), (1, 30, None, {}), (1, 30, 8, {}), (20, 20, 8, {"output_attentions": False})],
+)
+def test_sinks_are_a_sink_graph_with_gpt_oss_eagers_answer(sq, skv, window, extra):
     """A causal prompt (a window in reach or not) and a decode step (past
     its window too: its last ``window`` keys) against gpt-oss's own eager."""
     from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward as gpt_oss_eager
@@ -308,7 +371,7 @@ def test_sinks_are_a_sink_graph_with_gpt_oss_eagers_answer(sq, skv, window):
     layer = Layer()
     layer.sinks = torch.randn(HQ, generator=torch.Generator().manual_seed(1)).mul(2).to(torch.bfloat16)
     q, k, v = qkv(1, sq, skv)
-    got = attention(layer, q, k, v, None, scaling=D**-0.5, sliding_window=window, s_aux=layer.sinks)[0]
+    got = attention(layer, q, k, v, None, scaling=D**-0.5, sliding_window=window, s_aux=layer.sinks, **extra)[0]
     i = torch.arange(skv - sq, skv).view(-1, 1)
     j = torch.arange(skv).view(1, -1)
     seen = (j <= i) & ((j > i - window) if window is not None else True)

@@ -20,12 +20,15 @@ How a call is served (docs/models.md has the table):
 - what no graph expresses falls back, counted under its reason in
   ``graphcache.torch.stats()``: ``softcap`` and ``sinks`` where no sink
   graph expresses the call (to the model's ``eager``: transformers' sdpa
-  refuses softcap and has no sinks), ``output_attentions``
-  (eager), ``kwarg`` (an argument this backend does not know), ``dropout``
-  with a padding mask, ``shape`` (more queries than keys); a 4-D mask (a
+  refuses softcap and has no sinks), ``output_attentions`` (eager, which
+  returns the weights), ``dropout`` with a padding mask, ``shape`` (more
+  queries than keys); a 4-D mask (a
   custom pattern, padding with holes) and T5's ``position_bias`` run
   transformers' sdpa under the drop-in, which serves them as bias graphs (or
   counts them under ``mask``).
+
+Keyword arguments transformers' sdpa ignores, the backend ignores too
+(``SDPA_ARGUMENTS`` lists those it reads).
 """
 
 from __future__ import annotations
@@ -40,20 +43,27 @@ from graphcache.hf.dense import run_dense
 from graphcache.hf.masks import PADDING_ATTR, dense_mask, padding_side
 from graphcache.torch.runtime import Plan
 
-# Keyword arguments models pass that change nothing in the attention itself.
-_INERT = frozenset(
-    {
-        "position_ids",
-        "cache_position",
-        "use_cache",
-        "past_key_values",
-        "past_key_value",
-        "layer_idx",
-        "output_hidden_states",
-        "output_router_logits",  # a mixture-of-experts flag (gpt-oss): not the attention's
-        "return_dict",
-    }
-)
+# transformers' sdpa_attention_forward (5.24): every argument it reads beyond
+# (module, query, key, value), and what the backend does with each. Any other
+# keyword argument a model passes (ModernBERT's deterministic, position_ids,
+# cache_position, cu_seq_lens_*, max_length_*, ...) changes nothing sdpa
+# computes, so the backend ignores it too. tests/test_hf_backend.py reads the
+# installed function's arguments and holds this table to them.
+SDPA_ARGUMENTS = {
+    "attention_mask": "the padding mask: ragged offsets or a padded dense graph; a 4-D mask through the drop-in",
+    "dropout": "the spec's dropout (dense graphs); with a padding mask or a window: transformers' sdpa (dropout)",
+    "scaling": "the spec's attn_scale",
+    "is_causal": "the spec's mask (unset: the module's is_causal)",
+    "position_bias": "transformers' sdpa under the drop-in: a bias graph",
+    "softcap": "the model's eager attention (softcap), which caps: sdpa refuses softcap",
+    "output_attentions": "true: the model's eager attention, and the weights it computes (output_attentions)",
+}
+# What sdpa takes from its 4-D mask, the backend's (per-token) mask leaves out,
+# or sdpa cannot compute: read from the model's own keyword arguments.
+BACKEND_ARGUMENTS = {
+    "sliding_window": "the spec's window (sdpa reads it from its 4-D mask)",
+    "s_aux": "attention sinks: the spec's sinks (sdpa has none: gpt-oss refuses it)",
+}
 
 
 def attention(
@@ -69,9 +79,12 @@ def attention(
     is_causal: bool | None = None,
     s_aux: torch.Tensor | None = None,
     **kwargs: Any,
-) -> tuple[torch.Tensor, None]:
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """transformers' attention interface: query (b, h_q, s_q, d), key and
-    value (b, h_kv, s_kv, d) in, (b, s_q, h_q, d_v) out (and no weights)."""
+    value (b, h_kv, s_kv, d) in, (b, s_q, h_q, d_v) out, and the weights
+    where ``output_attentions=True`` asks for them (the model's eager
+    attention computes them). Keyword arguments not in SDPA_ARGUMENTS or
+    BACKEND_ARGUMENTS are ignored, as transformers' sdpa ignores them."""
     causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
     call = _Call(module, query, key, value, attention_mask, dropout, scaling, sliding_window, causal, kwargs)
     if softcap is not None:
@@ -81,12 +94,9 @@ def attention(
     if s_aux is not None:
         return call.sinks(s_aux)
     if kwargs.get("output_attentions"):
-        return call.eager("output_attentions", "output_attentions=True needs the weights: eager")
+        return call.eager("output_attentions", "output_attentions=True asks for the weights: eager computes them")
     if kwargs.get("position_bias") is not None or (attention_mask is not None and attention_mask.dim() != 2):
         return call.through_dropin()
-    unknown = sorted(k for k, v in kwargs.items() if v is not None and k not in _INERT and k != "output_attentions")
-    if unknown:
-        return call.sdpa("kwarg", f"argument(s) {', '.join(unknown)}: not known to the graphcache backend")
     sq, skv = query.shape[2], key.shape[2]
     if causal and sq > skv:
         return call.sdpa("shape", f"causal with more queries ({sq}) than keys ({skv})")
@@ -194,14 +204,14 @@ class _Call:
         out = run_dense(self.q, self.k, self.v, self.scaling, None, self.mask.sum(dim=1, dtype=torch.int32))
         return (out, None) if out is not None else self.sdpa_uncounted()
 
-    def sinks(self, s_aux: torch.Tensor) -> tuple[torch.Tensor, None]:
+    def sinks(self, s_aux: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Attention sinks (gpt-oss's ``s_aux``): a dense ``sinks`` graph for
         an unpadded causal prompt (a window in reach or not) or a decode step
         (one query: with a window in reach, over its last ``window`` keys, a
         copy of those keys); anything else is the model's eager under ``sinks``."""
         sq, skv = self.q.shape[2], self.k.shape[2]
         window = self.window if self.window is not None and skv > self.window else None
-        plain = not self.dropout and not any(v is not None for k, v in self.kwargs.items() if k not in _INERT)
+        plain = not self.dropout and not self.kwargs.get("output_attentions")
         if plain and self.mask is None and self.causal and (sq == skv or sq == 1):
             k, v = self.k, self.v
             if sq == 1 and window is not None:  # the keys a decode step's window sees: the last `window`
@@ -248,12 +258,13 @@ class _Call:
         with gt.patch():
             return self.sdpa_uncounted()
 
-    def eager(self, reason: str, message: str, **extra: Any) -> tuple[torch.Tensor, None]:
-        """The model's own eager attention (softcap, sinks, weights), counted under ``reason``."""
+    def eager(self, reason: str, message: str, **extra: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The model's own eager attention (softcap, sinks, weights), counted
+        under ``reason``; with ``output_attentions=True``, its weights too."""
         _count(reason, message)
         return self.eager_uncounted(**extra)
 
-    def eager_uncounted(self, **extra: Any) -> tuple[torch.Tensor, None]:
+    def eager_uncounted(self, **extra: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         own = getattr(sys.modules.get(type(self.module).__module__), "eager_attention_forward", None)
@@ -263,7 +274,7 @@ class _Call:
             mask = torch.zeros(mask.shape, dtype=self.q.dtype, device=self.q.device).masked_fill(
                 ~mask, torch.finfo(self.q.dtype).min
             )
-        out, _ = eager(
+        out, weights = eager(
             self.module,
             self.q,
             self.k,
@@ -275,7 +286,7 @@ class _Call:
             **extra,
             **self.kwargs,
         )
-        return out, None
+        return out, weights if self.kwargs.get("output_attentions") else None
 
     def _dense_mask(self, explicit: bool = False) -> Any:
         if self.mask is not None and self.mask.dim() != 2:
