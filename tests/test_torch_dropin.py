@@ -222,6 +222,38 @@ def test_calls_that_need_grad_run_torch_even_with_a_cached_graph(store):
     assert compiler.executions == 1
 
 
+def test_one_key_value_head_broadcast_over_the_query_heads_is_multi_query_attention(store):
+    """Falcon's multi-query attention hands torch k/v of one head and no
+    enable_gqa (torch broadcasts the head dim): an MQA graph, torch's answer."""
+    cache, compiler = configure(store)
+    q, k, v = bhsd(2, 8, 16, 64), bhsd(2, 1, 16, 64, seed=1), bhsd(2, 1, 16, 64, seed=2)
+    spec = gt.spec_for(q, k, v, is_causal=True)
+    assert (spec.heads_q, spec.heads_kv) == (8, 1)
+    cache.get(spec)
+    got = gt.scaled_dot_product_attention(q, k, v, is_causal=True)
+    # torch's broadcast kernel and its enable_gqa one round bf16 differently (one ulp).
+    want = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+    assert gt.stats()["hits"] == 1 and compiler.executions == 1
+
+
+def test_value_as_a_view_of_a_fused_qkv_projection_is_copied_into_the_keys_layout(store):
+    """ModernBERT: one (b, s, 3, h, d) projection; rotary embedding makes q
+    and k new (b, s, h, d) tensors, v stays a view with the fused stride."""
+    cache, compiler = configure(store)
+    g = torch.Generator().manual_seed(0)
+    qkv = torch.randn(2, 24, 3, 4, 32, generator=g).to(torch.bfloat16)
+    q, k = (qkv[:, :, i].contiguous().transpose(1, 2) for i in (0, 1))
+    v = qkv[:, :, 2].transpose(1, 2)
+    assert not gt.derive.layouts_of(v)
+    spec = gt.spec_for(q, k, v)
+    assert spec.layout == "bshd"
+    cache.get(spec)
+    got = gt.scaled_dot_product_attention(q, k, v)
+    torch.testing.assert_close(got, F.scaled_dot_product_attention(q, k, v))
+    assert gt.stats()["hits"] == 1 and compiler.executions == 1
+
+
 @pytest.mark.parametrize("cache_layout", ["bhsd", "bshd"])
 def test_prefill_query_in_another_layout_than_the_cache_still_hits(store, cache_layout):
     cache, compiler = configure(store)

@@ -21,7 +21,7 @@ import torch
 import graphcache.torch as gt
 from graphcache.errors import UnsupportedCall
 from graphcache.spec import GraphSpec
-from graphcache.torch.derive import Derived, derive
+from graphcache.torch.derive import Derived, derive, packed
 from graphcache.torch.runtime import Plan
 
 _MEMO_TAG = "hf-dense"  # shares the runtime's memo (configure/reset clear it), never its keys
@@ -44,7 +44,7 @@ def dense_spec(
     changes: dict[str, Any] = {"sinks": True} if sinks else {"padding": window is None}
     if window is not None:
         changes.update(mask="sliding_window", window_left=window - 1, window_right=0)
-    return Derived(found.spec.replace(**changes), found.copy_q)
+    return Derived(found.spec.replace(**changes), found.copy_q, copy_kv=found.copy_kv)
 
 
 def run_dense(
@@ -94,6 +94,8 @@ def run_dense(
         extra.update(seq_len_q=lens, seq_len_kv=lens)
     if sink is not None:  # float32 (1, h_q, 1, 1), a device cast (no host read)
         extra["sink"] = sink.to(torch.float32).reshape(1, -1, 1, 1).contiguous()
+    if plan.copy_kv:
+        k, v = packed(k, spec.layout), packed(v, spec.layout)
     if spec.layout == "bshd":
         qs = q.transpose(1, 2)
         qs = qs.contiguous() if plan.copy_q else qs

@@ -32,12 +32,19 @@ _DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 @dataclass(frozen=True)
 class Derived:
-    """A call's spec, whether q must be copied into the spec's layout, and
-    how its attn_mask becomes the graph's bias (None: no mask)."""
+    """A call's spec, whether q (and k and v) must be copied into the spec's
+    layout, and how its attn_mask becomes the graph's bias (None: no mask)."""
 
     spec: GraphSpec
     copy_q: bool
     bias: BiasFrom | None = None
+    copy_kv: bool = False  # k and v are not one packed layout (views of a fused qkv projection)
+
+
+def packed(t: torch.Tensor, layout: str) -> torch.Tensor:
+    """``t`` as a (b, h, s, d) view of a tensor packed in ``layout`` (itself
+    where it is one already: no copy)."""
+    return t.transpose(1, 2).contiguous().transpose(1, 2) if layout == "bshd" else t.contiguous()
 
 
 def layouts_of(t: torch.Tensor) -> tuple[str, ...]:
@@ -104,7 +111,9 @@ def derive(
             message=f"shapes do not fit together: query {tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)} "
             "(batch must match; key and value must agree in heads and seq; key's head_dim must be query's)",
         )
-    if hk != hq and not (enable_gqa and hq % hk == 0):
+    # One key/value head broadcasts over the query heads without enable_gqa
+    # (torch broadcasts the head dim; Falcon's multi-query attention): MQA.
+    if hk != hq and not (enable_gqa and hq % hk == 0) and hk != 1:
         raise UnsupportedCall(
             reason="invalid",
             message=f"query has {hq} heads and key/value {hk}: pass enable_gqa=True with key/value heads dividing query heads",
@@ -134,6 +143,11 @@ def derive(
     else:
         raise SpecError(f"dtype={dtype!r} is not supported; allowed: {', '.join(DTYPES)}", "dtype")
     kv = set(layouts_of(key)) & set(layouts_of(value))
+    copy_kv = not kv and bool(layouts_of(key) or layouts_of(value))
+    if copy_kv:
+        # One of k and v is a view of a fused projection (ModernBERT's qkv), the
+        # other packed: the graph takes both in the packed one's layout (a copy of the view).
+        kv = set(layouts_of(key) or layouts_of(value))
     if not kv:
         raise UnsupportedCall(
             reason="layout",
@@ -162,7 +176,7 @@ def derive(
         )
     except SpecError as exc:
         raise UnsupportedCall(str(exc), exc.field or "spec") from exc
-    return Derived(spec, copy_q=not common, bias=bias)
+    return Derived(spec, copy_q=not common, bias=bias, copy_kv=copy_kv)
 
 
 def derive_args(args: tuple[Any, ...], dtype: str | None = None) -> Derived:

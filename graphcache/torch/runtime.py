@@ -32,7 +32,7 @@ from graphcache.errors import GraphCacheError, NoGpu, NotFound, UnsupportedCall,
 from graphcache.settings import SettingsError
 from graphcache.spec import GraphSpec
 from graphcache.torch.bias import BiasFrom
-from graphcache.torch.derive import Derived, derive_args
+from graphcache.torch.derive import Derived, derive_args, packed
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,7 @@ class Plan:
     real: int = 0  # ... and this call shape's
     larger: bool = False  # served by a stored class larger than the call's own (GraphCache.serving_class)
     bias: BiasFrom | None = None  # how a call's attn_mask becomes the graph's bias (graphcache.torch.bias)
+    copy_kv: bool = False  # k and v are copied into the spec's layout too (graphcache.torch.derive)
 
     def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any = None) -> torch.Tensor:
         """Execute the graph on (b, h, s, d) tensors; returns (b, h, s, d).
@@ -80,7 +81,9 @@ class Plan:
         # No view is made per call on the views path: the memo key (shapes,
         # strides, dtypes, devices) has already matched these tensors to the spec.
         if self.copy_q:
-            q = q.transpose(1, 2).contiguous().transpose(1, 2) if self.spec.layout == "bshd" else q.contiguous()
+            q = packed(q, self.spec.layout)
+        if self.copy_kv:
+            k, v = packed(k, self.spec.layout), packed(v, self.spec.layout)
         if self.bias is None:
             if self.views:
                 return self.graph.run_views(q, k, v)  # type: ignore[attr-defined]
@@ -320,7 +323,9 @@ class Runtime:
         views = callable(getattr(graph, "run_views", None)) and not (
             spec.dropout or spec.padding or spec.generate_stats
         )
-        return Plan(spec, graph, "", "", derived.copy_q, views, work(serving), work(spec), larger, derived.bias)
+        return Plan(
+            spec, graph, "", "", derived.copy_q, views, work(serving), work(spec), larger, derived.bias, derived.copy_kv
+        )
 
     def _load(self, cache: GraphCache, spec: GraphSpec) -> tuple[LoadedGraph | None, str, str]:
         """Load ``spec``'s graph, or say why not. Misses follow on_miss."""
