@@ -57,12 +57,14 @@ class Attention:
     # Every call arrives with a float mask (T5: its relative position bias, on the
     # cross-attention zeros, plus any padding): only bias graphs serve it.
     position_bias: bool = False
+    # The layout its prompts' k/v arrive in where the model makes them contiguous (Whisper: bhsd).
+    layout: str | None = None
 
     def users(self) -> str:
         """``decoder layers 0-31 (sliding window 4096)``: who makes these calls."""
         stack = {"self": "decoder", "encoder": "encoder", "cross": "decoder cross-attention,"}[self.role]
         kind = f"sliding window {self.window}" if self.window else ("causal" if self.causal else "bidirectional")
-        return f"{stack} layers {_ranges(self.layers)} ({kind})"
+        return f"{stack} layers {ranges(self.layers)} ({kind})"
 
 
 @dataclass(frozen=True)
@@ -218,14 +220,18 @@ def _encoder_decoder(f: _Fields, kind: str) -> tuple[Attention, ...]:
     enc_heads, dec_heads = f.int("encoder_attention_heads"), f.int("decoder_attention_heads")
     enc_layers, dec_layers = f.int("encoder_layers"), f.int("decoder_layers")
     enc_dim, dec_dim = width // enc_heads, width // dec_heads
-    fixed = f.int("max_source_positions") if kind == "whisper" else None
-    max_q = f.int("max_target_positions") if kind == "whisper" else None
+    whisper = kind == "whisper"
+    fixed = f.int("max_source_positions") if whisper else None
+    max_q = f.int("max_target_positions") if whisper else None
     enc = tuple(range(enc_layers))
     dec = tuple(range(dec_layers))
+    # Whisper scales q in its projection (attention scaling 1.0) and hands the attention contiguous tensors.
+    enc_scale, dec_scale = (1.0, 1.0) if whisper else (enc_dim**-0.5, dec_dim**-0.5)
+    layout = "bhsd" if whisper else None
     return (
-        Attention("encoder", enc, enc_heads, enc_heads, enc_dim, enc_dim**-0.5, False, fixed_kv=fixed),
-        Attention("self", dec, dec_heads, dec_heads, dec_dim, dec_dim**-0.5, True, max_q=max_q),
-        Attention("cross", dec, dec_heads, dec_heads, dec_dim, dec_dim**-0.5, False, fixed_kv=fixed, max_q=max_q),
+        Attention("encoder", enc, enc_heads, enc_heads, enc_dim, enc_scale, False, fixed_kv=fixed, layout=layout),
+        Attention("self", dec, dec_heads, dec_heads, dec_dim, dec_scale, True, max_q=max_q, layout=layout),
+        Attention("cross", dec, dec_heads, dec_heads, dec_dim, dec_scale, False, fixed_kv=fixed, max_q=max_q),
     )
 
 
@@ -250,7 +256,7 @@ def _t5(f: _Fields) -> tuple[Attention, ...]:
     )
 
 
-def _ranges(layers: tuple[int, ...]) -> str:
+def ranges(layers: tuple[int, ...]) -> str:
     """``0-3,6`` for (0, 1, 2, 3, 6)."""
     parts: list[str] = []
     start = prev = None

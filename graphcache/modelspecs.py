@@ -115,25 +115,28 @@ def specs_for(
         for batch in batches(max_batch):
             if attention.role == "encoder":
                 seqs = lengths(attention.fixed_kv or max_seq)[-1:] if attention.fixed_kv else lengths(max_seq)
+                # An input of fixed length (Whisper's 30 s of audio) is never padded.
                 for s in seqs:
-                    maker.call(attention, batch, s, s, "bshd", "encoder")
+                    maker.call(attention, batch, s, s, attention.layout or "bshd", "encoder", not attention.fixed_kv)
             elif attention.role == "cross":
                 keys = lengths(attention.fixed_kv)[-1:] if attention.fixed_kv else lengths(max_seq)
                 for kv in keys:
                     if decode:
-                        maker.call(attention, batch, 1, kv, "bhsd", "decode")
+                        maker.call(attention, batch, 1, kv, "bhsd", "decode", not attention.fixed_kv)
                     for q in lengths(longest):
-                        maker.call(attention, batch, q, kv, "bhsd", "prefill")
+                        maker.call(attention, batch, q, kv, "bhsd", "prefill", not attention.fixed_kv)
             else:
-                prefill = "bshd" if model.encoder_decoder else "bhsd"
+                prefill = attention.layout or ("bshd" if model.encoder_decoder else "bhsd")
                 padded = not model.encoder_decoder  # a decoder's own inputs are not padded in an encoder-decoder
                 for s in lengths(longest):
                     maker.call(attention, batch, s, s, prefill, "prefill", padded)
                 if decode:
                     if model.encoder_decoder:  # the first step: k/v of the one token, not the cache
                         maker.call(attention, batch, 1, MIN_LENGTH, "bshd", "first decode step", padded)
-                    for kv in lengths(longest):
-                        maker.call(attention, batch, 1, kv, "bhsd", "decode", padded)
+                    # A sliding layer's cache holds its window (transformers' sliding cache layers).
+                    reach = min(longest, attention.window) if attention.window else longest
+                    for kv in lengths(reach):
+                        maker.call(attention, batch, 1, kv, "bhsd", "decode", padded, min(kv, reach))
                 for q in lengths(chunk) if chunk else []:
                     for kv in lengths(longest):
                         if kv > q:
@@ -177,21 +180,36 @@ class _Maker:
     def __init__(self, out: ModelSpecs, route: str, dtype: str, bias: bool) -> None:
         self.out, self.route, self.dtype, self.bias = out, route, dtype, bias
 
-    def call(self, a: Attention, batch: int, q: int, kv: int, layout: str, phase: str, padded: bool = True) -> None:
+    def call(
+        self,
+        a: Attention,
+        batch: int,
+        q: int,
+        kv: int,
+        layout: str,
+        phase: str,
+        padded: bool = True,
+        kv_max: int | None = None,
+    ) -> None:
         """The graphs of one attention's calls of one class of sizes: plain,
-        with its window in reach, and padded (batch > 1, where ``padded``)."""
+        with its window in reach, and padded (batch > 1, where ``padded``).
+        ``kv_max``: the most keys such a call has (a sliding layer's cache
+        holds its window), default the class's ``kv``."""
         user = f"{a.users()}: {phase}"
         window = a.window
+        most = kv if kv_max is None else kv_max
         # Plain: no mask tensor, as many queries as keys (or one), the window out of reach.
+        # transformers' sdpa masks a window from kv >= window on; graphcache.hf passes it from kv > window.
+        sdpa = self.route == "sdpa"
         chunked = a.causal and 1 < q < kv
-        if not chunked and (window is None or _low(kv) <= window):
+        if not chunked and (window is None or (_low(kv) < window if sdpa else _low(kv) <= window)):
             mask = "causal" if a.causal and q > 1 else "none"
             self.out.add(self._dense(a, batch, q, kv, layout, mask), user)
-        reach = window is not None and kv > window
+        reach = window is not None and (most >= window if sdpa else most > window)
         if reach or chunked:
-            self._masked(a, batch, q, kv, layout, user + (", window in reach" if reach else ""), unpadded=True)
+            self._masked(a, batch, q, kv, layout, user + (", window in reach" if reach else ""), True, most)
         if padded and batch > 1:
-            self._masked(a, batch, q, kv, layout, user + ", padded batch")
+            self._masked(a, batch, q, kv, layout, user + ", padded batch", False, most)
 
     def biased(self, a: Attention, b: int, q: int, kv: int, layout: str, phase: str, padded: bool = False) -> None:
         """One class of calls whose every call carries a float mask (T5's
@@ -202,7 +220,7 @@ class _Maker:
             self.out.add(self._dense(a, b, q, kv, layout, "none", bias=kind), user)
 
     def _masked(
-        self, a: Attention, batch: int, q: int, kv: int, layout: str, user: str, unpadded: bool = False
+        self, a: Attention, batch: int, q: int, kv: int, layout: str, user: str, unpadded: bool, most: int
     ) -> None:
         if self.route == "sdpa":
             if not self.bias:
@@ -218,7 +236,7 @@ class _Maker:
             self.out.add(self._dense(a, batch, q, kv, layout, "none", bias="b1ss", heads_kv=heads_kv), user)
             return
         window = a.window
-        if unpadded and a.causal and q == kv and window is not None:
+        if unpadded and a.causal and q == kv and window is not None and most > window:
             # graphcache.hf: a causal prompt with its window in reach is a dense sliding_window graph.
             bounds: dict[str, object] = {"window_left": window - 1, "window_right": 0}
             self.out.add(self._dense(a, batch, q, kv, layout, "sliding_window", **bounds), user)
@@ -226,7 +244,7 @@ class _Maker:
         # graphcache.hf passes the window only when the keys outnumber it.
         if window is None or _low(kv) <= window:
             self.out.add(self._thd(a, batch, q, kv, {"mask": "causal_bottom_right" if a.causal else "none"}), user)
-        if window is not None and kv > window:
+        if window is not None and most > window:
             right = 0 if a.causal else window - 1
             band: dict[str, object] = {"mask": "sliding_window_bottom_right", "window_left": window - 1}
             self.out.add(self._thd(a, batch, q, kv, {**band, "window_right": right}), user)

@@ -1,5 +1,7 @@
-"""``graphcache manifest``: every graph a model can call, from its config.json
-(issue 26, item 3), read back by warm and warm --check."""
+"""``graphcache manifest --method config``: the offline reader of the
+families it knows (issue 26, item 3), read back by warm and warm --check.
+The default, the model traced (issue 32), is tests/test_models_trace.py's;
+there the traced manifest is also held to cover every spec this reader writes."""
 
 from __future__ import annotations
 
@@ -39,7 +41,10 @@ def llama(**changes) -> dict:  # noqa: ANN003
 
 def test_llama_3_8b_lists_prefill_and_decode_per_batch_and_length_class(tmp_path):
     out = tmp_path / "m.yaml"
-    run = cli("manifest", str(CONFIGS / "llama-3-8b"), "--max-batch", "64", "--max-seq", "8192", "-o", str(out))
+    run = cli(
+        "manifest", str(CONFIGS / "llama-3-8b"), "--max-batch", "64", "--max-seq", "8192", "--method", "config",
+        "-o", str(out),
+    )  # fmt: skip
     assert run.returncode == 0, run.stderr
     specs = manifest.load(out)
     plain = [s for s in specs if getattr(s, "bias", None) is None]
@@ -64,17 +69,20 @@ def test_mistral_sliding_window_on_each_route(tmp_path):
     (attention,) = model.attentions
     assert attention.window == 4096 and attention.layers == tuple(range(32))
     sdpa = specs_for(model, max_batch=1, max_seq=8192).users
-    # The 8192 class's calls all have more keys than the window: a mask tensor on route sdpa.
-    assert {s.seq_kv for s in sdpa if getattr(s, "bias", None) is None} == {128, 256, 512, 1024, 2048, 4096}
+    # transformers masks a window from kv >= window on: prompts of 4096 tokens and more get a mask tensor.
+    plain = {s.seq_kv for s in sdpa if getattr(s, "bias", None) is None and s.seq_q > 1}
+    assert plain == {128, 256, 512, 1024, 2048, 4096}
+    assert {s.seq_kv for s in sdpa if getattr(s, "bias", None) and s.seq_q > 1} == {4096, 8192}
+    # A sliding layer's cache holds its window: no decode step has more keys than 4096.
+    assert max(s.seq_kv for s in sdpa if s.seq_q == 1) == 4096
     ragged = specs_for(model, max_batch=1, max_seq=8192, route="graphcache").users
-    windows = [s for s in ragged if s.layout == "thd"]
-    assert windows and {(s.mask, s.window_left, s.window_right) for s in windows} == {
-        ("sliding_window_bottom_right", 4095, 0)
-    }
-    assert {(s.seq_q, s.seq_kv) for s in windows} == {(1, 8192)}  # decode past the window
+    assert not [s for s in ragged if s.layout == "thd"]  # unpadded, no chunks: dense only
     # A prompt past the window, unpadded, is a dense sliding_window graph there.
-    dense = {(s.seq_q, s.mask, s.window_left, s.window_right) for s in ragged if s.layout != "thd" and s.seq_kv == 8192}
+    dense = {(s.seq_q, s.mask, s.window_left, s.window_right) for s in ragged if s.seq_kv == 8192}
     assert dense == {(8192, "sliding_window", 4095, 0)}
+    padded = specs_for(model, max_batch=2, max_seq=8192, route="graphcache").users
+    windows = {(s.seq_q, s.seq_kv, s.mask, s.window_left) for s in padded if s.layout == "thd" and s.window_left}
+    assert windows == {(8192, 8192, "sliding_window_bottom_right", 4095)}  # a padded prompt past the window
 
 
 def test_gemma3_layer_types_give_one_family_per_window(tmp_path):
@@ -146,7 +154,8 @@ def test_t5_is_bias_graphs_of_scale_one_with_the_bias_dims_the_drop_in_derives(r
 def test_whisper_encoder_length_is_fixed(tmp_path):
     whisper = dict(d_model=384, encoder_layers=4, decoder_layers=4, max_source_positions=1500, max_target_positions=448)
     specs, encoder = seq2seq("whisper", 6, max_seq=8192, **whisper)
-    assert [(s.seq_q, s.seq_kv) for s in encoder] == [(2048, 2048)]
+    # Whisper scales q in its projection (scaling 1.0) and hands the attention contiguous tensors.
+    assert [(s.seq_q, s.seq_kv, s.layout, s.attn_scale) for s in encoder] == [(2048, 2048, "bhsd", 1.0)]
     assert max(s.seq_q for s in specs if s not in encoder) == 512  # the decoder's 448 tokens
 
 
@@ -167,7 +176,7 @@ def test_what_cannot_be_described_is_refused_naming_it(tmp_path, config, named):
     path = write(tmp_path, **config)
     with pytest.raises(ManifestError, match=named):
         describe(read(path), str(path))
-    run = cli("manifest", str(path), "--max-batch", "1", "--max-seq", "128")
+    run = cli("manifest", str(path), "--max-batch", "1", "--max-seq", "128", "--method", "config")
     assert run.returncode != 0 and "error:" in run.stderr and named in run.stderr and not run.stdout
 
 

@@ -1,5 +1,7 @@
-"""The ``manifest`` verb: every graph a model can call, from its config.json
-(graphcache.modelconfig reads it, graphcache.modelspecs lists the specs)."""
+"""The ``manifest`` verb: every graph a model can call, from its config.json:
+traced from the model itself (graphcache.models.trace, the default), or read
+from the config by the offline reader of the families it knows
+(graphcache.modelconfig and graphcache.modelspecs, ``--method config``)."""
 
 from __future__ import annotations
 
@@ -8,8 +10,10 @@ from pathlib import Path
 import click
 
 from graphcache.cli.common import console, main
-from graphcache.modelconfig import describe, read
-from graphcache.modelspecs import DEFAULT_ROUTE, ROUTES, SECONDS_PER_BUILD, render, specs_for
+from graphcache.modelconfig import FAMILIES, describe, read
+from graphcache.modelspecs import DEFAULT_ROUTE, ROUTES, SECONDS_PER_BUILD, ModelSpecs, render, specs_for
+
+METHODS = ("trace", "config")
 
 
 @main.command("manifest")
@@ -28,6 +32,22 @@ from graphcache.modelspecs import DEFAULT_ROUTE, ROUTES, SECONDS_PER_BUILD, rend
 @click.option("--decode/--no-decode", default=True, show_default=True, help="Include decode steps (one query).")
 @click.option("--chunk", default=None, type=click.IntRange(1, 1 << 24), help="Chunked prefill with chunks up to C.")
 @click.option(
+    "--beams",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, 1024),
+    help="Beam search width: batches up to --max-batch x --beams rows (trace only).",
+)
+@click.option(
+    "--method",
+    type=click.Choice(METHODS),
+    default="trace",
+    show_default=True,
+    help="trace: build the model from CONFIG with transformers (meta device: no weights, no GPU) and note "
+    "every attention call (needs torch and transformers: the hf extra); config: read CONFIG offline "
+    f"(no torch; the families {', '.join(FAMILIES)}).",
+)
+@click.option(
     "--seconds-per-build",
     default=SECONDS_PER_BUILD,
     show_default=True,
@@ -43,31 +63,46 @@ def manifest_cmd(
     dtype: str,
     decode: bool,
     chunk: int | None,
+    beams: int,
+    method: str,
     seconds_per_build: float,
     output: str | None,
 ) -> None:
     """Write every graph the model of CONFIG can call, as a manifest 'warm' reads.
 
     CONFIG is a transformers config.json or a model folder holding one (read
-    offline). Lists prefill and decode graphs for batches up to --max-batch
-    and sequences up to --max-seq, per layer type (full and sliding-window
-    layers), for the encoder, decoder and cross-attention of
-    encoder-decoders, under length classes; each entry's comment names the
-    layers that call it. A model graphcache cannot describe is refused,
-    naming what is missing. Needs no GPU.
+    offline, no hub). By default the model is traced: transformers builds it
+    from CONFIG on the meta device (no weights, no GPU) and it runs prompts
+    (unpadded, left- and right-padded), decode steps on a cache, --chunk
+    prefill, its encoder and cross-attention, for batches up to --max-batch
+    (x --beams) and sequences up to --max-seq, through --route; each call is
+    noted as the graph graphcache would look up. Each entry's comment names
+    the layers and phases that call it; calls no graph serves are named by
+    feature. Needs no GPU.
     """
     data = read(config)
-    model = describe(data, str(config))
-    specs = specs_for(model, max_batch=max_batch, max_seq=max_seq, route=route, dtype=dtype, decode=decode, chunk=chunk)
+    command = (
+        f"graphcache manifest {config} --max-batch {max_batch} --max-seq {max_seq} --route {route} --dtype {dtype}"
+        + ("" if decode else " --no-decode")
+        + (f" --chunk {chunk}" if chunk else "")
+        + (f" --beams {beams}" if beams > 1 else "")
+        + (" --method config" if method == "config" else "")
+    )
+    if method == "config":
+        model = describe(data, str(config))
+        specs = specs_for(
+            model, max_batch=max_batch, max_seq=max_seq, route=route, dtype=dtype, decode=decode, chunk=chunk
+        )
+        kind, how, missing = model.model_type, list[str](), list(specs.missing)
+    else:
+        specs, kind, how, missing = _traced(data, config, max_batch, max_seq, route, dtype, decode, chunk, beams)
     count = len(specs.users)
     estimate = count * seconds_per_build
     header = [
-        f"graphcache manifest {config} --max-batch {max_batch} --max-seq {max_seq} --route {route} --dtype {dtype}"
-        + ("" if decode else " --no-decode")
-        + (f" --chunk {chunk}" if chunk else ""),
-        f"model_type {model.model_type}: {count} graph(s), cold build ~{_duration(estimate)} "
-        f"at {seconds_per_build:g} s per graph",
-        *(f"not covered: {what}" for what in specs.missing),
+        command,
+        f"model_type {kind}: {count} graph(s), cold build ~{_duration(estimate)} at {seconds_per_build:g} s per graph",
+        *how,
+        *(f"not covered: {what}" for what in missing),
     ]
     text = render(specs, header)
     if output:
@@ -75,10 +110,38 @@ def manifest_cmd(
     else:
         click.echo(text, nl=False)
     where = f"wrote {output}: " if output else ""
-    summary = f"{where}{count} graph(s) for {model.model_type} on route {route}, cold build ~{_duration(estimate)}"
+    summary = f"{where}{count} graph(s) for {kind} on route {route}, cold build ~{_duration(estimate)}"
     (console.print if output else _stderr)(f"{summary} at {seconds_per_build:g} s per graph")
-    for what in specs.missing:
+    for what in missing:
         _stderr(f"not covered: {what}")
+
+
+def _traced(
+    data: dict,
+    config: str,
+    max_batch: int,
+    max_seq: int,
+    route: str,
+    dtype: str,
+    decode: bool,
+    chunk: int | None,
+    beams: int,
+) -> tuple[ModelSpecs, str, list[str], list[str]]:
+    from graphcache.models.build import libraries
+
+    libraries()  # torch and transformers, or the one-line error naming the extra
+    from graphcache.models import scenarios
+    from graphcache.models.trace import trace
+
+    sizes = scenarios.Sizes(max_batch, max_seq, chunk, decode, beams)
+    traced = trace(data, str(config), sizes, route, dtype)
+    how = [
+        f"traced: a {traced.kind} on the meta device through route {route}, {traced.calls} attention call(s) "
+        f"in {traced.seconds:.1f} s; {traced.layers}",
+    ]
+    missing = [f"{code}: {message} ({'; '.join(users)})" for (code, message), users in sorted(traced.refused.items())]
+    missing += [f"tower not traced: {why}" for why in traced.untraced]
+    return traced.specs, traced.model_type, how, missing
 
 
 def _stderr(text: str) -> None:

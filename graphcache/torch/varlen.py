@@ -196,7 +196,8 @@ def derive(args: tuple[Any, ...], extra: tuple[Any, ...], dtype: str | None = No
 
 def fallback(args: tuple[Any, ...], extra: tuple[Any, ...]) -> tuple[Any, Any]:
     """torch's own varlen kernel on a GPU; graphcache's float32 reference
-    (cast to the query's dtype) where torch has none."""
+    (cast to the query's dtype) where torch has none; on the meta device
+    (a trace: shapes, no values) empty tensors of the right shapes."""
     query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, want_lse, scale, window_size, enable_gqa = args
     seqused_k, block_table, num_splits = extra
     if query.is_cuda:
@@ -205,6 +206,10 @@ def fallback(args: tuple[Any, ...], extra: tuple[Any, ...]) -> tuple[Any, Any]:
             list(window_size), enable_gqa, seqused_k, block_table, num_splits,
         )  # fmt: skip
         return out, lse
+    if query.device.type == "meta":  # shapes only (graphcache.models.trace): nothing to compute
+        t, h = query.shape[0], query.shape[1]
+        out = torch.empty((t, h, value.shape[-1]), dtype=query.dtype, device="meta")
+        return out, torch.empty((h, t), dtype=torch.float32, device="meta")
     out, lse = varlen_reference(
         query, key, value, cu_seq_q, cu_seq_k,
         scale=1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale),

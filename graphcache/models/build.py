@@ -1,0 +1,118 @@
+"""A transformers model built from a config.json for a trace: on the meta
+device (no weights, no memory), in eval mode, with the attention
+implementation of the route, or refused naming why.
+
+Refusals name the feature and transformers' own reason: a model_type the
+installed transformers does not know, one transformers refuses sdpa for
+(MPT, Bloom, DeBERTa-v2, ...: its "does not support an attention
+implementation through torch.nn.functional.scaled_dot_product_attention
+yet"), one whose attention does not dispatch through transformers'
+AttentionInterface (route ``graphcache`` only: Falcon), and a config
+transformers cannot build from.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from graphcache.errors import ManifestError
+
+EXTRA = "hf"
+ROUTE_IMPLEMENTATION = {"sdpa": "sdpa", "graphcache": "graphcache"}
+
+
+def libraries() -> tuple[Any, Any]:
+    """torch and transformers, or ManifestError naming the extra that has them."""
+    try:
+        import torch
+        import transformers
+    except ImportError as exc:
+        raise ManifestError(
+            f"graphcache manifest traces the model with torch and transformers ({exc.name or exc} is not installed): "
+            f"pip install 'graphcache[{EXTRA}]' (or --method config: the offline reader of the families it knows)"
+        ) from None
+    return torch, transformers
+
+
+def config_of(data: dict[str, Any], source: str) -> Any:
+    """The transformers config of a config.json's mapping; ManifestError
+    for a missing or unknown model_type, or fields transformers refuses."""
+    _, transformers = libraries()
+    from transformers import CONFIG_MAPPING
+
+    kind = data.get("model_type")
+    if kind is None:
+        raise ManifestError(f"{source}: model_type is missing (a transformers config.json names its model_type)")
+    if kind not in CONFIG_MAPPING:
+        raise ManifestError(
+            f"{source}: model_type {kind!r} is not a model transformers {transformers.__version__} knows "
+            "(models that need trust_remote_code are not traced): record a run with graphcache record"
+        )
+    try:
+        return CONFIG_MAPPING[kind].from_dict(dict(data))
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise ManifestError(f"{source}: transformers cannot read this {kind} config: {exc}") from None
+
+
+def model_of(config: Any, route: str, dtype: str, source: str) -> Any:
+    """The model of ``config`` on the meta device, for ``route``."""
+    torch, transformers = libraries()
+    if route == "graphcache":
+        import graphcache.hf
+
+        graphcache.hf.register()
+    kind = config.model_type
+    mapped = transformers.AutoModel._model_mapping
+    cls = mapped[type(config)] if type(config) in mapped else None
+    if route == "graphcache" and cls is not None and not cls._supports_sdpa and not cls._supports_attention_backend:
+        try:  # transformers' own words for the sdpa refusal
+            model_of(config, "sdpa", dtype, source)
+        except ManifestError as exc:
+            reason = str(exc)
+            raise ManifestError(f"{reason}, and lets no attention backend serve it either") from None
+    try:
+        with torch.device("meta"):
+            model = transformers.AutoModel.from_config(
+                config, attn_implementation=ROUTE_IMPLEMENTATION[route], dtype=getattr(torch, dtype)
+            )
+    except ValueError as exc:
+        text = str(exc).split("\n")[0]
+        if "scaled_dot_product_attention" in text or "sdpa" in text.lower():
+            first = text.split(". ")[0].rstrip(".")
+            hint = (
+                ": try --route graphcache, the graphcache backend"
+                if getattr(cls, "_supports_attention_backend", 0)
+                else ""
+            )
+            raise ManifestError(
+                f"{source}: transformers {transformers.__version__} refuses sdpa for model_type {kind!r} "
+                f"({first}){_why_no_sdpa(config)}{hint}"
+            ) from None
+        raise ManifestError(f"{source}: transformers cannot build model_type {kind!r}: {text}") from None
+    except KeyError as exc:
+        if route == "graphcache":
+            raise ManifestError(
+                f"{source}: model_type {kind!r} does not dispatch its attention through transformers' "
+                f"AttentionInterface (building it with attn_implementation='graphcache' raised KeyError {exc}), so "
+                "the graphcache backend cannot serve it: use --route sdpa (graphcache.torch.patch() over sdpa)"
+            ) from None
+        raise ManifestError(f"{source}: transformers cannot build model_type {kind!r}: KeyError {exc}") from None
+    return model.eval()
+
+
+def no_backend(kind: str, source: str) -> ManifestError:
+    """A model built with the graphcache backend that never called it."""
+    return ManifestError(
+        f"{source}: model_type {kind!r} made no attention call through the graphcache backend: its attention "
+        "does not dispatch through transformers' AttentionInterface; use --route sdpa"
+    )
+
+
+def _why_no_sdpa(config: Any) -> str:
+    """The attention feature behind transformers' refusal, where the config names it."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if getattr(text, "attn_logit_softcapping", None) is not None:
+        return ", its attention caps scores (softcap)"
+    if getattr(text, "model_type", "") == "gpt_oss":
+        return ", its attention has sinks (s_aux)"
+    return ""

@@ -1,0 +1,257 @@
+"""The forwards a trace runs: what a model is asked to do when it serves.
+
+Sizes follow the pow2 class policy (graphcache.classes): batches 1, 2, 4 ...
+up to ``max_batch`` times ``beams`` (beam search runs batch x beams rows),
+lengths at each length class's longest (128, 256, ... up to ``max_seq``) and
+on either side of every window or chunk size the config names (where a call
+changes kind: a sliding window comes into reach), since a class's calls are
+alike between those. Per batch and length:
+
+- a decoder (a model that returns a cache): a prompt unpadded, left-padded
+  and right-padded (batches above 1: the first row is half padding), with
+  and without a cache (``use_cache=False``: scoring, embedding), decode
+  steps on a cache of each length (unpadded and left-padded, as generate()
+  pads), and with ``chunk`` a prompt continued in chunks on a cache;
+- an encoder: its input unpadded, right- and left-padded;
+- an encoder-decoder: the encoder as above at each encoder length, and its
+  decoder's first step (one token), prompts (with and without a cache) and
+  decode steps at each decoder
+  length against each encoder length (cross-attention), unpadded or with
+  the encoder's input padded; lengths capped at the model's own
+  ``max_source_positions`` / ``max_target_positions`` where it has them,
+  and a speech encoder's input at the length its config fixes (Whisper:
+  ``2 x max_source_positions`` mel frames).
+
+``probe=True`` runs a few of these (batch 2, the longest length): enough
+to tell a model's kinds of layers apart
+(graphcache.models.stacks).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from graphcache.classes import MIN_LENGTH
+
+_THRESHOLD_WORDS = ("window", "chunk")
+
+
+def lengths(longest: int) -> list[int]:
+    """Each length class's longest up to ``longest`` (itself the last)."""
+    out, size = [], MIN_LENGTH
+    while size < longest:
+        out.append(size)
+        size *= 2
+    return out + [longest]
+
+
+def batches(largest: int) -> list[int]:
+    out, size = [], 1
+    while size < largest:
+        out.append(size)
+        size *= 2
+    return out + [largest]
+
+
+def thresholds(config: Any) -> set[int]:
+    """Lengths where a call may change kind: the config's window and chunk sizes."""
+    found = set()
+    for name, value in vars(config).items():
+        if any(w in name for w in _THRESHOLD_WORDS) and isinstance(value, int) and not isinstance(value, bool):
+            if value > 1:
+                found.add(value)
+    return found
+
+
+def samples(longest: int, config: Any) -> list[int]:
+    """The lengths traced up to ``longest``: each class's longest, and each
+    threshold with its neighbours (transformers masks a window from
+    ``kv >= window``, graphcache.hf from ``kv > window``)."""
+    near = {n for t in thresholds(config) for n in (t - 1, t, t + 1) if n <= longest}
+    return sorted(set(lengths(longest)) | near)
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """What the trace covers."""
+
+    max_batch: int
+    max_seq: int
+    chunk: int | None = None
+    decode: bool = True
+    beams: int = 1
+
+    @property
+    def rows(self) -> int:
+        return self.max_batch * self.beams
+
+
+class Runner:
+    """Calls ``model`` (built on the meta device) as a server would; ``phase``
+    is told the phase of each forward before it runs."""
+
+    def __init__(self, model: Any, kind: str, phase: Callable[[str], None]) -> None:
+        self.model, self.kind, self.phase = model, kind, phase
+        self.config = model.config
+        self.text = (
+            self.config.get_text_config(decoder=True) if hasattr(self.config, "get_text_config") else self.config
+        )
+        pad = getattr(self.text, "pad_token_id", None)
+        self.token = 2 if pad == 1 else 1
+        params = inspect.signature(model.forward).parameters
+        self.cache_name = "cache" if "cache" in params else "past_key_values"
+        self.features = model.main_input_name == "input_features"
+        self.notes: dict[str, str] = {}  # what a tower could not be traced for, by tower
+
+    # inputs -------------------------------------------------------------------------
+
+    def ids(self, b: int, n: int) -> torch.Tensor:
+        return torch.full((b, n), self.token, dtype=torch.long, device="meta")
+
+    def mask(self, b: int, n: int, pad: str) -> torch.Tensor:
+        """(b, n) ones; the first row half padding on the ``pad`` side."""
+        mask = torch.ones((b, n), dtype=torch.long, device="meta")
+        half = n // 2
+        if pad == "left" and b > 1 and half:
+            mask[0, :half] = 0
+        elif pad == "right" and b > 1 and half:
+            mask[0, n - half :] = 0
+        return mask
+
+    def input_features(self, b: int) -> torch.Tensor:
+        c = self.config
+        frames = 2 * int(c.max_source_positions)
+        return torch.zeros((b, int(c.num_mel_bins), frames), dtype=self.model.dtype, device="meta")
+
+    # forwards ------------------------------------------------------------------------
+
+    def forward(self, phase: str, **kwargs: Any) -> Any:
+        self.phase(phase)
+        with torch.no_grad():
+            return self.model(**kwargs)
+
+    def cache_of(self, out: Any) -> Any:
+        return getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+
+    def decoder(self, sizes: Sizes, probe: bool) -> None:
+        rows = [2] if probe else batches(sizes.rows)
+        longest = samples(sizes.max_seq, self.text)
+        lens = longest[-1:] if probe else longest
+        for b in rows:
+            pads = ["none", "left", "right"] if b > 1 else ["none"]
+            for n in lens:
+                for pad in pads:
+                    self.forward(
+                        f"prefill{_padded(pad)}", input_ids=self.ids(b, n), attention_mask=self.mask(b, n, pad)
+                    )
+                if sizes.decode and n > 1:
+                    for pad in pads[:2]:
+                        self._continue(b, n - 1, 1, pad, f"decode{_padded(pad)}")
+            for q in lengths(sizes.chunk) if sizes.chunk else []:
+                for kv in (n for n in lens if n > q):
+                    for pad in pads[:2]:
+                        self._continue(b, kv - q, q, pad, f"chunked prefill{_padded(pad)}")
+
+    def _continue(self, b: int, past: int, new: int, pad: str, phase: str) -> None:
+        """A prompt of ``past`` tokens, then ``new`` more on its cache."""
+        mask = self.mask(b, past, pad)
+        out = self.forward(f"prefill{_padded(pad)}", input_ids=self.ids(b, past), attention_mask=mask, use_cache=True)
+        grown = torch.cat([mask, torch.ones((b, new), dtype=mask.dtype, device=mask.device)], dim=1)
+        kwargs = {self.cache_name: self.cache_of(out)}
+        self.forward(phase, input_ids=self.ids(b, new), attention_mask=grown, use_cache=True, **kwargs)
+
+    def encoder(self, sizes: Sizes, probe: bool) -> None:
+        rows = [2] if probe else batches(sizes.max_batch)
+        longest = samples(sizes.max_seq, self.text)
+        lens = longest[-1:] if probe else longest
+        for b in rows:
+            for n in lens:
+                for pad in ["none", "right", "left"] if b > 1 else ["none"]:
+                    self.forward(
+                        f"encoder{_padded(pad)}", input_ids=self.ids(b, n), attention_mask=self.mask(b, n, pad)
+                    )
+
+    def encoder_decoder(self, sizes: Sizes, probe: bool) -> None:
+        c = self.config
+        rows = [2] if probe else batches(sizes.rows)
+        src_cap = None if self.features else getattr(c, "max_source_positions", None)
+        src = [None] if self.features else samples(min(sizes.max_seq, src_cap or sizes.max_seq), c)
+        tgt = samples(min(sizes.max_seq, getattr(c, "max_target_positions", None) or sizes.max_seq), c)
+        if probe:
+            src, tgt = src[-1:], tgt[-1:]
+        encoder = self.model.get_encoder()
+        for b in rows:
+            for n_src in src:
+                for pad in ["none"] if self.features or b == 1 else ["none", "right"]:
+                    self.phase(f"encoder{_padded(pad)}")
+                    if n_src is None:
+                        inputs: dict[str, Any] = {"input_features": self.input_features(b)}
+                        mask = None
+                    else:
+                        mask = self.mask(b, n_src, pad)
+                        inputs = {"input_ids": self.ids(b, n_src), "attention_mask": mask}
+                    with torch.no_grad():
+                        encoded = encoder(**inputs)
+                    for n in [1] + [n for n in tgt if n > 1]:
+                        self._decoder_calls(b, n, encoded, mask, pad, sizes.decode)
+
+    def _decoder_calls(self, b: int, n: int, encoded: Any, mask: Any, pad: str, decode: bool) -> None:
+        """The decoder's prompt of ``n`` tokens (its first step where ``n`` is
+        1) and, with ``decode``, a decode step on a cache of ``n - 1``."""
+        padded = _padded(pad, "encoder input")
+        kwargs = {"encoder_outputs": encoded, "attention_mask": mask, "use_cache": True}
+        first = "decoder first step" if n == 1 else "decoder prefill"
+        self.forward(f"{first}{padded}", decoder_input_ids=self.ids(b, n), **kwargs)
+        self.forward(f"{first}{padded}, no cache", decoder_input_ids=self.ids(b, n), **{**kwargs, "use_cache": False})
+        if decode and n > 1:
+            out = self.forward(f"decoder prefill{padded}", decoder_input_ids=self.ids(b, n - 1), **kwargs)
+            cache = {self.cache_name: self.cache_of(out)}
+            self.forward(f"decoder decode{padded}", decoder_input_ids=self.ids(b, 1), **kwargs, **cache)
+
+    def towers(self, sizes: Sizes, probe: bool) -> None:
+        """A vision tower (a ``vision_config``) on images of the size its
+        config says, in batches up to ``max_batch``; an audio tower on
+        Whisper-style mel features where its config says their size. A
+        tower the trace cannot run is noted (``notes``), never skipped."""
+        for name in getattr(self.config, "sub_configs", {}) or {}:
+            sub = getattr(self.config, name, None)
+            if name == "text_config" or sub is None or not ("vision" in name or "audio" in name):
+                continue
+            tower = next((m for m in self.model.modules() if getattr(m, "config", None) is sub), None)
+            what = f"{name} ({getattr(sub, 'model_type', '?')})"
+            if tower is None:
+                self.notes[name] = f"{what}: no module of the model holds this config"
+                continue
+            try:
+                inputs = _tower_inputs(name, sub, self.model.dtype)
+            except (AttributeError, TypeError, ValueError) as exc:
+                self.notes[name] = f"{what}: the trace does not know this tower's input ({exc})"
+                continue
+            for b in [2] if probe else batches(sizes.max_batch):
+                self.phase(f"{name} ({'images' if 'vision' in name else 'audio'})")
+                try:
+                    with torch.no_grad():
+                        tower(**{k: v.expand(b, *v.shape[1:]) for k, v in inputs.items()})
+                except Exception as exc:  # noqa: BLE001 - the tower's own failure, named
+                    self.notes[name] = f"{what}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                    break
+
+
+def _tower_inputs(name: str, sub: Any, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    if "vision" in name:
+        size = sub.image_size
+        size = tuple(size) if isinstance(size, (list, tuple)) else (int(size), int(size))
+        return {"pixel_values": torch.zeros((1, int(sub.num_channels), *size), dtype=dtype, device="meta")}
+    frames = 2 * int(sub.max_source_positions)
+    return {"input_features": torch.zeros((1, int(sub.num_mel_bins), frames), dtype=dtype, device="meta")}
+
+
+def _padded(pad: str, what: str = "") -> str:
+    if pad == "none":
+        return ""
+    return f", {what} {pad}-padded" if what else f", {pad}-padded"

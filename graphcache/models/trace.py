@@ -1,0 +1,241 @@
+"""``graphcache manifest``'s default: every graph a model calls, traced from
+the model itself.
+
+The model is built from its config by transformers (graphcache.models.build)
+on the meta device: no weights, no GPU, no memory to speak of; the values a
+mask function reads on the host are kept beside the meta tensors where they
+are small (graphcache.models.shadows). It runs the forwards of
+graphcache.models.scenarios through the chosen route (``sdpa``: transformers'
+sdpa under ``graphcache.torch.patch()``; ``graphcache``: the graphcache
+attention backend) while a recorder notes each attention call as the spec the
+drop-in or the backend would look up, or the reason none serves it, with the
+layer and phase that made it. Each stack of like layers is first cut to its
+shortest prefix holding every kind of layer the probe forwards tell apart
+(graphcache.models.stacks), and the cut model is checked to make the probe's
+calls again; where it does not, the model runs at full depth.
+
+What a trace writes is what the model calls: the exact calls' length classes
+(pow2), each with the layers and phases that call it. Calls no graph serves
+are named by feature (softcap, sinks in a padded call, ...), never skipped.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+from graphcache.classes import class_of
+from graphcache.errors import ManifestError
+from graphcache.modelconfig import ranges
+from graphcache.models import build, scenarios
+from graphcache.models.stacks import Cut, Site, Where, cut, kinds_of, stacks
+from graphcache.modelspecs import ModelSpecs
+from graphcache.spec import GraphSpec
+
+Found = Any  # a GraphSpec, or (reason, message)
+
+
+@dataclass
+class Traced:
+    """A trace's result: the specs with who calls them (``specs``), how the
+    model ran, and the calls no graph serves, by reason."""
+
+    model_type: str
+    kind: str  # "decoder", "encoder" or "encoder-decoder"
+    route: str
+    specs: ModelSpecs
+    calls: int
+    seconds: float
+    layers: str  # how the stacks were cut, in words
+    refused: dict[tuple[str, str], list[str]] = field(default_factory=dict)
+    untraced: list[str] = field(default_factory=list)  # towers the trace could not run, and why
+
+
+def trace(
+    data: dict[str, Any], source: str, sizes: scenarios.Sizes, route: str, dtype: str = "bfloat16", cut: bool = True
+) -> Traced:
+    """Trace the model of config mapping ``data`` (read from ``source``);
+    ``cut=False`` runs every layer (the cut, checked, makes the same calls).
+
+    Raises ManifestError naming the extra where torch or transformers is
+    missing, transformers' reason where it cannot build the model with the
+    route's attention, and every reason where no call can be a graph."""
+    started = time.perf_counter()
+    config = build.config_of(data, source)
+    model = build.model_of(config, route, dtype, source)
+    from graphcache.torch.recording import Recorder
+
+    class _Noting(Recorder):
+        """Notes each call with its site and phase as well."""
+
+        def __init__(self) -> None:
+            super().__init__(dtype, "pow2")
+            self.phase = ""
+            self.site: Any = lambda: None
+            self.noted: list[tuple[Site | None, str, Found]] = []
+
+        def count(self, found: Found) -> None:
+            super().count(found)
+            self.noted.append((self.site(), self.phase, found))
+
+    recorder = _Noting()
+    where = Where(model)
+    recorder.site = where.site
+
+    def phase(name: str) -> None:
+        recorder.phase = name
+        where.reset()
+
+    try:
+        with _recording(recorder, route):
+            from graphcache.models.shadows import Shadows
+
+            # Values are kept up to the largest padding mask the scenarios make (rows x keys).
+            limit = max(1 << 16, 2 * sizes.rows * (sizes.max_seq + (sizes.chunk or 0) + 2))
+            with Shadows(limit):
+                kind = _kind(model, scenarios.Runner(model, "", phase))
+                runner = scenarios.Runner(model, kind, phase)
+                layers, plan = _run(runner, recorder, model, sizes, cut)
+    except ManifestError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the model's own failure on the meta device, named
+        raise ManifestError(
+            f"{source}: tracing model_type {config.model_type!r} failed: {type(exc).__name__}: {exc}"
+        ) from None
+    finally:
+        where.remove()
+    if route == "graphcache" and not recorder.noted:
+        raise build.no_backend(config.model_type, source)
+    out = _collect(recorder.noted, plan)
+    traced = Traced(
+        config.model_type,
+        kind,
+        route,
+        out[0],
+        len(recorder.noted),
+        time.perf_counter() - started,
+        layers,
+        out[1],
+        list(runner.notes.values()),
+    )
+    if not traced.specs.users:
+        reasons = "; ".join(f"{code}: {message}" for code, message in traced.refused) or "no attention call was made"
+        raise ManifestError(
+            f"{source}: no attention call of model_type {config.model_type!r} can be a graph: {reasons}"
+        )
+    return traced
+
+
+@contextmanager
+def _recording(recorder: Any, route: str) -> Iterator[None]:
+    import graphcache.torch as gt
+
+    with gt.patch() if route == "sdpa" else nullcontext():
+        gt.RUNTIME.recorders.append(recorder)
+        try:
+            yield
+        finally:
+            if recorder in gt.RUNTIME.recorders:
+                gt.RUNTIME.recorders.remove(recorder)
+
+
+def _kind(model: Any, runner: scenarios.Runner) -> str:
+    """decoder (a forward returns a cache), encoder, or encoder-decoder."""
+    if getattr(model.config, "is_encoder_decoder", False):
+        return "encoder-decoder"
+    try:
+        out = runner.forward(
+            "kind", input_ids=runner.ids(1, 2), attention_mask=runner.mask(1, 2, "none"), use_cache=True
+        )
+    except TypeError:
+        return "encoder"
+    cache = runner.cache_of(out)
+    return "decoder" if cache is not None and cache.get_seq_length() > 0 else "encoder"
+
+
+def _scenarios(runner: scenarios.Runner, sizes: scenarios.Sizes, probe: bool) -> None:
+    if runner.kind == "decoder":
+        runner.decoder(sizes, probe)
+    elif runner.kind == "encoder":
+        runner.encoder(sizes, probe)
+    else:
+        runner.encoder_decoder(sizes, probe)
+    runner.towers(sizes, probe)
+
+
+def _run(
+    runner: scenarios.Runner, recorder: Any, model: Any, sizes: scenarios.Sizes, cut_layers: bool
+) -> tuple[str, Cut]:
+    """Probe at full depth, cut, check the cut, then run every scenario."""
+    recorder.noted.clear()
+    lengths = {path: len(stack) for path, stack in stacks(model).items()}
+    if not cut_layers:
+        _scenarios(runner, sizes, probe=False)
+        kinds = kinds_of([(site, found) for site, _, found in recorder.noted], lengths).kinds
+        return _depth(Cut(lengths, dict(lengths), kinds), "full depth (asked)"), Cut(lengths, dict(lengths), kinds)
+    _scenarios(runner, sizes, probe=True)
+    probe = [(site, found) for site, _, found in recorder.noted]
+    seen = _calls(recorder.noted)
+    plan = kinds_of(probe, lengths)
+    full = Cut(lengths, dict(lengths), plan.kinds)
+    if not plan.changed:
+        recorder.noted.clear()
+        _scenarios(runner, sizes, probe=False)
+        return _depth(full, "full depth (each layer a kind of its own)"), full
+    recorder.noted.clear()
+    with cut(model, plan):
+        try:
+            _scenarios(runner, sizes, probe=True)
+            same = _calls(recorder.noted) == seen
+        except Exception:  # noqa: BLE001 - a model that cannot run cut runs at full depth
+            same = False
+        recorder.noted.clear()
+        if same:
+            _scenarios(runner, sizes, probe=False)
+            return _depth(plan, "cut to the prefix holding one layer of each kind"), plan
+    _scenarios(runner, sizes, probe=False)
+    return _depth(full, "full depth (the cut model called otherwise)"), full
+
+
+def _calls(noted: list[tuple[Site | None, str, Found]]) -> set[tuple[str, str, str, Found]]:
+    return {(s.stack if s else "", s.attention if s else "", phase, found) for s, phase, found in noted}
+
+
+def _depth(plan: Cut, how: str) -> str:
+    """``cut to ... (layers: 1 of 32)``: how the model ran, per stack."""
+    stacks_text = ", ".join(f"{path}: {plan.kept[path]} of {plan.lengths[path]}" for path in plan.lengths)
+    return f"{how} ({stacks_text})" if stacks_text else how
+
+
+def _collect(
+    noted: list[tuple[Site | None, str, Found]], plan: Cut
+) -> tuple[ModelSpecs, dict[tuple[str, str], list[str]]]:
+    """Each class spec with who calls it; each reason with who makes such calls."""
+    users: dict[Any, dict[tuple[str, str], list[str]]] = {}
+    for site, phase, found in noted:
+        klass = class_of(found, "pow2") if isinstance(found, GraphSpec) else found
+        who = _who(site, plan)
+        phases = users.setdefault(klass, {}).setdefault(who, [])
+        if phase not in phases:
+            phases.append(phase)
+    specs = ModelSpecs()
+    refused: dict[tuple[str, str], list[str]] = {}
+    for klass, by_who in users.items():
+        lines = [f"{who[0]}{who[1]}: {', '.join(sorted(phases))}" for who, phases in by_who.items()]
+        if isinstance(klass, GraphSpec):
+            for line in lines:
+                specs.add(klass, line)
+        else:
+            refused[klass] = lines
+    return specs, refused
+
+
+def _who(site: Site | None, plan: Cut) -> tuple[str, str]:
+    if site is None:
+        return ("model", "")
+    members = plan.members(site.stack, site.layer)
+    attention = f" {site.attention}" if site.attention else ""
+    return (f"{site.stack} {ranges(members)}", attention)
