@@ -48,10 +48,86 @@ class Lengths:
 SMALL = Lengths(record=(9, 150), record_batch=(9, 150, 20, 40), serve=(20, 140), serve_batch=(130, 60, 17, 33), beam=30)
 
 
+_DECODER: dict[str, Any] = dict(
+    hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2,
+    max_position_embeddings=2048,
+)  # fmt: skip
+_SEQ2SEQ: dict[str, Any] = dict(
+    d_model=256, encoder_layers=2, decoder_layers=2, encoder_attention_heads=8, decoder_attention_heads=8,
+    encoder_ffn_dim=512, decoder_ffn_dim=512, max_position_embeddings=2048, decoder_start_token_id=2,
+    forced_eos_token_id=None,
+)  # fmt: skip
+_ENCODER: dict[str, Any] = dict(
+    hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=8, max_position_embeddings=2048
+)
+# Small configs (2 layers, hidden 256, head dim 32) of model types by their
+# own field names, built with AutoConfig.for_model: the 14 families
+# graphcache.modelconfig reads, and architectures outside them (issue 32).
+SMALL_CONFIGS: dict[str, dict[str, Any]] = {
+    # the families the config reader knows
+    "llama": _DECODER,
+    "mistral": {**_DECODER, "sliding_window": 64},
+    "mixtral": {**_DECODER, "num_local_experts": 4, "sliding_window": None},
+    "qwen2": _DECODER,
+    "qwen3": {**_DECODER, "head_dim": 32},
+    "phi3": {**_DECODER, "sliding_window": 64},
+    "gemma": {**_DECODER, "head_dim": 32},
+    "gemma3_text": {
+        **_DECODER,
+        "head_dim": 32,
+        "sliding_window": 64,
+        "layer_types": ["sliding_attention", "full_attention"],
+    },
+    "gpt2": dict(n_embd=256, n_layer=2, n_head=8, n_positions=2048),
+    "bart": _SEQ2SEQ,
+    "mbart": _SEQ2SEQ,
+    "whisper": {
+        **_SEQ2SEQ,
+        "max_position_embeddings": None,
+        "num_mel_bins": 80,
+        "max_source_positions": 1500,
+        "max_target_positions": 448,
+        "decoder_start_token_id": 1,
+    },
+    "t5": dict(d_model=256, d_kv=32, d_ff=512, num_layers=2, num_heads=8, decoder_start_token_id=0),
+    "mt5": dict(d_model=256, d_kv=32, d_ff=512, num_layers=2, num_heads=8, decoder_start_token_id=0),
+    # outside them: encoders
+    "bert": _ENCODER,
+    "roberta": _ENCODER,
+    "distilbert": dict(dim=256, n_layers=2, n_heads=8, hidden_dim=512, max_position_embeddings=2048),
+    "electra": {**_ENCODER, "embedding_size": 256},
+    "modernbert": {
+        **_ENCODER,
+        "global_attn_every_n_layers": 2,
+        "local_attention": 64,
+        "cls_token_id": 1,
+        "sep_token_id": 2,
+    },
+    "xlm-roberta": _ENCODER,
+    # decoders
+    "qwen3_moe": {**_DECODER, "head_dim": 32, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 128},
+    "granitemoe": {**_DECODER, "num_local_experts": 4},
+    "falcon": {**_DECODER, "num_key_value_heads": None},  # multi-query: one key/value head
+    "opt": {**_DECODER, "ffn_dim": 512, "word_embed_proj_dim": 256},
+    "gpt_neox": _DECODER,
+    "phi": _DECODER,
+    "starcoder2": {**_DECODER, "sliding_window": 64},
+    # encoder-decoders
+    "pegasus": _SEQ2SEQ,
+    "marian": {**_SEQ2SEQ, "decoder_vocab_size": VOCAB},
+}
+# The architectures outside the families, as issue 32 measures them.
+ARCHITECTURES = (
+    "bert", "roberta", "distilbert", "electra", "modernbert", "xlm-roberta", "qwen3_moe", "granitemoe", "falcon",
+    "opt", "gpt_neox", "phi", "starcoder2", "pegasus", "marian",
+)  # fmt: skip
+
+
 def config(name: str) -> Any:
     """2 layers, hidden 256, head dim 32: Llama-style GQA (8/2 heads),
     Mistral with a 64-token sliding window, Gemma 3 (a window on alternate
-    layers), BART, T5 (relative position bias)."""
+    layers), BART, T5 (relative position bias); any other name of
+    SMALL_CONFIGS, built by transformers from those fields."""
     common: dict[str, Any] = dict(vocab_size=VOCAB, pad_token_id=0, eos_token_id=VOCAB - 1, bos_token_id=1)
     decoder: dict[str, Any] = dict(
         hidden_size=256,
@@ -91,7 +167,21 @@ def config(name: str) -> Any:
         return transformers.T5Config(
             d_model=256, d_kv=32, d_ff=512, num_layers=2, num_heads=8, decoder_start_token_id=0, **common
         )
-    raise ValueError(f"unknown model {name!r}: llama, mistral, gemma3, gpt_oss, bart, t5")
+    if name in SMALL_CONFIGS:
+        fields = {k: v for k, v in SMALL_CONFIGS[name].items() if v is not None}
+        return transformers.AutoConfig.for_model(name, **{**fields, **common, "bos_token_id": 1})
+    raise ValueError(f"unknown model {name!r}: llama, mistral, gemma3, gpt_oss, bart, t5, {', '.join(SMALL_CONFIGS)}")
+
+
+# Encoder-only models of SMALL_CONFIGS: served by forward passes, not generate().
+ENCODERS = frozenset({"bert", "roberta", "distilbert", "electra", "modernbert", "xlm-roberta"})
+
+
+def kind(name: str) -> str:
+    """encoder, decoder or encoder-decoder."""
+    if name in ENCODERS:
+        return "encoder"
+    return "encoder-decoder" if config(name).is_encoder_decoder else "decoder"
 
 
 def build(name: str, attn: str = "graphcache") -> Any:
@@ -99,8 +189,12 @@ def build(name: str, attn: str = "graphcache") -> Any:
     graphcache.hf.register()
     torch.manual_seed(0)
     cfg = config(name)
-    cls = transformers.AutoModelForSeq2SeqLM if cfg.is_encoder_decoder else transformers.AutoModelForCausalLM
-    return cls.from_config(cfg, attn_implementation=attn).eval().to(torch.bfloat16)
+    classes = {
+        "encoder": transformers.AutoModel,
+        "encoder-decoder": transformers.AutoModelForSeq2SeqLM,
+        "decoder": transformers.AutoModelForCausalLM,
+    }
+    return classes[kind(name)].from_config(cfg, attn_implementation=attn).eval().to(torch.bfloat16)
 
 
 def batch(lengths: tuple[int, ...], left: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -117,7 +211,24 @@ def batch(lengths: tuple[int, ...], left: bool) -> tuple[torch.Tensor, torch.Ten
     return ids, mask
 
 
+def encode(model: Any, lengths: tuple[int, ...]) -> torch.Tensor:
+    """An encoder's last hidden states for a left-padded batch, float32,
+    with the padding rows zeroed (what they hold is no one's answer)."""
+    ids, mask = batch(lengths, left=True)
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=mask).last_hidden_state
+    return out.float() * mask.unsqueeze(-1)
+
+
+# An encoder's hidden states agree with unpatched torch's within this
+# (relative to their largest value): bf16, and the float32 reference that
+# executes ragged graphs here rounding otherwise than torch's bf16 kernels.
+ENCODER_TOLERANCE = 3e-2
+
+
 def generate(model: Any, lengths: tuple[int, ...], new_tokens: int, beams: int = 1) -> torch.Tensor:
+    if model.config.model_type in ENCODERS:
+        return encode(model, lengths)
     ids, mask = batch(lengths, left=not model.config.is_encoder_decoder)
     with torch.no_grad():
         return model.generate(
@@ -148,13 +259,83 @@ class Case:
         return self.hits / self.calls if self.calls else 0.0
 
 
-def cases(lengths: Lengths) -> dict[str, list[tuple[tuple[int, ...], int]]]:
-    """Serving cases: name -> runs of (prompt lengths, beams)."""
-    return {
+def cases(lengths: Lengths, encoder: bool = False) -> dict[str, list[tuple[tuple[int, ...], int]]]:
+    """Serving cases: name -> runs of (prompt lengths, beams); an encoder has no beams."""
+    out = {
         "other prompt lengths, b=1": [((p,), 1) for p in lengths.serve],
         "padded batch of 4": [(lengths.serve_batch, 1)],
         "2-beam search": [((lengths.beam,), 2)],
     }
+    if encoder:
+        del out["2-beam search"]
+    return out
+
+
+def same(want: torch.Tensor, got: torch.Tensor) -> bool:
+    """Token ids equal, or an encoder's hidden states within ENCODER_TOLERANCE."""
+    if want.is_floating_point():
+        scale = float(want.abs().max()) or 1.0
+        return float((want - got).abs().max()) <= ENCODER_TOLERANCE * scale
+    return torch.equal(want, got)
+
+
+# Issue 32's measure: prompts of 50/300/700 tokens, a left-padded batch of
+# 4 of those lengths, 2-beam search; the tests use SMALL_SERVE's lengths.
+MANIFEST_SERVE = Lengths(serve=(50, 300, 700), serve_batch=(50, 300, 700, 300), beam=120)
+SMALL_SERVE = Lengths(serve=(20, 140), serve_batch=(140, 60, 17, 33), beam=30)
+
+
+def served(
+    name: str,
+    route: str,
+    folder: Path,
+    compiler: Any,
+    lengths: Lengths = MANIFEST_SERVE,
+    new_tokens: int = 8,
+    manifest_args: Sequence[str] = ("--max-batch", "8", "--max-seq", "1024"),
+    only: Sequence[str] | None = None,
+) -> tuple[list[Case], int]:
+    """Warm ``name`` ONLY from ``graphcache manifest CONFIG`` (the CLI as a
+    user runs it: the model traced, no recording) on ``route``, then serve
+    ``cases`` (those named in ``only``) with ``compiler`` executing the
+    graphs; tokens (an encoder's hidden states) compared with unpatched
+    torch's sdpa. Returns the cases and how many graphs were built while
+    serving (0: served from what the manifest warmed)."""
+    from tests.clirun import cli
+
+    model = build(name, "sdpa")
+    config(name).save_pretrained(folder / "model")  # config.json, as a model folder holds it
+    out = folder / f"{name}-{route}.yaml"
+    run = cli("manifest", str(folder / "model"), *manifest_args, "--route", route, "-o", str(out))
+    if run.returncode != 0:
+        raise ManifestError(run.stderr.strip())
+    store = DiskStore(folder / f"{name}-{route}-store")
+    ops.warm(manifest.load(out), GraphCache(store, compiler, shape_classes="pow2"))
+    builds = getattr(compiler, "builds", 0)
+    cache = GraphCache(store, compiler, shape_classes="pow2")
+    found = []
+    for case, runs in cases(lengths, encoder=name in ENCODERS).items():
+        if only is not None and case not in only:
+            continue
+        model.set_attn_implementation("sdpa")
+        want = [generate(model, p, new_tokens, beams) for p, beams in runs]
+        model.set_attn_implementation(route)
+        gt.reset()
+        gt.configure(cache, device="cpu", on_miss="torch")
+        with gt.patch() if route == "sdpa" else _nothing():
+            got = [generate(model, p, new_tokens, beams) for p, beams in runs]
+        stats = gt.stats()
+        model.set_attn_implementation("sdpa")
+        gt.reset()
+        equal = all(same(w, g) for w, g in zip(want, got, strict=True))
+        tie = False
+        gap = None
+        if not equal and name not in ENCODERS:
+            gaps = [tie_gap(model, p, w, g) for (p, beams), w, g in zip(runs, want, got, strict=True) if beams == 1]
+            gap = max((t for t in gaps if t is not None), default=None)
+            tie = len(gaps) == len(runs) and (gap is None or gap < TIE)
+        found.append(Case(case, stats["calls"], stats["hits"], equal, dict(stats["fallbacks"]), tie, gap))
+    return found, getattr(compiler, "builds", 0) - builds
 
 
 def measure(
