@@ -12,6 +12,7 @@ from graphcache.errors import GraphCacheError
 
 MiB = 1024**2
 UPLOAD_BUDGET_UPLOADS = 4  # the default GRAPHCACHE_UPLOAD_BUDGET, in largest uploads
+DEFAULT_BODY_BUDGET = 16 * MiB  # read-route bodies (manifests of 1 MiB, batches, specs) one worker holds
 log = logging.getLogger(__name__)
 DEFAULT_HEADER_TIMEOUT = 10.0
 
@@ -33,7 +34,8 @@ class Settings:
     store            GRAPHCACHE_STORE          '' (DiskStore in cache_dir), redis://..., http://...
     size_limit       GRAPHCACHE_SIZE_LIMIT     DiskStore bytes before LRU eviction
     max_upload       GRAPHCACHE_MAX_UPLOAD     largest accepted upload, bytes
-    upload_budget    GRAPHCACHE_UPLOAD_BUDGET  body bytes one server worker takes in at once (4 x max_upload)
+    upload_budget    GRAPHCACHE_UPLOAD_BUDGET  upload bytes one server worker takes in at once (4 x max_upload)
+    body_budget      GRAPHCACHE_BODY_BUDGET    bytes of other request bodies (batch, resolve, a manifest) it holds
     hot_cache_bytes  GRAPHCACHE_HOT_CACHE      memory for small verified entries the server keeps hot (0: off)
     write_tokens     GRAPHCACHE_WRITE_TOKENS   comma-separated bearer tokens for PUT/build
     read_tokens      GRAPHCACHE_READ_TOKENS    tokens for reads; reads are open when unset
@@ -61,6 +63,7 @@ class Settings:
     size_limit: int = 10 * 1024 * MiB
     max_upload: int = 64 * MiB
     upload_budget: int = 0  # 0: UPLOAD_BUDGET_UPLOADS x max_upload
+    body_budget: int = DEFAULT_BODY_BUDGET
     hot_cache_bytes: int = 64 * MiB
     write_tokens: tuple[str, ...] = ()
     read_tokens: tuple[str, ...] = ()
@@ -101,7 +104,7 @@ class Settings:
             values["store"] = v
         if (v := get("HOT_CACHE")) is not None:
             values["hot_cache_bytes"] = _int("GRAPHCACHE_HOT_CACHE", v, allow_zero=True)
-        for name in ("SIZE_LIMIT", "MAX_UPLOAD", "UPLOAD_BUDGET"):
+        for name in ("SIZE_LIMIT", "MAX_UPLOAD", "UPLOAD_BUDGET", "BODY_BUDGET"):
             if (v := get(name)) is not None:
                 values[name.lower()] = _int("GRAPHCACHE_" + name, v)
         if (v := get("MAX_BATCH")) is not None:
