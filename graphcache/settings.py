@@ -15,6 +15,7 @@ UPLOAD_BUDGET_UPLOADS = 4  # the default GRAPHCACHE_UPLOAD_BUDGET, in largest up
 DEFAULT_BODY_BUDGET = 16 * MiB  # read-route bodies (manifests of 1 MiB, batches, specs) one worker holds
 log = logging.getLogger(__name__)
 DEFAULT_HEADER_TIMEOUT = 10.0
+DEFAULT_SEND_TIMEOUT = 30.0
 
 
 class SettingsError(GraphCacheError, ValueError):
@@ -48,6 +49,8 @@ class Settings:
     timeout          GRAPHCACHE_TIMEOUT        client timeout in seconds; the server's bound on each store call
     upload_timeout   GRAPHCACHE_UPLOAD_TIMEOUT seconds a client may take to send an upload or a batch body (then 408)
     header_timeout   GRAPHCACHE_HEADER_TIMEOUT seconds a connection may take to send a request head (then closed)
+    send_timeout     GRAPHCACHE_SEND_TIMEOUT   seconds a client may leave the server's buffer of its answer undrained
+                                               (then the connection is closed; service.transport)
     canary           GRAPHCACHE_CANARY         run each loaded cuDNN plan once on the canary input (1/0, default 1)
     max_batch        GRAPHCACHE_MAX_BATCH      most keys one POST /v1/batch may ask for (then 413)
     http_max_age     GRAPHCACHE_HTTP_MAX_AGE   seconds HTTP caches may keep an artifact when reads are open
@@ -76,6 +79,7 @@ class Settings:
     timeout: float = 5.0
     upload_timeout: float = 60.0
     header_timeout: float = DEFAULT_HEADER_TIMEOUT
+    send_timeout: float = DEFAULT_SEND_TIMEOUT
     build: bool = True
     canary: bool = True
     max_batch: int = 1024
@@ -133,7 +137,7 @@ class Settings:
             values["server"] = v.rstrip("/")
         if (v := get("TOKEN")) is not None:
             values["token"] = v
-        for name in ("TIMEOUT", "UPLOAD_TIMEOUT", "HEADER_TIMEOUT"):
+        for name in ("TIMEOUT", "UPLOAD_TIMEOUT", "HEADER_TIMEOUT", "SEND_TIMEOUT"):
             if (v := get(name)) is not None:
                 try:
                     values[name.lower()] = float(v)

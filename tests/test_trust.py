@@ -147,3 +147,130 @@ def test_a_body_budget_below_the_largest_read_body_fails_the_server_at_start(tmp
     settings = Settings.from_env({"GRAPHCACHE_BODY_BUDGET": str(MiB - 1), "GRAPHCACHE_DIR": str(tmp_path)})
     with pytest.raises(SettingsError, match="GRAPHCACHE_BODY_BUDGET=1048575 is below"):
         create_app(settings, store=DiskStore(Path(tmp_path)))
+
+
+# -- item 2: a reader who never reads is cut at the send deadline ------------------------------------
+
+SEND_TIMEOUT = 2.0
+
+
+@pytest.fixture(scope="module")
+def stored(tmp_path_factory):
+    """A DiskStore folder with 100 artifacts of 64 KiB and one of 8 MiB."""
+    folder = tmp_path_factory.mktemp("stored")
+    store = DiskStore(folder)
+    small = [make_artifact(spec(batch=b), size=64 * 1024) for b in range(1, 101)]
+    big = make_artifact(spec(batch=500), size=8 * MiB)
+    for art in [*small, big]:
+        store.put(art.key, art.encode())
+    store.close()
+    return folder, [a.key for a in small], big
+
+
+def non_reader(port: int, request: bytes) -> socket.socket:
+    """A client with a 4 KiB receive buffer that sends ``request`` and never reads."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", port))
+    sock.sendall(request)
+    return sock
+
+
+def batch_request(keys: list[str]) -> bytes:
+    data = json.dumps({"keys": keys}).encode()
+    head = f"POST /v1/batch HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\ncontent-length: {len(data)}\r\n"
+    return head.encode() + b"\r\n" + data
+
+
+def first_200(url: str, path: str, until: float) -> float | None:
+    """When ``path`` first answered 200 (polled), or None by ``until``."""
+    while time.monotonic() < until:
+        with contextlib.suppress(httpx.TransportError):
+            if httpx.get(url + path, timeout=1).status_code == 200:
+                return time.monotonic()
+        time.sleep(0.05)
+    return None
+
+
+def drained(sock: socket.socket, timeout: float = 10) -> tuple[int, bool]:
+    """Read what the server sent until it closed: (bytes, whether it closed)."""
+    sock.settimeout(timeout)
+    size = 0
+    try:
+        while chunk := sock.recv(1 << 20):
+            size += len(chunk)
+    except (TimeoutError, ConnectionResetError) as exc:
+        return size, isinstance(exc, ConnectionResetError)
+    return size, True
+
+
+@pytest.mark.parametrize("what", ["batch", "get", "first-get"])
+def test_16_readers_that_never_read_leave_stats_answering_within_the_send_deadline(stored, what):
+    """At --limit-concurrency 16, 16 answers nobody drains (a batch of 100 x
+    64 KiB, or an 8 MiB GET streamed from its file) held every slot for as
+    long as the clients lived: /v1/stats was 503 throughout. The first GETs
+    of an entry not yet verified are written whole: their requests ended,
+    but their connections, and the 5 MiB each that the kernel did not take,
+    stayed for good."""
+    folder, keys, big = stored
+    env = {"GRAPHCACHE_DIR": str(folder), "GRAPHCACHE_SEND_TIMEOUT": str(SEND_TIMEOUT)}
+    get = f"GET /v1/artifacts/{big.key} HTTP/1.1\r\nhost: t\r\n\r\n".encode()
+    request = batch_request(keys) if what == "batch" else get
+    with serve_one_worker(env, "--limit-concurrency", "16") as (url, _):
+        # Verified once: small entries are then served from memory, the large one from its file.
+        warm = httpx.post(url + "/v1/batch", json={"keys": keys}, timeout=10)
+        assert warm.status_code == 200
+        whole = len(warm.content) if what == "batch" else len(big.encode())
+        if what == "get":
+            assert httpx.get(f"{url}/v1/artifacts/{big.key}", timeout=10).content == big.encode()
+        readers = [non_reader(port_of(url), request) for _ in range(16)]
+        try:
+            sent = time.monotonic()
+            answered = first_200(url, "/v1/stats", sent + SEND_TIMEOUT + 5)
+            assert answered is not None, "/v1/stats never answered 200 while the answers were not drained"
+            assert answered - sent <= SEND_TIMEOUT + 1, answered - sent
+            time.sleep(max(0.0, sent + SEND_TIMEOUT + 1 - time.monotonic()))
+            # Each answer was cut at the deadline: what the kernel held, then the close.
+            for sock in readers:
+                size, closed = drained(sock)
+                assert closed and size < whole, (size, whole)
+            assert "graphcache_send_timeouts_total 16.0" in httpx.get(url + "/metrics", timeout=10).text
+        finally:
+            for sock in readers:
+                sock.close()
+
+
+def test_60_readers_that_never_read_leave_gets_at_0_errors(stored):
+    """Answers stalled on their reader do not count against
+    --limit-concurrency (4 x the limit of them; each is cut at the send
+    deadline), as bodies still arriving do not."""
+    folder, keys, _ = stored
+    env = {"GRAPHCACHE_DIR": str(folder), "GRAPHCACHE_SEND_TIMEOUT": "4"}
+    with serve_one_worker(env, "--limit-concurrency", "16") as (url, _):
+        assert httpx.post(url + "/v1/batch", json={"keys": keys}, timeout=10).status_code == 200
+        readers = [non_reader(port_of(url), batch_request(keys)) for _ in range(60)]
+        errors, gets = [], 0
+        try:
+            time.sleep(0.5)
+            with httpx.Client(base_url=url, timeout=5) as client:
+                until = time.monotonic() + 2.5
+                while time.monotonic() < until:
+                    for path in ("/v1/stats", f"/v1/artifacts/{keys[0]}"):
+                        got = client.get(path)
+                        gets += 1
+                        if got.status_code != 200:
+                            errors.append(f"{path}: {got.status_code} {got.text[:100]}")
+        finally:
+            for sock in readers:
+                sock.close()
+    assert gets > 20 and not errors, (gets, errors[:5])
+
+
+def test_the_send_timeout_is_checked_at_start():
+    from graphcache.settings import Settings, SettingsError
+
+    assert Settings.from_env({}).send_timeout == 30.0
+    assert Settings.from_env({"GRAPHCACHE_SEND_TIMEOUT": "2.5"}).send_timeout == 2.5
+    for value in ("0", "-1", "soon"):
+        with pytest.raises(SettingsError, match="GRAPHCACHE_SEND_TIMEOUT"):
+            Settings.from_env({"GRAPHCACHE_SEND_TIMEOUT": value})
