@@ -12,10 +12,10 @@ from typing import Any
 
 import diskcache
 
-from graphcache.errors import StoreError, StoreFull
+from graphcache.errors import StoreFull
 from graphcache.key import is_key
 from graphcache.stores.diskcodec import DiskLeases, NoPickleDisk, open_index, read_all
-from graphcache.stores.readonly import ReadOnlyIndex
+from graphcache.stores.readonly import open_checked
 from graphcache.stores.space import ORPHAN_AGE, RESERVE_BYTES, Reserve, free_bytes, human, is_full, remove_file
 from graphcache.stores.space import sweep_orphans as _sweep
 
@@ -56,39 +56,7 @@ class DiskStore:
         # Why the index is open read-only (a disk too full to open it the
         # ordinary way), or None; every write tries the ordinary open first.
         self.read_only: str | None = None
-        self._cache: Any = self._open_checked(size_limit)
-
-    def _open_checked(self, size_limit: int) -> Any:
-        try:
-            return self._open_index(size_limit)
-        except sqlite3.DatabaseError as exc:
-            if not is_full(exc, self.path):
-                raise StoreError(
-                    f"{self.path / 'cache.db'} is not a diskcache index ({exc}): "
-                    "move the folder aside, or point --cache-dir / GRAPHCACHE_DIR at another one"
-                ) from exc
-            error = exc
-        # A full disk: SQLite needs room for its journal even to open.
-        if self._reserve.release():
-            try:
-                return self._open_index(size_limit)
-            except sqlite3.DatabaseError as exc:
-                error = exc
-        why = f"the disk holding {self.path} is full ({error})"
-        try:
-            index = ReadOnlyIndex(self.path, why)
-        except (OSError, sqlite3.Error):
-            pass
-        else:
-            # Reads are served from what is stored; writes wait for room.
-            log.warning("%s: its index is open read-only", why)
-            self.read_only = why
-            return index
-        raise StoreFull(
-            f"the disk holding {self.path} is full: its index cannot be opened ({error}); "
-            f"free at least {human(RESERVE_BYTES)} on that filesystem, then retry",
-            free=free_bytes(self.path),
-        ) from error
+        self._cache, self.read_only = open_checked(self.path, size_limit, self._reserve, self._open_index)
 
     def _open_index(self, size_limit: int) -> diskcache.Cache:
         return open_index(self.path, size_limit)
