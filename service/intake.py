@@ -25,7 +25,11 @@ is never read):
    ``service.errors.MAX_JSON_DEPTH`` levels (400 ``bad_json`` naming what
    is wrong).
 
-The route then gets the body as one message. While a body is arriving its
+The route then gets the body as one message; an upload's body is instead
+written to a temporary file as it arrives, its envelope checked on the way,
+and the route gets that (``service.upload``; memory per upload is one
+``SPOOL_CHUNK``, so the upload budget bounds disk in flight, not memory).
+While a body is arriving its
 request is listed in the protocol's ``arriving`` set (service.transport), so
 slow senders do not count against --limit-concurrency: they are bounded by
 the budgets and their deadline instead.
@@ -46,6 +50,7 @@ from service.errors import JSON, RAW_BODY, ServiceError, bad_json, body, json_pr
 from service.metrics import route_label
 from service.state import State
 from service.transport import ARRIVING
+from service.upload import SPOOL_CHUNK, UPLOAD, Upload
 
 SPEC_BODY_MAX = 64 * 1024  # /v1/resolve, /v1/build: a spec and a target are a few hundred bytes
 MANIFEST_BODY_MAX = 1024 * 1024  # POST /: a manifest for the status page (service.routes.status)
@@ -197,24 +202,33 @@ class BodyGate:
             state.metrics.rejected.labels("budget").inc()
             await self._refuse(scope, send, hold.budget.refusal(reserve, whole=True))
             return
+        # An upload goes to a file as it arrives (service.upload), never whole into memory.
+        upload = Upload(state.store, path[len(ARTIFACTS) :], declared) if rule.upload else None
         try:
-            data = await self._read(scope, receive, send, rule, None if upfront else hold)
+            data = await self._read(scope, receive, send, rule, None if upfront else hold, upload)
             if data is None:
                 return
-            scope[RAW_BODY] = data
+            if upload is not None:
+                scope[UPLOAD] = upload
+            else:
+                scope[RAW_BODY] = data
             await app(scope, replay(data, receive), send)
         finally:
             hold.release()
+            if upload is not None:
+                upload.discard()  # unless the store took it: refused, cut short, or gone
 
     async def _read(
-        self, scope: dict[str, Any], receive: Any, send: Any, rule: Rule, charge: Hold | None
+        self, scope: dict[str, Any], receive: Any, send: Any, rule: Rule, charge: Hold | None, upload: Upload | None
     ) -> bytes | None:
-        """The body, or None when it was answered (the client went away, a
-        limit, the deadline); ``charge``: the budget its bytes are charged to
-        as they arrive (None: reserved up front)."""
+        """The body (b"" for an ``upload``: its bytes went to the upload's
+        file, ``SPOOL_CHUNK`` at a time, from a worker thread), or None when
+        it was answered (the client went away, a limit, the deadline);
+        ``charge``: the budget its bytes are charged to as they arrive (None:
+        reserved up front)."""
         state = self.state
         chunks: list[bytes] = []
-        size = 0
+        held = size = 0
         more = True
         try:
             with anyio.fail_after(state.settings.upload_timeout):
@@ -232,8 +246,13 @@ class BodyGate:
                         state.metrics.rejected.labels("budget" if rule.upload else "body_budget").inc()
                         await self._refuse(scope, send, charge.budget.refusal(len(chunk)))
                         return None
-                    chunks.append(chunk)
+                    if chunk:
+                        chunks.append(chunk)
+                        held += len(chunk)
                     more = message.get("more_body", False)
+                    if upload is not None and chunks and (held >= SPOOL_CHUNK or not more):
+                        await anyio.to_thread.run_sync(upload.write, chunks)
+                        chunks, held = [], 0
         except TimeoutError:
             state.metrics.rejected.labels("timeout").inc()
             detail = (
@@ -244,6 +263,8 @@ class BodyGate:
             return None
         finally:
             arrived(scope)
+        if upload is not None:
+            return b""
         data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         if rule.json and data:
             problem = json_problem(data)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import socket
 import time
 from pathlib import Path
@@ -274,3 +275,139 @@ def test_the_send_timeout_is_checked_at_start():
     for value in ("0", "-1", "soon"):
         with pytest.raises(SettingsError, match="GRAPHCACHE_SEND_TIMEOUT"):
             Settings.from_env({"GRAPHCACHE_SEND_TIMEOUT": value})
+
+
+# -- item 3: uploads stream to a temporary file, verified on the way -----------------------------------
+
+
+def vm(pid: int, field: str) -> int:
+    """A /proc/PID/status size (VmRSS, VmHWM) in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no {field}")
+
+
+def put_raw(port: int, key: str, parts: list[bytes], token: str = WRITE) -> tuple[int, dict]:
+    """PUT the concatenation of ``parts`` (never joined here); the status and JSON answer."""
+    size = sum(len(p) for p in parts)
+    head = f"PUT /v1/artifacts/{key} HTTP/1.1\r\nhost: t\r\nauthorization: Bearer {token}\r\n"
+    with socket.create_connection(("127.0.0.1", port), timeout=120) as sock:
+        sock.sendall(f"{head}content-length: {size}\r\nconnection: close\r\n\r\n".encode())
+        for part in parts:
+            sock.sendall(part)
+        answer = answer_of(sock, timeout=120)
+    status = int(answer.split(b" ", 2)[1])
+    return status, json.loads(answer.partition(b"\r\n\r\n")[2])
+
+
+def envelope_parts(art) -> list[bytes]:  # noqa: ANN001 - an Artifact
+    """An artifact's envelope as (prefix and header, payload), the payload not copied."""
+    from graphcache.artifact import frame
+
+    return [frame(art.header(), b""), art.payload]
+
+
+def test_16_concurrent_63_mib_uploads_grow_the_servers_memory_by_less_than_128_mib(tmp_path):
+    """Each upload was held whole in memory, joined, then decoded: 16 of
+    them grew the server's RSS by about 1 GiB. Streamed to a file and hashed
+    on the way, each holds about one chunk."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from graphcache.artifact import Artifact
+    from tests.fakes import TARGET
+
+    payload = os.urandom(63 * MiB - 4096)
+    arts = [Artifact(spec=spec(batch=b), target=TARGET, payload=payload) for b in range(1, 17)]
+    env = {
+        "GRAPHCACHE_WRITE_TOKENS": WRITE,
+        "GRAPHCACHE_DIR": str(tmp_path / "store"),
+        "GRAPHCACHE_UPLOAD_BUDGET": str(16 * 64 * MiB),  # all 16 taken in at once
+    }
+    with serve_one_worker(env) as (url, proc):
+        warm = make_artifact(spec(batch=99), size=100_000)
+        assert put_raw(port_of(url), warm.key, [warm.encode()])[0] == 201
+        before = vm(proc.pid, "VmRSS")
+        with ThreadPoolExecutor(16) as pool:
+            answers = list(pool.map(lambda art: put_raw(port_of(url), art.key, envelope_parts(art)), arts))
+        peak = vm(proc.pid, "VmHWM")
+        assert [status for status, _ in answers] == [201] * 16, answers
+        assert peak - before < 128 * MiB, f"RSS grew by {(peak - before) / MiB:.0f} MiB"
+        got = httpx.get(f"{url}/v1/artifacts/{arts[3].key}", timeout=30)
+        assert got.status_code == 200 and got.content[-1000:] == payload[-1000:]
+
+
+def flip(data: bytes, index: int) -> bytes:
+    return data[:index] + bytes([data[index] ^ 0x01]) + data[index + 1 :]
+
+
+def left_in(folder: Path) -> list[str]:
+    """Upload files left in a DiskStore's incoming folder."""
+    return sorted(p.name for p in (folder / "incoming").glob("*")) if (folder / "incoming").exists() else []
+
+
+def test_refused_and_cut_uploads_leave_no_file_and_nothing_stored(tmp_path):
+    """Every way an upload can fail removes its file: corrupt, foreign,
+    unsigned, over the limit mid-body, past the deadline, the client gone."""
+    env = {
+        "GRAPHCACHE_WRITE_TOKENS": WRITE,
+        "GRAPHCACHE_DIR": str(tmp_path),
+        "GRAPHCACHE_SIGNING_KEY": "k1",
+        "GRAPHCACHE_MAX_UPLOAD": str(4 * MiB),
+        "GRAPHCACHE_UPLOAD_TIMEOUT": "1",
+    }
+    art = make_artifact(spec(batch=11), size=3 * MiB).signed(b"k1")
+    data = art.encode()
+    other = make_artifact(spec(batch=12)).key
+    with serve_one_worker(env) as (url, _):
+        port = port_of(url)
+        refused = {
+            "digest_mismatch": (art.key, flip(data, len(data) - 10)),
+            "header_digest_mismatch": (art.key, flip(data, 60)),
+            "key_mismatch": (other, data),
+            "truncated": (art.key, data[: len(data) // 2]),
+            "unsigned": (art.key, make_artifact(spec(batch=11), size=3 * MiB).encode()),
+            "bad_signature": (art.key, make_artifact(spec(batch=11), size=3 * MiB).signed(b"k2").encode()),
+        }
+        for reason, (key, body) in refused.items():
+            status, answer = put_raw(port, key, [body])
+            assert (status, answer["error"]) == (400, reason), answer
+        # A chunked body that passes GRAPHCACHE_MAX_UPLOAD: 413 as soon as it does.
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            head = f"PUT /v1/artifacts/{art.key} HTTP/1.1\r\nhost: t\r\nauthorization: Bearer {WRITE}\r\n"
+            sock.sendall(f"{head}transfer-encoding: chunked\r\n\r\n".encode())
+            with contextlib.suppress(OSError):
+                for _ in range(5):
+                    sock.sendall(b"100000\r\n" + bytes(MiB) + b"\r\n")
+            assert answer_of(sock).startswith(b"HTTP/1.1 413")
+        # Half a body, then nothing: 408 at the deadline. Half a body, then gone.
+        for then in ("wait", "leave"):
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+                head = f"PUT /v1/artifacts/{art.key} HTTP/1.1\r\nhost: t\r\nauthorization: Bearer {WRITE}\r\n"
+                sock.sendall(f"{head}content-length: {len(data)}\r\n\r\n".encode() + data[: 2 * MiB])
+                time.sleep(0.5)
+                assert left_in(tmp_path), "the body is written to a file as it arrives"
+                if then == "wait":
+                    assert answer_of(sock).startswith(b"HTTP/1.1 408")
+        time.sleep(0.5)
+        assert left_in(tmp_path) == []
+        assert httpx.head(f"{url}/v1/artifacts/{art.key}", timeout=10).status_code == 404
+        assert httpx.head(f"{url}/v1/artifacts/{other}", timeout=10).status_code == 404
+        # The good one is stored, and the same bytes again are an identical upload.
+        status, answer = put_raw(port, art.key, [data])
+        assert (status, answer["created"], answer["size"]) == (201, True, len(data)), answer
+        status, answer = put_raw(port, art.key, [data])
+        assert (status, answer["created"]) == (200, False), answer
+        assert httpx.get(f"{url}/v1/artifacts/{art.key}", timeout=10).content == data
+        assert left_in(tmp_path) == []
+
+
+def test_upload_files_a_killed_server_left_are_removed_at_start(tmp_path):
+    incoming = tmp_path / "incoming"
+    incoming.mkdir(parents=True)
+    old, fresh = incoming / ".upload-0123456789abcdef", incoming / ".upload-fedcba9876543210"
+    for path in (old, fresh):
+        path.write_bytes(b"\0" * 1000)
+    os.utime(old, (time.time() - 3600, time.time() - 3600))
+    with serve_one_worker({"GRAPHCACHE_DIR": str(tmp_path)}):
+        assert not old.exists() and fresh.exists()  # one being written now is left alone

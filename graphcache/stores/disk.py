@@ -14,7 +14,7 @@ import diskcache
 
 from graphcache.errors import StoreFull
 from graphcache.key import is_key
-from graphcache.stores.diskcodec import DiskLeases, NoPickleDisk, open_index, read_all
+from graphcache.stores.diskcodec import DiskLeases, NoPickleDisk, Spooled, open_index, read_all, same_bytes
 from graphcache.stores.readonly import open_checked
 from graphcache.stores.space import ORPHAN_AGE, RESERVE_BYTES, Reserve, free_bytes, human, is_full, remove_file
 from graphcache.stores.space import sweep_orphans as _sweep
@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_SIZE_LIMIT = 10 * 1024**3
 PINNED = "pinned"
+INCOMING = "incoming"  # uploads on their way in (DiskStore.incoming)
 _PATH_MEMO = 100_000
 
 
@@ -151,32 +152,59 @@ class DiskStore:
         ``pin`` keeps the entry out of LRU eviction (entries warmed from a
         manifest); re-putting without ``pin`` keeps an existing pin.
         """
-        current = self._cache.get(key, default=None, tag=True, retry=True)
-        value, tag = current
-        if value is not None and value == data and (tag == PINNED or not pin):
+        return self._put(key, bytes(data), len(data), pin)
+
+    def put_file(self, key: str, path: str | os.PathLike[str], *, pin: bool = False) -> bool:
+        """``put`` of a value written whole to ``path``, a file on this
+        store's filesystem (``incoming``): renamed into place, never read
+        into memory or copied (one under diskcache's 32 KiB file threshold
+        is read into the index). False when identical bytes are already
+        stored. The file is gone once this returns True; otherwise, or when
+        it raises (StoreFull as ``put``), it may be left for the caller."""
+        size = os.stat(path).st_size
+        return self._put(key, Spooled(Path(path), size), size, pin)
+
+    def _put(self, key: str, value: bytes | Spooled, size: int, pin: bool) -> bool:
+        current, tag = self._cache.get(key, default=None, read=True, tag=True, retry=True)
+        if current is not None and same_bytes(current, value) and (tag == PINNED or not pin):
             return False
         keep_pin = pin or tag == PINNED
         self._reopen()
         if self.read_only is not None:
-            raise self._no_room(len(data), self.read_only)
+            raise self.no_room(size, self.read_only)
         # Room first: on a disk full up to the size limit, the least recently
         # used entries make room before the write, not after it failed.
-        self._evict(keep=key, room=len(data))
+        self._evict(keep=key, room=size)
         disk = self._cache.disk
         disk.written.name = None
         try:
-            self._cache.set(key, bytes(data), tag=PINNED if keep_pin else None, retry=True)
+            self._cache.set(key, value, read=isinstance(value, Spooled), tag=PINNED if keep_pin else None, retry=True)
         except (OSError, sqlite3.OperationalError) as exc:
             written, disk.written.name = disk.written.name, None
             if written is not None:  # the file was written, the index refused the entry
                 remove_file(self.path / written)
             if is_full(exc, self.path):
-                raise self._no_room(len(data), exc) from exc
+                raise self.no_room(size, exc) from exc
             raise
         self._full_need = None
         self._evict(keep=key)
         self._reserve.restore()
         return True
+
+    @property
+    def incoming(self) -> Path:
+        """Where an upload to this store is written before ``put_file``: in
+        its folder, so on its filesystem (a rename, not a copy)."""
+        return self.path / INCOMING
+
+    def make_room(self, key: str, size: int) -> None:
+        """What a put does before it writes, for a writer that found the
+        disk full before it could put (an upload streamed to ``incoming``):
+        least recently used unpinned entries, never ``key``, are evicted
+        until ``size`` more bytes fit under ``size_limit``."""
+        self._reopen()
+        if self.read_only is None:
+            self._evict(keep=key, room=size)
 
     def _reopen(self) -> None:
         """Open the index the ordinary way again where it is open read-only
@@ -192,7 +220,10 @@ class DiskStore:
         self._cache, self.read_only = cache, None
         log.warning("the disk holding %s has room again: its index is writable", self.path)
 
-    def _no_room(self, needed: int, exc: BaseException | str) -> StoreFull:
+    def no_room(self, needed: int, exc: BaseException | str) -> StoreFull:
+        """The StoreFull of a write of ``needed`` bytes that did not fit (for
+        ``exc``), saying what the store holds and what to free; the store
+        reports itself unwritable until that much is free."""
         self._full_need = needed
         if time.monotonic() - self._swept_at > 60:
             # What writes that died left behind is room too; at most once a
