@@ -17,7 +17,7 @@ import pytest
 
 from graphcache.stores import DiskStore
 from tests.fakes import make_artifact, spec
-from tests.servers import serve_one_worker
+from tests.servers import batch_request, drained, non_reader, raw_put, serve_one_worker
 
 WRITE = "w-token"
 AUTH = {"authorization": f"Bearer {WRITE}"}
@@ -168,21 +168,6 @@ def stored(tmp_path_factory):
     return folder, [a.key for a in small], big
 
 
-def non_reader(port: int, request: bytes) -> socket.socket:
-    """A client with a 4 KiB receive buffer that sends ``request`` and never reads."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.connect(("127.0.0.1", port))
-    sock.sendall(request)
-    return sock
-
-
-def batch_request(keys: list[str]) -> bytes:
-    data = json.dumps({"keys": keys}).encode()
-    head = f"POST /v1/batch HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\ncontent-length: {len(data)}\r\n"
-    return head.encode() + b"\r\n" + data
-
-
 def first_200(url: str, path: str, until: float) -> float | None:
     """When ``path`` first answered 200 (polled), or None by ``until``."""
     while time.monotonic() < until:
@@ -191,18 +176,6 @@ def first_200(url: str, path: str, until: float) -> float | None:
                 return time.monotonic()
         time.sleep(0.05)
     return None
-
-
-def drained(sock: socket.socket, timeout: float = 10) -> tuple[int, bool]:
-    """Read what the server sent until it closed: (bytes, whether it closed)."""
-    sock.settimeout(timeout)
-    size = 0
-    try:
-        while chunk := sock.recv(1 << 20):
-            size += len(chunk)
-    except (TimeoutError, ConnectionResetError) as exc:
-        return size, isinstance(exc, ConnectionResetError)
-    return size, True
 
 
 @pytest.mark.parametrize("what", ["batch", "get", "first-get"])
@@ -231,10 +204,12 @@ def test_16_readers_that_never_read_leave_stats_answering_within_the_send_deadli
             assert answered is not None, "/v1/stats never answered 200 while the answers were not drained"
             assert answered - sent <= SEND_TIMEOUT + 1, answered - sent
             time.sleep(max(0.0, sent + SEND_TIMEOUT + 1 - time.monotonic()))
-            # Each answer was cut at the deadline: what the kernel held, then the close.
+            # Each answer was cut at the deadline: what the kernel held, then the
+            # close. The kernel held little of it (TCP_NOTSENT_LOWAT; about 3 MiB
+            # a connection without).
             for sock in readers:
                 size, closed = drained(sock)
-                assert closed and size < whole, (size, whole)
+                assert closed and size < min(whole, MiB), (size, whole)
             assert "graphcache_send_timeouts_total 16.0" in httpx.get(url + "/metrics", timeout=10).text
         finally:
             for sock in readers:
@@ -288,19 +263,6 @@ def vm(pid: int, field: str) -> int:
     raise AssertionError(f"no {field}")
 
 
-def put_raw(port: int, key: str, parts: list[bytes], token: str = WRITE) -> tuple[int, dict]:
-    """PUT the concatenation of ``parts`` (never joined here); the status and JSON answer."""
-    size = sum(len(p) for p in parts)
-    head = f"PUT /v1/artifacts/{key} HTTP/1.1\r\nhost: t\r\nauthorization: Bearer {token}\r\n"
-    with socket.create_connection(("127.0.0.1", port), timeout=120) as sock:
-        sock.sendall(f"{head}content-length: {size}\r\nconnection: close\r\n\r\n".encode())
-        for part in parts:
-            sock.sendall(part)
-        answer = answer_of(sock, timeout=120)
-    status = int(answer.split(b" ", 2)[1])
-    return status, json.loads(answer.partition(b"\r\n\r\n")[2])
-
-
 def envelope_parts(art) -> list[bytes]:  # noqa: ANN001 - an Artifact
     """An artifact's envelope as (prefix and header, payload), the payload not copied."""
     from graphcache.artifact import frame
@@ -326,10 +288,10 @@ def test_16_concurrent_63_mib_uploads_grow_the_servers_memory_by_less_than_128_m
     }
     with serve_one_worker(env) as (url, proc):
         warm = make_artifact(spec(batch=99), size=100_000)
-        assert put_raw(port_of(url), warm.key, [warm.encode()])[0] == 201
+        assert raw_put(port_of(url), warm.key, [warm.encode()], WRITE)[0] == 201
         before = vm(proc.pid, "VmRSS")
         with ThreadPoolExecutor(16) as pool:
-            answers = list(pool.map(lambda art: put_raw(port_of(url), art.key, envelope_parts(art)), arts))
+            answers = list(pool.map(lambda art: raw_put(port_of(url), art.key, envelope_parts(art), WRITE), arts))
         peak = vm(proc.pid, "VmHWM")
         assert [status for status, _ in answers] == [201] * 16, answers
         assert peak - before < 128 * MiB, f"RSS grew by {(peak - before) / MiB:.0f} MiB"
@@ -370,7 +332,7 @@ def test_refused_and_cut_uploads_leave_no_file_and_nothing_stored(tmp_path):
             "bad_signature": (art.key, make_artifact(spec(batch=11), size=3 * MiB).signed(b"k2").encode()),
         }
         for reason, (key, body) in refused.items():
-            status, answer = put_raw(port, key, [body])
+            status, answer = raw_put(port, key, [body], WRITE)
             assert (status, answer["error"]) == (400, reason), answer
         # A chunked body that passes GRAPHCACHE_MAX_UPLOAD: 413 as soon as it does.
         with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
@@ -394,9 +356,9 @@ def test_refused_and_cut_uploads_leave_no_file_and_nothing_stored(tmp_path):
         assert httpx.head(f"{url}/v1/artifacts/{art.key}", timeout=10).status_code == 404
         assert httpx.head(f"{url}/v1/artifacts/{other}", timeout=10).status_code == 404
         # The good one is stored, and the same bytes again are an identical upload.
-        status, answer = put_raw(port, art.key, [data])
+        status, answer = raw_put(port, art.key, [data], WRITE)
         assert (status, answer["created"], answer["size"]) == (201, True, len(data)), answer
-        status, answer = put_raw(port, art.key, [data])
+        status, answer = raw_put(port, art.key, [data], WRITE)
         assert (status, answer["created"]) == (200, False), answer
         assert httpx.get(f"{url}/v1/artifacts/{art.key}", timeout=10).content == data
         assert left_in(tmp_path) == []
