@@ -107,27 +107,7 @@ class Artifact:
 
     def header(self) -> dict[str, Any]:
         """The header as stored (what ``inspect`` prints)."""
-        return {
-            "format": FORMAT_VERSION,
-            "key": self.key,
-            "spec": self.spec.to_dict(),
-            "uids": self.uids.to_dict(),
-            "target": self.target.to_dict(),
-            "target_text": str(self.target),
-            "dialect": self.dialect,
-            "workspace_size": self.workspace_size,
-            "build_seconds": self.build_seconds,
-            "timings": dict(self.timings),
-            "builder_host": self.builder_host,
-            "created_at": self.created_at,
-            "payload_sha256": self.payload_sha256,
-            "payload_size": len(self.payload),
-            "validation_error": self.validation_error,
-            "canary": None if self.canary is None else dict(self.canary),
-            "runtime": dict(self.runtime),
-            "unsupported": self.unsupported,
-            "signature": self.signature,
-        }
+        return header_of(self, self.payload_sha256, len(self.payload))
 
     def encode(self) -> bytes:
         """The envelope bytes."""
@@ -162,20 +142,7 @@ class Artifact:
     def verify_signature(self, secret: bytes | Sequence[bytes]) -> None:
         """Raises SignatureError when unsigned or signed with none of the
         secrets given (one, or several during a key rotation: any may match)."""
-        if not self.signature:
-            raise SignatureError(f"artifact {self.key[:12]} is unsigned; a signature is required", "unsigned")
-        secrets = [secret] if isinstance(secret, bytes) else list(secret)
-        head = dataclasses.replace(self, signature=None).header()
-        ok = False
-        for one in secrets:  # every key tried: the time taken does not tell which matched
-            ok |= hmac.compare_digest(self.signature, _mac(one, head))
-        if not ok:
-            which = "the signing key" if len(secrets) == 1 else f"any of the {len(secrets)} signing keys"
-            raise SignatureError(
-                f"artifact {self.key[:12]} has a wrong signature (not signed with {which} of "
-                "GRAPHCACHE_SIGNING_KEY, or altered after signing)",
-                "bad_signature",
-            )
+        check_signature(self, secret, self.payload_sha256, len(self.payload))
 
     # -- decoding --------------------------------------------------------
 
@@ -201,12 +168,16 @@ class Artifact:
             raise CorruptArtifact("payload sha256 does not match the header: corrupt payload", "digest_mismatch")
         # The payload stays a zero-copy view of ``data``: copying 4 MiB into a
         # fresh allocation cost more than hashing it (page faults).
-        artifact = cls._from_header(header, view)  # type: ignore[arg-type]
+        artifact = cls.from_header(header, view)  # type: ignore[arg-type]
         object.__setattr__(artifact, "_sha", digest)
-        return _check_key(artifact, header, expected_key)
+        return check_key(artifact, header, expected_key)
 
     @classmethod
-    def _from_header(cls, header: dict[str, Any], payload: bytes) -> Artifact:
+    def from_header(cls, header: dict[str, Any], payload: bytes) -> Artifact:
+        """The artifact a parsed header describes, with ``payload``.
+
+        Raises CorruptArtifact (``bad_header``) for an invalid spec, target
+        or field type."""
         try:
             spec = GraphSpec.from_dict(header["spec"])
             target = Target.from_dict(header["target"])
@@ -232,6 +203,53 @@ class Artifact:
             )
         except (TypeError, ValueError) as exc:
             raise CorruptArtifact(f"header field has the wrong type: {exc}", "bad_header") from exc
+
+
+def header_of(artifact: Artifact, payload_sha256: str, payload_size: int) -> dict[str, Any]:
+    """``artifact``'s header, for a payload of that digest and size (which
+    need not be in memory: an upload verified as it streamed to a file)."""
+    return {
+        "format": FORMAT_VERSION,
+        "key": artifact.key,
+        "spec": artifact.spec.to_dict(),
+        "uids": artifact.uids.to_dict(),
+        "target": artifact.target.to_dict(),
+        "target_text": str(artifact.target),
+        "dialect": artifact.dialect,
+        "workspace_size": artifact.workspace_size,
+        "build_seconds": artifact.build_seconds,
+        "timings": dict(artifact.timings),
+        "builder_host": artifact.builder_host,
+        "created_at": artifact.created_at,
+        "payload_sha256": payload_sha256,
+        "payload_size": payload_size,
+        "validation_error": artifact.validation_error,
+        "canary": None if artifact.canary is None else dict(artifact.canary),
+        "runtime": dict(artifact.runtime),
+        "unsupported": artifact.unsupported,
+        "signature": artifact.signature,
+    }
+
+
+def check_signature(
+    artifact: Artifact, secret: bytes | Sequence[bytes], payload_sha256: str, payload_size: int
+) -> None:
+    """``Artifact.verify_signature`` for a payload of that digest and size
+    (the payload itself is not read). Raises SignatureError."""
+    if not artifact.signature:
+        raise SignatureError(f"artifact {artifact.key[:12]} is unsigned; a signature is required", "unsigned")
+    secrets = [secret] if isinstance(secret, bytes) else list(secret)
+    head = header_of(dataclasses.replace(artifact, signature=None, payload=b""), payload_sha256, payload_size)
+    ok = False
+    for one in secrets:  # every key tried: the time taken does not tell which matched
+        ok |= hmac.compare_digest(artifact.signature, _mac(one, head))
+    if not ok:
+        which = "the signing key" if len(secrets) == 1 else f"any of the {len(secrets)} signing keys"
+        raise SignatureError(
+            f"artifact {artifact.key[:12]} has a wrong signature (not signed with {which} of "
+            "GRAPHCACHE_SIGNING_KEY, or altered after signing)",
+            "bad_signature",
+        )
 
 
 def _optional_dict(value: Any) -> dict[str, Any] | None:
@@ -276,7 +294,9 @@ def read_header(data: bytes) -> dict[str, Any]:
     return header
 
 
-def _check_key(artifact: Artifact, header: dict[str, Any], expected: str | None) -> Artifact:
+def check_key(artifact: Artifact, header: dict[str, Any], expected: str | None) -> Artifact:
+    """``artifact`` when its key recomputes to the header's and is
+    ``expected`` (None: any); else CorruptArtifact."""
     if artifact.key != header["key"]:
         raise CorruptArtifact(
             "header key does not recompute from its spec, uid map and target: "
@@ -294,8 +314,28 @@ def _check_key(artifact: Artifact, header: dict[str, Any], expected: str | None)
 def _parse(data: bytes) -> tuple[dict[str, Any], int]:
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise CorruptArtifact(f"artifact must be bytes, got {type(data).__name__}", "bad_header")
-    if len(data) < _PREFIX.size:
+    if len(data) < PREFIX_SIZE:
         raise CorruptArtifact(f"artifact is {len(data)} bytes: too short to hold a header", "truncated")
+    version, size, head_digest = parse_prefix(data)
+    end = PREFIX_SIZE + size
+    if end > len(data):
+        raise header_cut()
+    return parse_header(bytes(data[PREFIX_SIZE:end]), version, head_digest), end
+
+
+PREFIX_SIZE = _PREFIX.size
+
+
+def header_cut() -> CorruptArtifact:
+    """The error of an envelope that ends inside its header (or claims one
+    longer than MAX_HEADER)."""
+    return CorruptArtifact("header length runs past the end of the data (truncated)", "truncated")
+
+
+def parse_prefix(data: bytes | bytearray | memoryview) -> tuple[int, int, bytes]:
+    """The format version, header length and header digest in an envelope's
+    first ``PREFIX_SIZE`` bytes. Raises CorruptArtifact: bad magic, an
+    unknown version, a header longer than ``MAX_HEADER``."""
     magic, version, size, head_digest = _PREFIX.unpack_from(data)
     if magic != MAGIC:
         raise CorruptArtifact("bad magic: these bytes are not a graphcache artifact", "bad_magic")
@@ -304,10 +344,15 @@ def _parse(data: bytes) -> tuple[dict[str, Any], int]:
             f"unknown format version {version}; this graphcache reads version {FORMAT_VERSION}",
             "unknown_version",
         )
-    end = _PREFIX.size + size
-    if size > MAX_HEADER or end > len(data):
-        raise CorruptArtifact("header length runs past the end of the data (truncated)", "truncated")
-    head = bytes(data[_PREFIX.size : end])
+    if size > MAX_HEADER:
+        raise header_cut()
+    return version, size, head_digest
+
+
+def parse_header(head: bytes, version: int, head_digest: bytes) -> dict[str, Any]:
+    """The header of ``head`` (its bytes after the prefix), checked against
+    the prefix's digest and version. Raises CorruptArtifact: digest, JSON,
+    a required field missing or of the wrong type, a bad key."""
     if not hmac.compare_digest(hashlib.sha256(head).digest(), head_digest):
         raise CorruptArtifact("header sha256 does not match: corrupt header", "header_digest_mismatch")
     try:
@@ -323,7 +368,7 @@ def _parse(data: bytes) -> tuple[dict[str, Any], int]:
         raise CorruptArtifact("header format differs from the envelope's format version", "bad_header")
     if not is_key(header["key"]):
         raise CorruptArtifact("header key is not 64 lowercase hex characters", "bad_header")
-    return header, end
+    return header
 
 
 def frame(header: dict[str, Any], payload: bytes) -> bytes:

@@ -12,8 +12,10 @@ from graphcache.errors import GraphCacheError
 
 MiB = 1024**2
 UPLOAD_BUDGET_UPLOADS = 4  # the default GRAPHCACHE_UPLOAD_BUDGET, in largest uploads
+DEFAULT_BODY_BUDGET = 16 * MiB  # read-route bodies (manifests of 1 MiB, batches, specs) one worker holds
 log = logging.getLogger(__name__)
 DEFAULT_HEADER_TIMEOUT = 10.0
+DEFAULT_SEND_TIMEOUT = 30.0
 
 
 class SettingsError(GraphCacheError, ValueError):
@@ -33,7 +35,8 @@ class Settings:
     store            GRAPHCACHE_STORE          '' (DiskStore in cache_dir), redis://..., http://...
     size_limit       GRAPHCACHE_SIZE_LIMIT     DiskStore bytes before LRU eviction
     max_upload       GRAPHCACHE_MAX_UPLOAD     largest accepted upload, bytes
-    upload_budget    GRAPHCACHE_UPLOAD_BUDGET  body bytes one server worker takes in at once (4 x max_upload)
+    upload_budget    GRAPHCACHE_UPLOAD_BUDGET  upload bytes one server worker takes in at once (4 x max_upload)
+    body_budget      GRAPHCACHE_BODY_BUDGET    bytes of other request bodies (batch, resolve, a manifest) it holds
     hot_cache_bytes  GRAPHCACHE_HOT_CACHE      memory for small verified entries the server keeps hot (0: off)
     write_tokens     GRAPHCACHE_WRITE_TOKENS   comma-separated bearer tokens for PUT/build
     read_tokens      GRAPHCACHE_READ_TOKENS    tokens for reads; reads are open when unset
@@ -46,6 +49,8 @@ class Settings:
     timeout          GRAPHCACHE_TIMEOUT        client timeout in seconds; the server's bound on each store call
     upload_timeout   GRAPHCACHE_UPLOAD_TIMEOUT seconds a client may take to send an upload or a batch body (then 408)
     header_timeout   GRAPHCACHE_HEADER_TIMEOUT seconds a connection may take to send a request head (then closed)
+    send_timeout     GRAPHCACHE_SEND_TIMEOUT   seconds a client may leave the server's buffer of its answer undrained
+                                               (then the connection is closed; service.transport)
     canary           GRAPHCACHE_CANARY         run each loaded cuDNN plan once on the canary input (1/0, default 1)
     max_batch        GRAPHCACHE_MAX_BATCH      most keys one POST /v1/batch may ask for (then 413)
     http_max_age     GRAPHCACHE_HTTP_MAX_AGE   seconds HTTP caches may keep an artifact when reads are open
@@ -61,6 +66,7 @@ class Settings:
     size_limit: int = 10 * 1024 * MiB
     max_upload: int = 64 * MiB
     upload_budget: int = 0  # 0: UPLOAD_BUDGET_UPLOADS x max_upload
+    body_budget: int = DEFAULT_BODY_BUDGET
     hot_cache_bytes: int = 64 * MiB
     write_tokens: tuple[str, ...] = ()
     read_tokens: tuple[str, ...] = ()
@@ -73,6 +79,7 @@ class Settings:
     timeout: float = 5.0
     upload_timeout: float = 60.0
     header_timeout: float = DEFAULT_HEADER_TIMEOUT
+    send_timeout: float = DEFAULT_SEND_TIMEOUT
     build: bool = True
     canary: bool = True
     max_batch: int = 1024
@@ -101,7 +108,7 @@ class Settings:
             values["store"] = v
         if (v := get("HOT_CACHE")) is not None:
             values["hot_cache_bytes"] = _int("GRAPHCACHE_HOT_CACHE", v, allow_zero=True)
-        for name in ("SIZE_LIMIT", "MAX_UPLOAD", "UPLOAD_BUDGET"):
+        for name in ("SIZE_LIMIT", "MAX_UPLOAD", "UPLOAD_BUDGET", "BODY_BUDGET"):
             if (v := get(name)) is not None:
                 values[name.lower()] = _int("GRAPHCACHE_" + name, v)
         if (v := get("MAX_BATCH")) is not None:
@@ -130,7 +137,7 @@ class Settings:
             values["server"] = v.rstrip("/")
         if (v := get("TOKEN")) is not None:
             values["token"] = v
-        for name in ("TIMEOUT", "UPLOAD_TIMEOUT", "HEADER_TIMEOUT"):
+        for name in ("TIMEOUT", "UPLOAD_TIMEOUT", "HEADER_TIMEOUT", "SEND_TIMEOUT"):
             if (v := get(name)) is not None:
                 try:
                     values[name.lower()] = float(v)

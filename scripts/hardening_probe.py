@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""The issue-27 probes, with figures: `graphcache serve` (one worker) on 127.0.0.1.
+"""The issue-27 and issue-33 probes, with figures: `graphcache serve` (one worker) on 127.0.0.1.
 
-    python scripts/hardening_probe.py [--slow 1000] [--readers 200] [--redis-url redis://...]
-        [--tree PATH] [--only body|budget|slow|redis]
+    python scripts/hardening_probe.py [--slow 1000] [--readers 200] [--non-readers 1000] [--held 260]
+        [--redis-url redis://...] [--tree PATH] [--only body|budget|slow|redis|held|stalled|rss]
 
 1. A body declared 2 GiB (1 MiB of it sent) to POST /v1/build without a
    token, with write tokens set: the status, how long it took, the server's
@@ -15,9 +15,24 @@
 4. ``--readers`` concurrent readers of 64 KiB entries over Redis (a private
    redis-server, or --redis-url), 20 GETs each on kept-alive connections:
    GET count, errors, p50 and p99.
+5. (issue 33) ``--held`` connections, no token, each declaring a 1 MiB
+   manifest to POST / (Content-Length, then chunked) and sending nothing,
+   with write tokens set: what an authenticated PUT, a GET and a batch are
+   answered meanwhile.
+6. (issue 33) 16 clients with a 4 KiB receive buffer that POST /v1/batch for
+   100 x 64 KiB and never read, at --limit-concurrency 16 and
+   GRAPHCACHE_SEND_TIMEOUT=2: when /v1/stats first answers 200; then
+   ``--non-readers`` such clients at --limit-concurrency 256 (send timeout
+   10 s) while GET /v1/stats and an artifact GET run for 5 s: GET count,
+   errors, p50 and p99, the server's peak RSS, and how many non-readers the
+   server had cut (and counted in graphcache_send_timeouts_total) after the
+   deadline.
+7. (issue 33) 16 concurrent uploads of real 63 MiB artifacts, the budget
+   raised so that all are taken in at once: their answers and the server's
+   RSS before and at its peak (VmHWM).
 
-``--tree`` serves from another checkout (``git worktree add --detach
-/tmp/base COMMIT``) for the figures before a change.
+``--tree`` serves from another checkout (``git archive COMMIT | tar -x -C
+/tmp/base``) for the figures before a change.
 """
 
 from __future__ import annotations
@@ -45,11 +60,20 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 TREE = ROOT  # the tree whose server is probed (--tree)
 
-from graphcache.artifact import Artifact  # noqa: E402
+from graphcache.artifact import Artifact, frame  # noqa: E402
 from graphcache.spec import GraphSpec  # noqa: E402
 from graphcache.stores import DiskStore  # noqa: E402
 from graphcache.target import Target  # noqa: E402
-from tests.servers import free_port, raw_gets, serve_one_worker, slow_sender  # noqa: E402
+from tests.servers import (  # noqa: E402
+    batch_request,
+    drained,
+    free_port,
+    non_reader,
+    raw_gets,
+    raw_put,
+    serve_one_worker,
+    slow_sender,
+)
 
 TARGET = Target.parse("h200-sm90-cudnn9.28.0-fe1.32.0")
 WRITE = "probe-write"
@@ -64,9 +88,9 @@ def serve(env: dict[str, str], *args: str) -> Any:
     return serve_one_worker(env, *args, tree=TREE)
 
 
-def rss_mib(pid: int) -> float:
+def rss_mib(pid: int, field: str = "VmRSS") -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(field + ":"):
             return int(line.split()[1]) / 1024
     return float("nan")
 
@@ -216,13 +240,166 @@ def probe_redis_readers(readers: int, redis_url: str | None) -> None:
             proc.wait(10)
 
 
+def probe_held_bodies(folder: str, count: int) -> None:
+    """``count`` unauthenticated POST / bodies declared and never sent, vs an
+    authenticated PUT, a GET and a batch."""
+    env = {"GRAPHCACHE_WRITE_TOKENS": WRITE, "GRAPHCACHE_DIR": str(Path(folder) / "held")}
+    auth = {"authorization": f"Bearer {WRITE}"}
+    with serve(env) as (url, _):
+        port = int(url.rsplit(":", 1)[1])
+        framings = {"Content-Length: 1048576": "content-length: 1048576", "chunked": "transfer-encoding: chunked"}
+        for n, (name, framing) in enumerate(framings.items()):
+            head = f"POST / HTTP/1.1\r\nhost: p\r\ncontent-type: application/json\r\n{framing}\r\n\r\n".encode()
+            held = []
+            try:
+                for _ in range(count):
+                    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+                    sock.sendall(head)
+                    held.append(sock)
+                time.sleep(1.0)
+                art = artifact(10 + n, 100_000)
+                put = httpx.put(f"{url}/v1/artifacts/{art.key}", content=art.encode(), headers=auth, timeout=10)
+                got = httpx.get(f"{url}/v1/artifacts/{art.key}", timeout=10)
+                batch = httpx.post(f"{url}/v1/batch", json={"keys": [art.key]}, timeout=10)
+                code = "" if put.status_code == 201 else f" {put.json().get('error', '')}"
+                print(
+                    f"{count} held POST / bodies ({name}), no token: authenticated PUT "
+                    f"{put.status_code}{code}, GET {got.status_code}, batch {batch.status_code}"
+                )
+            finally:
+                for sock in held:
+                    sock.close()
+            time.sleep(0.5)
+
+
+def probe_non_readers(folder: str, count: int) -> None:
+    """Clients that never read their batch answer, vs /v1/stats and GETs."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(soft, 3 * count + 200)), hard))
+    where = Path(folder) / "stalled"
+    store = DiskStore(where)
+    arts = [artifact(b, 64 * 1024) for b in range(1, 101)]
+    for art in arts:
+        store.put(art.key, art.encode())
+    store.close()
+    keys = [a.key for a in arts]
+    request = batch_request(keys)
+
+    env = {"GRAPHCACHE_DIR": str(where), "GRAPHCACHE_SEND_TIMEOUT": "2"}
+    with serve(env, "--limit-concurrency", "16") as (url, _):
+        httpx.post(f"{url}/v1/batch", json={"keys": keys}, timeout=30)
+        readers = [non_reader(int(url.rsplit(":", 1)[1]), request) for _ in range(16)]
+        start = time.monotonic()
+        first = None
+        while first is None and time.monotonic() - start < 15:
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"{url}/v1/stats", timeout=1).status_code == 200:
+                    first = time.monotonic() - start
+            time.sleep(0.05)
+        for sock in readers:
+            sock.close()
+    shown = "never within 15 s" if first is None else f"after {first:.2f} s"
+    print(f"16 non-readers of a 100 x 64 KiB batch (--limit-concurrency 16, send timeout 2 s): /v1/stats 200 {shown}")
+
+    env = {"GRAPHCACHE_DIR": str(where), "GRAPHCACHE_SEND_TIMEOUT": "10"}
+    with serve(env, "--limit-concurrency", "256") as (url, proc):
+        port = int(url.rsplit(":", 1)[1])
+        whole = len(httpx.post(f"{url}/v1/batch", json={"keys": keys}, timeout=30).content)
+        before = peak = rss_mib(proc.pid)
+        readers = []
+        refused = 0
+        for _ in range(count):
+            try:
+                readers.append(non_reader(port, request))
+            except OSError:
+                refused += 1
+        opened = time.monotonic()
+        times: list[float] = []
+        errors: list[str] = []
+        with httpx.Client(base_url=url, timeout=10) as client:
+            while time.monotonic() - opened < 5:
+                for path in ("/v1/stats", f"/v1/artifacts/{keys[0]}"):
+                    t0 = time.perf_counter()
+                    try:
+                        got = client.get(path)
+                        if got.status_code != 200:
+                            errors.append(str(got.status_code))
+                    except httpx.TransportError as exc:
+                        errors.append(type(exc).__name__)
+                    times.append(time.perf_counter() - t0)
+                peak = max(peak, rss_mib(proc.pid))
+        while time.monotonic() - opened < 13:  # past the 10 s deadline
+            peak = max(peak, rss_mib(proc.pid))
+            time.sleep(0.2)
+        sample = readers[:50]
+        cut = sum(1 for size, closed in map(lambda s: drained(s, 2), sample) if closed and size < whole)
+        timeouts = next(
+            (
+                line.split()[-1]
+                for line in httpx.get(f"{url}/metrics").text.splitlines()
+                if line.startswith("graphcache_send_timeouts_total ")
+            ),
+            "n/a",
+        )
+        for sock in readers:
+            sock.close()
+    print(
+        f"{count} non-readers of a 100 x 64 KiB batch (--limit-concurrency 256, send timeout 10 s): "
+        f"{len(times)} GETs in 5 s, {len(errors)} errors {dict(Counter(errors))}, {percentiles(times)}; "
+        f"server RSS {before:.0f} MiB before, peak {peak:.0f} MiB"
+    )
+    print(
+        f"  after the deadline: {cut} of {len(sample)} non-readers sampled cut short by the server; "
+        f"graphcache_send_timeouts_total {timeouts}"
+    )
+
+
+def probe_upload_rss(folder: str) -> None:
+    """16 concurrent uploads of real 63 MiB artifacts, all taken in at once."""
+    payload = os.urandom(63 * 1024**2 - 4096)
+    arts = [Artifact(spec=artifact(b, 16).spec, target=TARGET, payload=payload) for b in range(1, 17)]
+    parts = [[frame(a.header(), b""), a.payload] for a in arts]
+    env = {
+        "GRAPHCACHE_WRITE_TOKENS": WRITE,
+        "GRAPHCACHE_DIR": str(Path(folder) / "rss"),
+        "GRAPHCACHE_UPLOAD_BUDGET": str(16 * 64 * 1024**2),
+    }
+    with serve(env) as (url, proc):
+        port = int(url.rsplit(":", 1)[1])
+        warm = artifact(99, 100_000)
+        raw_put(port, warm.key, [warm.encode()], WRITE)
+        before = rss_mib(proc.pid)
+        statuses: list[str] = []
+
+        def upload(n: int) -> None:
+            try:
+                statuses.append(str(raw_put(port, arts[n].key, parts[n], WRITE)[0]))
+            except OSError as exc:
+                statuses.append(type(exc).__name__)
+
+        start = time.monotonic()
+        threads = [threading.Thread(target=upload, args=(n,)) for n in range(16)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        took = time.monotonic() - start
+        peak = rss_mib(proc.pid, "VmHWM")
+    print(
+        f"16 concurrent 63 MiB artifact uploads (budget 1 GiB: all taken in): {dict(Counter(statuses))} in "
+        f"{took:.1f} s; server RSS {before:.0f} MiB before, peak (VmHWM) {peak:.0f} MiB: +{peak - before:.0f} MiB"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--slow", type=int, default=1000)
     parser.add_argument("--readers", type=int, default=200)
+    parser.add_argument("--non-readers", type=int, default=1000)
+    parser.add_argument("--held", type=int, default=260)
     parser.add_argument("--redis-url", default=None)
     parser.add_argument("--tree", type=Path, default=ROOT, help="serve from this checkout (a baseline worktree)")
-    parser.add_argument("--only", choices=("body", "budget", "slow", "redis"), default=None)
+    parser.add_argument("--only", choices=("body", "budget", "slow", "redis", "held", "stalled", "rss"), default=None)
     args = parser.parse_args()
     global TREE  # noqa: PLW0603 - read by serve()
     TREE = args.tree.resolve()
@@ -235,6 +412,12 @@ def main() -> None:
             probe_slow_senders(folder, args.slow)
         if args.only in (None, "redis"):
             probe_redis_readers(args.readers, args.redis_url)
+        if args.only in (None, "held"):
+            probe_held_bodies(folder, args.held)
+        if args.only in (None, "stalled"):
+            probe_non_readers(folder, args.non_readers)
+        if args.only in (None, "rss"):
+            probe_upload_rss(folder)
 
 
 if __name__ == "__main__":

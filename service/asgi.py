@@ -112,7 +112,10 @@ class GraphcacheApp(FastAPI):
             # The first request says how many requests a worker serves at
             # once (--limit-concurrency): the store's pools are sized to it.
             self.sized = True
-            limit = scope.get("extensions", {}).get(SERVER, {}).get("limit_concurrency")
+            server = scope.get("extensions", {}).get(SERVER)
+            if server is not None:
+                self.state.gc.metrics.watch_server(server)  # its send timeouts, in /metrics
+            limit = (server or {}).get("limit_concurrency")
             if limit:
                 self.state.gc.size_pools(limit)
         if scope["type"] == "http":

@@ -11,19 +11,28 @@ is never read):
    an upload GRAPHCACHE_MAX_UPLOAD, a batch what GRAPHCACHE_MAX_BATCH keys
    take, /v1/resolve and /v1/build ``SPEC_BODY_MAX``, a manifest posted to
    the status page ``MANIFEST_BODY_MAX``, every other route ``SMALL_BODY_MAX``;
-3. the upload budget: bytes of bodies in flight in this worker (declared,
-   or the route's limit when chunked) past GRAPHCACHE_UPLOAD_BUDGET get 503
-   with Retry-After;
+3. the budgets (503 with Retry-After), two of them, so that no body of
+   another route can take an upload's room: an upload (PUT of an artifact)
+   takes GRAPHCACHE_UPLOAD_BUDGET, every other body GRAPHCACHE_BODY_BUDGET.
+   An upload whose token was checked (write tokens set) has its declared
+   size (the route's limit when chunked) reserved up front, before any body
+   byte is read; every other body, and uploads where writes are open, is
+   charged as its bytes arrive, so a client that declares a body and sends
+   nothing holds nothing of either;
 4. the body is read within its hard deadline, GRAPHCACHE_UPLOAD_TIMEOUT
    from the end of the head (408), and never past the limit (413);
 5. a JSON route's body must parse, as UTF-8 JSON nested at most
    ``service.errors.MAX_JSON_DEPTH`` levels (400 ``bad_json`` naming what
    is wrong).
 
-The route then gets the body as one message. While a body is arriving its
+The route then gets the body as one message; an upload's body is instead
+written to a temporary file as it arrives, its envelope checked on the way,
+and the route gets that (``service.upload``; memory per upload is one
+``SPOOL_CHUNK``, so the upload budget bounds disk in flight, not memory).
+While a body is arriving its
 request is listed in the protocol's ``arriving`` set (service.transport), so
 slow senders do not count against --limit-concurrency: they are bounded by
-the budget and their deadline instead.
+the budgets and their deadline instead.
 """
 
 from __future__ import annotations
@@ -36,10 +45,12 @@ from typing import Any
 import anyio
 
 from graphcache.key import is_key
+from graphcache.settings import SettingsError
 from service.errors import JSON, RAW_BODY, ServiceError, bad_json, body, json_problem
 from service.metrics import route_label
 from service.state import State
 from service.transport import ARRIVING
+from service.upload import SPOOL_CHUNK, UPLOAD, Upload
 
 SPEC_BODY_MAX = 64 * 1024  # /v1/resolve, /v1/build: a spec and a target are a few hundred bytes
 MANIFEST_BODY_MAX = 1024 * 1024  # POST /: a manifest for the status page (service.routes.status)
@@ -55,6 +66,7 @@ class Rule:
     limit: int  # bytes
     json: bool  # the body must be JSON (checked here)
     what: str  # the limit's name in a 413
+    upload: bool = False  # an artifact upload (GRAPHCACHE_UPLOAD_BUDGET); else GRAPHCACHE_BODY_BUDGET
 
 
 def batch_body_max(max_batch: int) -> int:
@@ -67,7 +79,7 @@ def rule_for(state: State, method: str, path: str) -> Rule:
     if path.startswith(ARTIFACTS):
         rest = path[len(ARTIFACTS) :]
         if method == "PUT" and "/" not in rest:
-            return Rule("write", state.settings.max_upload, False, "GRAPHCACHE_MAX_UPLOAD")
+            return Rule("write", state.settings.max_upload, False, "GRAPHCACHE_MAX_UPLOAD", upload=True)
         if rest.endswith("/pin") and method in ("POST", "DELETE"):
             return Rule("write", small.limit, False, small.what)
         if method == "DELETE" and "/" not in rest:
@@ -89,12 +101,23 @@ def rule_for(state: State, method: str, path: str) -> Rule:
     return small
 
 
+def largest_read_body(max_batch: int) -> tuple[int, str]:
+    """The largest body a route other than an upload takes, and what it is."""
+    batch = batch_body_max(max_batch)
+    if batch > MANIFEST_BODY_MAX:
+        return batch, "a batch of GRAPHCACHE_MAX_BATCH keys"
+    return MANIFEST_BODY_MAX, "a manifest posted to /"
+
+
 class Budget:
     """Bytes of request bodies in flight in this worker (one event loop)."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, variable: str, code: str, what: str) -> None:
         self.limit = limit
         self.used = 0
+        self.variable = variable  # the setting, named in a 503
+        self.code = code
+        self.what = what  # what it holds, in a 503
 
     def take(self, size: int) -> bool:
         if self.used + size > self.limit:
@@ -105,13 +128,49 @@ class Budget:
     def give(self, size: int) -> None:
         self.used -= size
 
+    def refusal(self, size: int, *, whole: bool = False) -> ServiceError:
+        """The 503 of a body whose ``size`` bytes (``whole``: the whole body,
+        else the next bytes that arrived) do not fit."""
+        what = f"this body of {size} bytes" if whole else f"{size} bytes more"
+        detail = (
+            f"the server holds {self.used} bytes of {self.what} in flight; {what} would pass "
+            f"{self.variable} ({self.limit} bytes); retry shortly"
+        )
+        return ServiceError(503, self.code, detail, {"retry-after": "1"})
+
+
+class Hold:
+    """What one request holds of a budget; ``release`` gives it all back."""
+
+    def __init__(self, budget: Budget) -> None:
+        self.budget = budget
+        self.size = 0
+
+    def take(self, size: int) -> bool:
+        if not self.budget.take(size):
+            return False
+        self.size += size
+        return True
+
+    def release(self) -> None:
+        self.budget.give(self.size)
+        self.size = 0
+
 
 class BodyGate:
     """Reads a request's body for the routes, as the module says."""
 
     def __init__(self, state: State) -> None:
         self.state = state
-        self.budget = Budget(state.settings.upload_budget)
+        settings = state.settings
+        largest, which = largest_read_body(settings.max_batch)
+        if settings.body_budget < largest:
+            raise SettingsError(
+                f"GRAPHCACHE_BODY_BUDGET={settings.body_budget} is below the largest body a read route takes "
+                f"({largest} bytes, {which}): such a body could never be taken in; raise it"
+            )
+        self.uploads = Budget(settings.upload_budget, "GRAPHCACHE_UPLOAD_BUDGET", "upload_budget", "uploads")
+        self.bodies = Budget(settings.body_budget, "GRAPHCACHE_BODY_BUDGET", "body_budget", "request bodies")
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any, app: Callable[..., Any]) -> None:
         """Take the body in, then ``app(scope, replay, send)``; or answer an error and close."""
@@ -134,28 +193,42 @@ class BodyGate:
         except ServiceError as err:
             await self._refuse(scope, send, err)
             return
-        reserve = declared if declared is not None else rule.limit
-        if not self.budget.take(reserve):
+        hold = Hold(self.uploads if rule.upload else self.bodies)
+        # Room is promised up front only to a writer known by its token: an
+        # upload it begins is not cut halfway for want of room. Anyone else
+        # holds only what it has sent.
+        upfront = rule.upload and not state.auth.write_open
+        if upfront and not hold.take(reserve := declared if declared is not None else rule.limit):
             state.metrics.rejected.labels("budget").inc()
-            detail = (
-                f"the server holds {self.budget.used} bytes of uploads in flight; this body of {reserve} bytes "
-                f"would pass GRAPHCACHE_UPLOAD_BUDGET ({self.budget.limit} bytes); retry shortly"
-            )
-            await self._refuse(scope, send, ServiceError(503, "upload_budget", detail, {"retry-after": "1"}))
+            await self._refuse(scope, send, hold.budget.refusal(reserve, whole=True))
             return
+        # An upload goes to a file as it arrives (service.upload), never whole into memory.
+        upload = Upload(state.store, path[len(ARTIFACTS) :], declared) if rule.upload else None
         try:
-            data = await self._read(scope, receive, send, rule)
+            data = await self._read(scope, receive, send, rule, None if upfront else hold, upload)
             if data is None:
                 return
-            scope[RAW_BODY] = data
+            if upload is not None:
+                scope[UPLOAD] = upload
+            else:
+                scope[RAW_BODY] = data
             await app(scope, replay(data, receive), send)
         finally:
-            self.budget.give(reserve)
+            hold.release()
+            if upload is not None:
+                upload.discard()  # unless the store took it: refused, cut short, or gone
 
-    async def _read(self, scope: dict[str, Any], receive: Any, send: Any, rule: Rule) -> bytes | None:
+    async def _read(
+        self, scope: dict[str, Any], receive: Any, send: Any, rule: Rule, charge: Hold | None, upload: Upload | None
+    ) -> bytes | None:
+        """The body (b"" for an ``upload``: its bytes went to the upload's
+        file, ``SPOOL_CHUNK`` at a time, from a worker thread), or None when
+        it was answered (the client went away, a limit, the deadline);
+        ``charge``: the budget its bytes are charged to as they arrive (None:
+        reserved up front)."""
         state = self.state
         chunks: list[bytes] = []
-        size = 0
+        held = size = 0
         more = True
         try:
             with anyio.fail_after(state.settings.upload_timeout):
@@ -169,8 +242,17 @@ class BodyGate:
                         state.metrics.rejected.labels("too_large").inc()
                         await self._refuse(scope, send, _too_large(size, rule))
                         return None
-                    chunks.append(chunk)
+                    if charge is not None and chunk and not charge.take(len(chunk)):
+                        state.metrics.rejected.labels("budget" if rule.upload else "body_budget").inc()
+                        await self._refuse(scope, send, charge.budget.refusal(len(chunk)))
+                        return None
+                    if chunk:
+                        chunks.append(chunk)
+                        held += len(chunk)
                     more = message.get("more_body", False)
+                    if upload is not None and chunks and (held >= SPOOL_CHUNK or not more):
+                        await anyio.to_thread.run_sync(upload.write, chunks)
+                        chunks, held = [], 0
         except TimeoutError:
             state.metrics.rejected.labels("timeout").inc()
             detail = (
@@ -181,6 +263,8 @@ class BodyGate:
             return None
         finally:
             arrived(scope)
+        if upload is not None:
+            return b""
         data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         if rule.json and data:
             problem = json_problem(data)

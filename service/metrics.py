@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
@@ -103,6 +104,8 @@ class Metrics:
         self.verified_cache = Gauge(
             "graphcache_verified_entries", "entries whose file identity is remembered as verified", registry=r
         )
+        self._server: _Count | None = None
+        self._server_info: dict[str, Any] = {}
 
     def watch_store(self, unwritable: Callable[[], str | None], bookkeeping_errors: Callable[[], int]) -> None:
         """Gauges read at each scrape: whether the store takes writes (0 on a
@@ -113,27 +116,43 @@ class Metrics:
             registry=self.registry,
         )
         writable.set_function(lambda: 0.0 if unwritable() else 1.0)
-        self.registry.register(_Bookkeeping(bookkeeping_errors))
+        self.registry.register(
+            _Count(
+                "graphcache_store_bookkeeping_errors",
+                "access-time updates a read could not write (a full disk); the reads were served",
+                bookkeeping_errors,
+            )
+        )
+
+    def watch_server(self, info: dict[str, Any]) -> None:
+        """Counters the server's protocol keeps (service.transport's
+        ``SERVER`` extension), read at each scrape."""
+        if self._server is None:
+            self._server = _Count(
+                "graphcache_send_timeouts",
+                "connections closed because the client did not drain its answer within GRAPHCACHE_SEND_TIMEOUT",
+                lambda: int(self._server_info.get("send_timeouts", 0)),
+            )
+            self.registry.register(self._server)
+        self._server_info = info
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
 
-class _Bookkeeping(Collector):
-    """The store's own count of access-time writes that failed (reads went on)."""
+class _Count(Collector):
+    """A counter whose value another part keeps (read at each scrape)."""
 
-    def __init__(self, count: Callable[[], int]) -> None:
+    def __init__(self, name: str, documentation: str, count: Callable[[], int]) -> None:
+        self.name = name
+        self.documentation = documentation
         self.count = count
 
     def collect(self) -> Iterator[CounterMetricFamily]:
-        yield CounterMetricFamily(
-            "graphcache_store_bookkeeping_errors",
-            "access-time updates a read could not write (a full disk); the reads were served",
-            value=self.count(),
-        )
+        yield CounterMetricFamily(self.name, self.documentation, value=self.count())
 
     def describe(self) -> Iterator[CounterMetricFamily]:
-        yield CounterMetricFamily("graphcache_store_bookkeeping_errors", "")
+        yield CounterMetricFamily(self.name, "")
 
 
 KNOWN_ROUTES = (

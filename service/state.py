@@ -17,6 +17,7 @@ from graphcache.errors import GraphCacheError, NoGpu, StoreError, StoreFull
 from graphcache.key import is_key
 from graphcache.settings import Settings
 from graphcache.stores import Store
+from service import upload
 from service.auth import Auth
 from service.errors import ServiceError
 from service.metrics import Metrics
@@ -53,6 +54,8 @@ class State:
                 sweep()
             except (OSError, sqlite3.Error) as exc:
                 log.warning("could not sweep orphan files of %r: %s", store, exc)
+        if swept := upload.sweep(store):  # uploads a killed server was taking in
+            log.warning("removed %d upload file(s) a stopped server left in %s", swept, upload.folder_for(store))
         # DiskStore is read on the event loop (an open() and a read of a
         # local file, the fast path); any other store only from threads.
         self.local = hasattr(store, "open")

@@ -41,24 +41,48 @@ body) are left out, so slow senders cannot hold it: each is cut at its
 deadline (GRAPHCACHE_UPLOAD_TIMEOUT, 408 and closed); at most
 ``ARRIVING_PER_LIMIT`` x --limit-concurrency of them are taken in, and open
 connections are bounded at (1 + ``ARRIVING_PER_LIMIT``) x the limit.
+
+Slow readers are bounded the same way, by a send deadline (nginx's
+``send_timeout``): whenever what the server holds of an answer passes the
+transport's high-water mark (uvloop's 64 KiB; ``pause_writing``), the client
+has GRAPHCACHE_SEND_TIMEOUT seconds to drain it below the low-water mark
+(``resume_writing``), and an answer handed over whole must be drained
+completely within the same time; else the connection is closed (aborted: what
+is unsent is dropped) and counted in ``graphcache_send_timeouts_total``.
+Meanwhile an answer stalled on its reader does not count against
+--limit-concurrency either (at most ``STALLED_PER_LIMIT`` x the limit of
+them): 1,000 clients that never read hold no slot a reader who does needs.
+What a stalled answer holds is what its writes queued: one 512 KiB chunk of
+a large GET (service.reader.STREAM_CHUNK), or a batch answer of at most
+8 MiB (service.routes.batch.HELD_MAX), mostly the hot cache's own bytes; in
+the kernel, at most ``SEND_LOWAT`` unsent bytes per connection
+(TCP_NOTSENT_LOWAT; without it Linux took about 3 MiB from each reader who
+never reads, and 1,000 of them exhausted the host's TCP memory).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
 import os
+import socket
 from typing import Any
 
 from uvicorn.protocols.http import httptools_impl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
-from graphcache.settings import DEFAULT_HEADER_TIMEOUT
+from graphcache.settings import DEFAULT_HEADER_TIMEOUT, DEFAULT_SEND_TIMEOUT
 
 EXTENSION = "graphcache.body_pieces"
 ARRIVING = "graphcache.arriving"  # the requests whose body is arriving (service.intake)
 ARRIVING_PER_LIMIT = 4
-SERVER = "graphcache.server"  # how this server runs: {"limit_concurrency": N or None}
+STALLED_PER_LIMIT = 4
+SEND_LOWAT = 128 * 1024  # unsent bytes of an answer the kernel holds per connection (TCP_NOTSENT_LOWAT)
+NOTSENT_LOWAT: int | None = getattr(socket, "TCP_NOTSENT_LOWAT", None)  # Linux, macOS
+SERVER = "graphcache.server"  # how this server runs: {"limit_concurrency": N or None, "send_timeouts": count}
+log = logging.getLogger("graphcache.service")
 PIECES = "graphcache.response.body_pieces"
 _CYCLE_STATE = (
     "transport",
@@ -101,11 +125,20 @@ async def over_limit(scope: Any, receive: Any, send: Any) -> None:
 
 def header_timeout() -> float:
     """GRAPHCACHE_HEADER_TIMEOUT (checked by Settings when the app starts)."""
+    return _seconds("GRAPHCACHE_HEADER_TIMEOUT", DEFAULT_HEADER_TIMEOUT)
+
+
+def send_timeout() -> float:
+    """GRAPHCACHE_SEND_TIMEOUT (checked by Settings when the app starts)."""
+    return _seconds("GRAPHCACHE_SEND_TIMEOUT", DEFAULT_SEND_TIMEOUT)
+
+
+def _seconds(name: str, default: float) -> float:
     try:
-        value = float(os.environ.get("GRAPHCACHE_HEADER_TIMEOUT") or DEFAULT_HEADER_TIMEOUT)
+        value = float(os.environ.get(name) or default)
     except ValueError:
-        return DEFAULT_HEADER_TIMEOUT
-    return value if value > 0 else DEFAULT_HEADER_TIMEOUT
+        return default
+    return value if value > 0 else default
 
 
 class PiecesCycle(RequestResponseCycle):
@@ -142,16 +175,26 @@ class PiecesCycle(RequestResponseCycle):
 
 class GraphcacheHttpProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol whose requests get ``PiecesCycle``, with
-    a deadline for each request head and JSON bodies for its own errors."""
+    a deadline for each request head and for each answer's drain, and JSON
+    bodies for its own errors."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.header_timeout = header_timeout()
+        self.send_timeout = send_timeout()
         self._head_timer: asyncio.TimerHandle | None = None
+        self._send_timer: asyncio.TimerHandle | None = None
         self._head_begun = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        sock = transport.get_extra_info("socket")
+        if sock is not None and NOTSENT_LOWAT is not None:
+            # The kernel takes at most this much unsent of an answer (else ~3 MiB
+            # each, autotuned: 1,000 readers who never read exhausted tcp_mem and
+            # stalled every connection of the host, good ones too).
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, NOTSENT_LOWAT, SEND_LOWAT)
         self._arm_head_timer()
 
     def on_message_begin(self) -> None:
@@ -167,7 +210,73 @@ class GraphcacheHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_head_timer()
+        self._disarm_send_timer()
+        self._stalled().discard(self)
         super().connection_lost(exc)
+
+    # -- the send deadline --------------------------------------------------
+
+    def pause_writing(self) -> None:
+        """The transport holds more of an answer than its high-water mark:
+        the client has the send deadline to drain it."""
+        super().pause_writing()
+        if self.cycle is not None and not self.cycle.response_complete:
+            self._stalled().add(self)  # its request waits on the client, not on the server
+        if self._send_timer is None:
+            self._send_timer = self.loop.call_later(self.send_timeout, self._send_timed_out)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._stalled().discard(self)
+        self._disarm_send_timer()
+        self._watch_tail()
+
+    def on_response_complete(self) -> None:
+        self._stalled().discard(self)
+        self._watch_tail()
+        super().on_response_complete()
+
+    def _watch_tail(self) -> None:
+        """An answer written whole but not drained yet sits below the
+        high-water mark, where no resume_writing will come: it must be gone
+        within the deadline too (a close waits for it as long as it takes)."""
+        cycle = self.cycle
+        if self._send_timer is None and cycle is not None and cycle.response_complete:
+            if self.transport.get_write_buffer_size():
+                self._send_timer = self.loop.call_later(self.send_timeout, self._send_timed_out)
+
+    def _disarm_send_timer(self) -> None:
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
+
+    def _send_timed_out(self) -> None:
+        self._send_timer = None
+        if not self.flow.write_paused and not self.transport.get_write_buffer_size():
+            return  # drained after all
+        log.info(
+            "closed %s: its answer was not drained within %gs (GRAPHCACHE_SEND_TIMEOUT)",
+            f"{self.client[0]}:{self.client[1]}" if self.client else "a connection",
+            self.send_timeout,
+        )
+        self._server_info()["send_timeouts"] += 1
+        self.transport.abort()  # what is unsent is dropped; connection_lost frees the request
+
+    def _stalled(self) -> set[object]:
+        """This server's connections whose answer waits for its client to read."""
+        found: set[object] | None = getattr(self.server_state, "graphcache_stalled", None)
+        if found is None:
+            found = set()
+            self.server_state.graphcache_stalled = found  # type: ignore[attr-defined]
+        return found
+
+    def _server_info(self) -> dict[str, Any]:
+        """What every request of this server is told of it (``SERVER``)."""
+        found: dict[str, Any] | None = getattr(self.server_state, "graphcache_server", None)
+        if found is None:
+            found = {"limit_concurrency": self.limit_concurrency, "send_timeouts": 0}
+            self.server_state.graphcache_server = found  # type: ignore[attr-defined]
+        return found
 
     def _arm_head_timer(self) -> None:
         self._head_timer = self.loop.call_later(self.header_timeout, self._head_timed_out)
@@ -204,7 +313,7 @@ class GraphcacheHttpProtocol(HttpToolsProtocol):
         cycle.__class__ = PiecesCycle  # same state, one more message type
         extensions = cycle.scope.setdefault("extensions", {})
         extensions[EXTENSION] = {}  # type: ignore[index]
-        extensions[SERVER] = {"limit_concurrency": self.limit_concurrency}  # type: ignore[index]
+        extensions[SERVER] = self._server_info()  # type: ignore[index, assignment]
         if body and app is not over_limit:
             # Listed until its body has come (service.intake takes it off).
             arriving.add(cycle)
@@ -223,22 +332,33 @@ class GraphcacheHttpProtocol(HttpToolsProtocol):
     def _admits(self, arriving: int, body: bool) -> bool:
         """Whether a request uvicorn would refuse (its connections or tasks
         at --limit-concurrency) is taken after all: requests whose body is
-        still arriving are not counted as being served (each is bounded by
-        its deadline and the upload budget). Bounds: at most
-        ARRIVING_PER_LIMIT x the limit of them, and (1 + ARRIVING_PER_LIMIT)
-        x the limit of open connections (idle ones are closed at the header
-        and keep-alive timeouts)."""
+        still arriving, and answers stalled on a client that does not read,
+        are not counted as being served (each is bounded by its deadline,
+        and the bodies by their budgets). Bounds: at most ARRIVING_PER_LIMIT
+        x the limit of arriving bodies, STALLED_PER_LIMIT x the limit of
+        stalled answers left out, and (1 + ARRIVING_PER_LIMIT) x the limit of
+        open connections (idle ones are closed at the header and keep-alive
+        timeouts)."""
         limit = self.limit_concurrency
         if limit is None or len(self.connections) >= (1 + ARRIVING_PER_LIMIT) * limit:
             return False
         if body:
             return arriving < ARRIVING_PER_LIMIT * limit
-        return len(self.tasks) - arriving < limit
+        stalled = min(len(self._stalled()), STALLED_PER_LIMIT * limit)
+        return len(self.tasks) - arriving - stalled < limit
 
 
 def _compatible() -> bool:
     probe = RequestResponseCycle.__init__.__code__.co_names
-    hooks = ("_start_asgi_task", "send_400_response", "on_message_begin", "on_headers_complete")
+    hooks = (
+        "_start_asgi_task",
+        "send_400_response",
+        "on_message_begin",
+        "on_headers_complete",
+        "on_response_complete",
+        "pause_writing",
+        "resume_writing",
+    )
     return (
         all(hasattr(HttpToolsProtocol, name) for name in hooks)
         and hasattr(httptools_impl, "service_unavailable")

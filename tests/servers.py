@@ -344,3 +344,56 @@ def serve_one_worker(env: dict[str, str], *args: str, tree: Any = None) -> Any:
             proc.wait(15)
 
     return running()
+
+
+def raw_put(port: int, key: str, parts: list[bytes], token: str | None = None) -> tuple[int, dict[str, Any]]:
+    """PUT /v1/artifacts/``key`` with the concatenation of ``parts`` as the
+    body (sent piece by piece, never joined: a 63 MiB payload is not copied);
+    the status and the JSON answer."""
+    import json
+
+    size = sum(len(p) for p in parts)
+    head = f"PUT /v1/artifacts/{key} HTTP/1.1\r\nhost: t\r\n"
+    if token is not None:
+        head += f"authorization: Bearer {token}\r\n"
+    with socket.create_connection(("127.0.0.1", port), timeout=120) as sock:
+        sock.sendall(f"{head}content-length: {size}\r\nconnection: close\r\n\r\n".encode())
+        for part in parts:
+            sock.sendall(part)
+        sock.settimeout(120)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    return int(answer.split(b" ", 2)[1]), json.loads(answer.partition(b"\r\n\r\n")[2])
+
+
+def non_reader(port: int, request: bytes) -> socket.socket:
+    """A client with a 4 KiB receive buffer that sends ``request`` and never
+    reads the answer (the caller closes it)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", port))
+    sock.sendall(request)
+    return sock
+
+
+def batch_request(keys: list[str]) -> bytes:
+    """A whole POST /v1/batch request for ``keys``, as bytes."""
+    import json
+
+    data = json.dumps({"keys": keys}).encode()
+    head = f"POST /v1/batch HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\ncontent-length: {len(data)}\r\n"
+    return head.encode() + b"\r\n" + data
+
+
+def drained(sock: socket.socket, timeout: float = 10) -> tuple[int, bool]:
+    """Read what the server sends until it closes the connection: (bytes
+    read, whether it closed within ``timeout`` seconds of silence)."""
+    sock.settimeout(timeout)
+    size = 0
+    try:
+        while chunk := sock.recv(1 << 20):
+            size += len(chunk)
+    except (TimeoutError, ConnectionResetError) as exc:
+        return size, isinstance(exc, ConnectionResetError)
+    return size, True

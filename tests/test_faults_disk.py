@@ -162,9 +162,11 @@ def test_a_full_disk_serves_every_stored_entry_and_refuses_uploads_with_507(smal
                 make_artifact(spec(batch=98), size=ENTRY).key, make_artifact(spec(batch=98), size=ENTRY).encode()
             )
         assert client.get("/v1/stats").json()["uploads_rejected"] == {"store_full": 3}
-        # Nothing partial stays: one whole value file per stored entry.
+        # Nothing partial stays: one whole value file per stored entry, and no
+        # upload's file (each is written to incoming/ as it arrives).
         files = value_files(folder)
         assert len(files) == len(stored) and all(f.stat().st_size > ENTRY for f in files)
+        assert list((folder / "incoming").iterdir()) == []
         fill_to_the_last_byte(small_disk)
 
         # Reads never depend on a write: GET, HEAD and batch serve every entry.
@@ -251,15 +253,19 @@ def test_the_lru_cap_makes_room_on_a_full_disk(small_disk):
         stored, refused = fill(client)
         assert refused.status_code == 507
     # The operator lowers the cap below the disk's size: uploads evict the
-    # least recently used entries to make room, on the disk still full.
+    # least recently used entries to make room, on the disk still full, to
+    # its last byte once the server is up (an upload's file, written before
+    # the upload is stored, finds no room at all until entries go).
     cap = 2 * 1024 * 1024
     with Served(folder, GRAPHCACHE_SIZE_LIMIT=str(cap)) as srv, httpx.Client(base_url=srv.url, timeout=10) as client:
+        fill_to_the_last_byte(small_disk)
         newer = [make_artifact(spec(batch=200 + i), size=ENTRY) for i in range(3)]
         for art in newer:
             got = client.put(f"/v1/artifacts/{art.key}", content=art.encode(), headers=AUTH_W)
             assert got.status_code == 201, got.text
         for art in newer:
             assert client.get(f"/v1/artifacts/{art.key}").content == art.encode()
+        assert list((folder / "incoming").iterdir()) == []
         kept = [k for k in stored if client.head(f"/v1/artifacts/{k}").status_code == 200]
         assert len(kept) < len(stored)
         assert sum(f.stat().st_size for f in value_files(folder)) <= cap

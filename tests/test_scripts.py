@@ -46,3 +46,16 @@ def test_bench_varlen_runs_and_reports_every_case():
         for case in ("paged decode n20", "ragged prefill n5"):
             assert f"{kind} {case}" in out.stdout, out.stdout
     assert "fallbacks {}" in out.stdout, out.stdout
+
+
+def test_the_hardening_probe_of_held_bodies_runs_and_reports_the_put():
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "hardening_probe.py"), "--only", "held", "--held", "20"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    for framing in ("Content-Length: 1048576", "chunked"):
+        assert f"20 held POST / bodies ({framing}), no token: authenticated PUT 201, GET 200, batch 200" in out.stdout

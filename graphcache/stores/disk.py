@@ -12,10 +12,10 @@ from typing import Any
 
 import diskcache
 
-from graphcache.errors import StoreError, StoreFull
+from graphcache.errors import StoreFull
 from graphcache.key import is_key
-from graphcache.stores.diskcodec import DiskLeases, NoPickleDisk, open_index, read_all
-from graphcache.stores.readonly import ReadOnlyIndex
+from graphcache.stores.diskcodec import DiskLeases, NoPickleDisk, Spooled, open_index, read_all, same_bytes
+from graphcache.stores.readonly import open_checked
 from graphcache.stores.space import ORPHAN_AGE, RESERVE_BYTES, Reserve, free_bytes, human, is_full, remove_file
 from graphcache.stores.space import sweep_orphans as _sweep
 
@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_SIZE_LIMIT = 10 * 1024**3
 PINNED = "pinned"
+INCOMING = "incoming"  # uploads on their way in (DiskStore.incoming)
 _PATH_MEMO = 100_000
 
 
@@ -56,39 +57,7 @@ class DiskStore:
         # Why the index is open read-only (a disk too full to open it the
         # ordinary way), or None; every write tries the ordinary open first.
         self.read_only: str | None = None
-        self._cache: Any = self._open_checked(size_limit)
-
-    def _open_checked(self, size_limit: int) -> Any:
-        try:
-            return self._open_index(size_limit)
-        except sqlite3.DatabaseError as exc:
-            if not is_full(exc, self.path):
-                raise StoreError(
-                    f"{self.path / 'cache.db'} is not a diskcache index ({exc}): "
-                    "move the folder aside, or point --cache-dir / GRAPHCACHE_DIR at another one"
-                ) from exc
-            error = exc
-        # A full disk: SQLite needs room for its journal even to open.
-        if self._reserve.release():
-            try:
-                return self._open_index(size_limit)
-            except sqlite3.DatabaseError as exc:
-                error = exc
-        why = f"the disk holding {self.path} is full ({error})"
-        try:
-            index = ReadOnlyIndex(self.path, why)
-        except (OSError, sqlite3.Error):
-            pass
-        else:
-            # Reads are served from what is stored; writes wait for room.
-            log.warning("%s: its index is open read-only", why)
-            self.read_only = why
-            return index
-        raise StoreFull(
-            f"the disk holding {self.path} is full: its index cannot be opened ({error}); "
-            f"free at least {human(RESERVE_BYTES)} on that filesystem, then retry",
-            free=free_bytes(self.path),
-        ) from error
+        self._cache, self.read_only = open_checked(self.path, size_limit, self._reserve, self._open_index)
 
     def _open_index(self, size_limit: int) -> diskcache.Cache:
         return open_index(self.path, size_limit)
@@ -183,32 +152,59 @@ class DiskStore:
         ``pin`` keeps the entry out of LRU eviction (entries warmed from a
         manifest); re-putting without ``pin`` keeps an existing pin.
         """
-        current = self._cache.get(key, default=None, tag=True, retry=True)
-        value, tag = current
-        if value is not None and value == data and (tag == PINNED or not pin):
+        return self._put(key, bytes(data), len(data), pin)
+
+    def put_file(self, key: str, path: str | os.PathLike[str], *, pin: bool = False) -> bool:
+        """``put`` of a value written whole to ``path``, a file on this
+        store's filesystem (``incoming``): renamed into place, never read
+        into memory or copied (one under diskcache's 32 KiB file threshold
+        is read into the index). False when identical bytes are already
+        stored. The file is gone once this returns True; otherwise, or when
+        it raises (StoreFull as ``put``), it may be left for the caller."""
+        size = os.stat(path).st_size
+        return self._put(key, Spooled(Path(path), size), size, pin)
+
+    def _put(self, key: str, value: bytes | Spooled, size: int, pin: bool) -> bool:
+        current, tag = self._cache.get(key, default=None, read=True, tag=True, retry=True)
+        if current is not None and same_bytes(current, value) and (tag == PINNED or not pin):
             return False
         keep_pin = pin or tag == PINNED
         self._reopen()
         if self.read_only is not None:
-            raise self._no_room(len(data), self.read_only)
+            raise self.no_room(size, self.read_only)
         # Room first: on a disk full up to the size limit, the least recently
         # used entries make room before the write, not after it failed.
-        self._evict(keep=key, room=len(data))
+        self._evict(keep=key, room=size)
         disk = self._cache.disk
         disk.written.name = None
         try:
-            self._cache.set(key, bytes(data), tag=PINNED if keep_pin else None, retry=True)
+            self._cache.set(key, value, read=isinstance(value, Spooled), tag=PINNED if keep_pin else None, retry=True)
         except (OSError, sqlite3.OperationalError) as exc:
             written, disk.written.name = disk.written.name, None
             if written is not None:  # the file was written, the index refused the entry
                 remove_file(self.path / written)
             if is_full(exc, self.path):
-                raise self._no_room(len(data), exc) from exc
+                raise self.no_room(size, exc) from exc
             raise
         self._full_need = None
         self._evict(keep=key)
         self._reserve.restore()
         return True
+
+    @property
+    def incoming(self) -> Path:
+        """Where an upload to this store is written before ``put_file``: in
+        its folder, so on its filesystem (a rename, not a copy)."""
+        return self.path / INCOMING
+
+    def make_room(self, key: str, size: int) -> None:
+        """What a put does before it writes, for a writer that found the
+        disk full before it could put (an upload streamed to ``incoming``):
+        least recently used unpinned entries, never ``key``, are evicted
+        until ``size`` more bytes fit under ``size_limit``."""
+        self._reopen()
+        if self.read_only is None:
+            self._evict(keep=key, room=size)
 
     def _reopen(self) -> None:
         """Open the index the ordinary way again where it is open read-only
@@ -224,7 +220,10 @@ class DiskStore:
         self._cache, self.read_only = cache, None
         log.warning("the disk holding %s has room again: its index is writable", self.path)
 
-    def _no_room(self, needed: int, exc: BaseException | str) -> StoreFull:
+    def no_room(self, needed: int, exc: BaseException | str) -> StoreFull:
+        """The StoreFull of a write of ``needed`` bytes that did not fit (for
+        ``exc``), saying what the store holds and what to free; the store
+        reports itself unwritable until that much is free."""
         self._full_need = needed
         if time.monotonic() - self._swept_at > 60:
             # What writes that died left behind is room too; at most once a

@@ -1,5 +1,6 @@
-"""DiskStore's row codec (never unpickles), its build leases, and reading a
-value file whole."""
+"""DiskStore's row codec (never unpickles; a value written to a file
+beforehand is renamed into place), its build leases, and reading a value
+file whole."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import logging
 import os
 import sqlite3
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -60,11 +62,25 @@ class NoPickleDisk(diskcache.Disk):
         self.written = threading.local()
 
     def store(self, value: Any, read: bool, key: Any = diskcache.core.UNKNOWN) -> Any:
-        if not read and not isinstance(value, (bytes, str)):
+        if isinstance(value, Spooled):
+            stored = self._adopt(value, key)
+        elif not read and not isinstance(value, (bytes, str)):
             raise TypeError(f"DiskStore stores bytes or text, not {type(value).__name__} (it never pickles)")
-        stored = super().store(value, read, key=key)
+        else:
+            stored = super().store(value, read, key=key)
         self.written.name = stored[2]
         return stored
+
+    def _adopt(self, value: Spooled, key: Any) -> tuple[int, int, str | None, Any]:
+        """A Spooled value's row: a small one read into the index (the file
+        stays, for its owner to remove), any other renamed into place."""
+        if value.size < self.min_file_size:
+            with open(value.path, "rb") as fh:
+                return 0, diskcache.core.MODE_RAW, None, sqlite3.Binary(fh.read())
+        filename, full_path = self.filename(key, value)
+        os.makedirs(os.path.dirname(full_path), exist_ok=True)
+        os.rename(value.path, full_path)
+        return value.size, diskcache.core.MODE_BINARY, filename, None
 
     def _write(self, full_path: str, iterator: Any, mode: str, encoding: str | None = None) -> Any:
         # diskcache leaves what it wrote of a value when the write fails (an
@@ -74,6 +90,36 @@ class NoPickleDisk(diskcache.Disk):
         except OSError:
             remove_file(full_path)
             raise
+
+
+@dataclass(frozen=True)
+class Spooled:
+    """A value already written whole to a file on the store's filesystem
+    (an upload streamed to ``incoming``): the codec renames it into place
+    instead of copying it."""
+
+    path: Path
+    size: int
+
+
+def same_bytes(current: Any, value: bytes | Spooled) -> bool:
+    """Whether a stored value (bytes, or an open file that is closed here)
+    holds exactly ``value``'s bytes, read a chunk at a time."""
+    if isinstance(current, (bytes, bytearray, memoryview)):
+        if isinstance(value, Spooled):
+            return value.size == len(current) and Path(value.path).read_bytes() == current
+        return bytes(current) == value
+    with current:
+        size = os.fstat(current.fileno()).st_size
+        if size != (value.size if isinstance(value, Spooled) else len(value)):
+            return False
+        if not isinstance(value, Spooled):
+            return read_all(current, size) == value
+        with open(value.path, "rb") as other:
+            while chunk := current.read(1 << 20):
+                if other.read(len(chunk)) != chunk:
+                    return False
+        return True
 
 
 class DiskLeases:

@@ -7,19 +7,63 @@ read-only mode where the WAL's shared-memory file exists, else (or when
 that file is the stub a failed open left, with the WAL empty) as an
 immutable file (what a clean shutdown left: its WAL checkpointed into the
 database). Every write raises StoreFull saying what to free; DiskStore tries
-the ordinary open again before each write.
+the ordinary open again before each write. ``open_checked`` is how DiskStore
+opens its index: the ordinary way, else with the reserve's room given up,
+else read-only.
 """
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from graphcache.errors import StoreFull
+from graphcache.errors import StoreError, StoreFull
 from graphcache.stores.diskcodec import NoPickleDisk
+from graphcache.stores.space import RESERVE_BYTES, Reserve, free_bytes, human, is_full
+
+log = logging.getLogger("graphcache.stores.disk")
+
+
+def open_checked(path: Path, size_limit: int, reserve: Reserve, opener: Callable[[int], Any]) -> tuple[Any, str | None]:
+    """A DiskStore folder's index (``opener(size_limit)``, the ordinary open),
+    and why it is open read-only (None: it is not).
+
+    Raises StoreError when ``cache.db`` is not a diskcache index, StoreFull
+    when the disk is too full to open it even read-only.
+    """
+    try:
+        return opener(size_limit), None
+    except sqlite3.DatabaseError as exc:
+        if not is_full(exc, path):
+            raise StoreError(
+                f"{path / 'cache.db'} is not a diskcache index ({exc}): "
+                "move the folder aside, or point --cache-dir / GRAPHCACHE_DIR at another one"
+            ) from exc
+        error = exc
+    # A full disk: SQLite needs room for its journal even to open.
+    if reserve.release():
+        try:
+            return opener(size_limit), None
+        except sqlite3.DatabaseError as exc:
+            error = exc
+    why = f"the disk holding {path} is full ({error})"
+    try:
+        index = ReadOnlyIndex(path, why)
+    except (OSError, sqlite3.Error):
+        pass
+    else:
+        # Reads are served from what is stored; writes wait for room.
+        log.warning("%s: its index is open read-only", why)
+        return index, why
+    raise StoreFull(
+        f"the disk holding {path} is full: its index cannot be opened ({error}); "
+        f"free at least {human(RESERVE_BYTES)} on that filesystem, then retry",
+        free=free_bytes(path),
+    ) from error
 
 
 def _connect(db: Path, mode: str) -> sqlite3.Connection:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import anyio
 from fastapi import FastAPI, Request, Response
 
-from graphcache.artifact import Artifact
+from graphcache.envelope_check import EnvelopeCheck
 from graphcache.errors import CorruptArtifact, StoreError, StoreFull
 from graphcache.stores.disk import read_all
 from service.errors import ServiceError, from_library, json_response
@@ -18,6 +18,7 @@ from service.models import (
     error_responses,
 )
 from service.state import State
+from service.upload import handed
 
 
 def add_routes(app: FastAPI, state: State) -> None:
@@ -74,17 +75,26 @@ def add_routes(app: FastAPI, state: State) -> None:
     async def put_artifact(key: KeyPath, request: Request) -> Response:
         state.auth.require(request, "write")
         # service.intake took the body in: within GRAPHCACHE_MAX_UPLOAD (413),
-        # GRAPHCACHE_UPLOAD_TIMEOUT (408) and GRAPHCACHE_UPLOAD_BUDGET (503).
-        data = await request.body()
+        # GRAPHCACHE_UPLOAD_TIMEOUT (408) and GRAPHCACHE_UPLOAD_BUDGET (503),
+        # written to a file and checked on the way (service.upload).
+        upload = handed(request.scope)
         try:
-            artifact = await anyio.to_thread.run_sync(_verify_upload, data, key, state.settings.verify_keys)
+            if upload is None:  # no body was declared: nothing to store
+                EnvelopeCheck().finish(expected_key=key)
+                raise AssertionError("an empty body verified")  # pragma: no cover - finish raises
+            checked = await anyio.to_thread.run_sync(upload.verify, key, state.settings.verify_keys)
         except CorruptArtifact as exc:
             state.metrics.rejected.labels(exc.reason).inc()
             raise ServiceError(400, exc.reason, f"upload refused: {exc}") from exc
+        except StoreFull as exc:  # the disk filled while the file was written
+            state.metrics.rejected.labels("store_full").inc()
+            raise from_library(exc) from exc
+        except StoreError as exc:
+            raise ServiceError(503, "store_unavailable", str(exc)) from exc
         try:
             # A local disk's write is not cut short (it would go on and land
             # after a 503); a remote store's is bounded by GRAPHCACHE_TIMEOUT.
-            created = await state.store_call(state.store.put, key, data, bounded=not state.local)
+            created = await state.store_call(upload.publish, bounded=not state.local)
         except StoreFull as exc:
             state.metrics.rejected.labels("store_full").inc()
             raise from_library(exc) from exc
@@ -97,9 +107,9 @@ def add_routes(app: FastAPI, state: State) -> None:
             {
                 "key": key,
                 "created": created,
-                "size": len(data),
-                "target": str(artifact.target),
-                "spec": artifact.spec.summary(),
+                "size": checked.size,
+                "target": str(checked.target),
+                "spec": checked.spec.summary(),
             },
         )
 
@@ -151,12 +161,3 @@ async def _set_pin(state: State, request: Request, key: str, *, pinned: bool) ->
 
 def _raw_headers(request: Request) -> dict[bytes, bytes]:
     return dict(request.scope["headers"])
-
-
-def _verify_upload(data: bytes, key: str, signing_keys: tuple[bytes, ...]) -> Artifact:
-    """The server never trusts what it is sent: full decode, key recomputed,
-    the path key matched, and the signature checked when signing is on."""
-    artifact = Artifact.decode(data, expected_key=key)
-    if signing_keys:
-        artifact.verify_signature(signing_keys)
-    return artifact
