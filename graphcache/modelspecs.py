@@ -41,7 +41,7 @@ import json
 import math
 from dataclasses import dataclass, field
 
-from graphcache.classes import MIN_LENGTH
+from graphcache.classes import MIN_LENGTH, class_of
 from graphcache.modelconfig import Attention, Model
 from graphcache.spec import GraphSpec
 
@@ -265,9 +265,44 @@ class _Maker:
         )
 
     def _thd(self, a: Attention, b: int, q: int, kv: int, mask: dict[str, object]) -> GraphSpec:
-        # varlen_attn's spec keeps the scale as given (graphcache.hf passes the model's own).
-        fields = {**self._fields(a), "attn_scale": a.scale}
+        fields = self._fields(a)  # the model's own scale, the default where it is 1/sqrt(d) up to rounding
         return GraphSpec.from_dict({**fields, "batch": b, "seq_q": q, "seq_kv": kv, "layout": "thd", **mask})
+
+
+def widened(spec: GraphSpec, route: str, max_batch: int, windows: frozenset[int] = frozenset()) -> list[GraphSpec]:
+    """The class specs that calls of ``spec``'s shape make in batches up to
+    ``max_batch`` on ``route``, unpadded and padded (left and right), by the
+    rules above: what ``graphcache record --max-batch`` adds for a call it
+    saw. A one-query call (a decode step, or cross-attention's) is widened
+    both as causal and not, and a causal call also with each sliding window
+    in ``windows`` (those the recording saw): the call alone says neither."""
+    if route not in ROUTES:
+        raise ValueError(f"route={route!r} is not one of {', '.join(ROUTES)}")
+    out = ModelSpecs()
+    klass = class_of(spec, "pow2") if spec.layout != "thd" else spec
+    if spec.layout == "thd" or spec.bias is not None or spec.sinks or spec.padding or spec.dropout:
+        # Already what a padded batch calls (a ragged or bias graph), or a kind
+        # the padded-batch rules do not cover: the same graph at each batch.
+        bias = {"bhss", "1hss"} if spec.bias == "bhss" else {spec.bias}  # T5: the position bias alone above 1
+        for b in batches(max_batch):
+            for dims in bias:
+                out.add(klass.replace(batch=b, bias=dims if b > 1 else spec.bias), "")
+        return list(out.users)
+    maker = _Maker(out, route, spec.dtype, "bias" in GraphSpec.field_names())
+    own = spec.window_left + 1 if spec.mask == "sliding_window" and spec.window_left is not None else None
+    causal = spec.mask != "none" or (spec.seq_q == 1 and spec.seq_kv != 1)
+    scale = spec.attn_scale if spec.attn_scale is not None else spec.head_dim**-0.5
+    seq_kv = klass.seq_kv if klass.seq_kv is not None else klass.seq_q
+    heads_kv = spec.heads_kv or spec.heads_q
+    for kind in {causal, False} if spec.seq_q == 1 else {causal}:
+        for window in {own} if own is not None or not kind else {None, *windows}:
+            a = Attention("self", (), spec.heads_q, heads_kv, spec.head_dim, scale, kind, window)
+            for b in batches(max_batch):
+                maker.call(a, b, klass.seq_q, seq_kv, spec.layout, "widened")
+                if route == "graphcache" and kind and b > 1 and spec.seq_q == seq_kv and window is None:
+                    # graphcache.hf: a right-padded causal prompt is a padded dense graph.
+                    out.add(maker._dense(a, b, klass.seq_q, seq_kv, spec.layout, "causal", padding=True), "")
+    return list(out.users)
 
 
 def render(specs: ModelSpecs, header: list[str]) -> str:

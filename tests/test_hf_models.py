@@ -52,3 +52,35 @@ def test_gpt_oss_attention_sinks_are_served_by_sink_graphs_with_eagers_tokens(tm
     assert padded.fallbacks.get("sinks", 0) > 0 and (padded.equal or padded.tie), padded
     assert compiler.executions > 0
     assert "sinks: true" in (tmp_path / "gpt_oss-graphcache.yaml").read_text()  # the recording writes the field
+
+
+@pytest.mark.parametrize(("name", "route"), [("llama", "graphcache"), ("llama", "sdpa"), ("bart", "graphcache")])
+def test_a_batch_1_recording_widened_to_max_batch_serves_a_padded_batch(tmp_path, name, route):
+    """graphcache record --max-batch (issue 32, item 4): each call shape seen
+    at batch 1 is written for every batch class up to 4, unpadded and padded,
+    so a left-padded batch of 4 of other lengths is served from graphs."""
+    import contextlib
+
+    from graphcache import GraphCache, manifest, ops
+    from graphcache.stores import DiskStore
+    from tests import hf_models
+
+    model = hf_models.build(name, route)
+    path = tmp_path / "m.yaml"
+    with gt.patch() if route == "sdpa" else contextlib.nullcontext():
+        with gt.record(path, shape_classes="pow2", max_batch=4):
+            for p in SMALL.record:
+                hf_models.generate(model, (p,), 3)
+    assert "# Widened to batches up to 4" in path.read_text()
+    cache = GraphCache(DiskStore(tmp_path / "store"), CpuGraphCompiler(), shape_classes="pow2")
+    ops.warm(manifest.load(path), cache)
+    model.set_attn_implementation("sdpa")
+    want = hf_models.generate(model, SMALL.serve_batch, 3)
+    model.set_attn_implementation(route)
+    gt.reset()
+    gt.configure(cache, device="cpu", on_miss="torch")
+    with gt.patch() if route == "sdpa" else contextlib.nullcontext():
+        got = hf_models.generate(model, SMALL.serve_batch, 3)
+    stats = gt.stats()
+    assert stats["calls"] and stats["hits"] >= 0.95 * stats["calls"], stats
+    assert torch.equal(want, got)

@@ -11,6 +11,7 @@ torch = pytest.importorskip("torch", reason="graphcache.torch needs torch (pip i
 
 import graphcache.torch as gt  # noqa: E402
 from graphcache import GraphSpec, ManifestError, SpecError, manifest  # noqa: E402
+from graphcache.classes import class_of  # noqa: E402
 from tests.clirun import cli  # noqa: E402
 from tests.fakes import TARGET  # noqa: E402
 
@@ -162,6 +163,36 @@ def test_graphcache_record_cli_runs_the_script_and_warm_check_lists_the_specs(tm
     assert warm.returncode == 0, warm.stderr
     check = cli("warm", str(path), "--check", "--target", str(TARGET), *store)
     assert check.returncode == 0 and "4/4 present" in check.stdout
+
+
+def test_record_max_batch_writes_every_batch_class_of_each_call_seen_padded_too(tmp_path):
+    pytest.importorskip("transformers", reason="needs Hugging Face transformers (the dev extra installs it)")
+    script = tmp_path / "llama.py"
+    script.write_text(LLAMA)
+    path = tmp_path / "llama.yaml"
+    out = cli(
+        "record",
+        "-o",
+        str(path),
+        "--dtype",
+        "bfloat16",
+        "--max-batch",
+        "4",
+        "--shape-classes",
+        "pow2",
+        str(script),
+        "20",
+    )
+    assert out.returncode == 0, out.stderr
+    specs = manifest.load(path)
+    seen = {class_of(s, "pow2") for s in llama_expected(20)}
+    assert seen <= set(specs)
+    assert {s.batch for s in specs} == {1, 2, 4}
+    # A padded batch's prompt through transformers' sdpa: a bias graph (its 4-D mask).
+    assert any(s.bias == "b1ss" and s.batch == 4 and s.seq_q > 1 for s in specs)
+    assert "# Widened to batches up to 4" in path.read_text()
+    exact = cli("record", "-o", str(path), "--max-batch", "4", "--shape-classes", "exact", str(script), "20")
+    assert exact.returncode != 0 and "shape classes pow2 (they are exact)" in exact.stderr
 
 
 def test_graphcache_record_passes_a_failing_scripts_status_and_writes_nothing(tmp_path):

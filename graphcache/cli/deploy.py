@@ -337,9 +337,18 @@ def _explain(ctx: Context, spec: Any, tgt: Any, store: Any) -> bool:
     default=None,
     help="Write the calls' length classes (pow2) or their exact specs (default: $GRAPHCACHE_SHAPE_CLASSES, else pow2).",
 )
+@click.option(
+    "--max-batch",
+    default=None,
+    type=click.IntRange(1, 65536),
+    help="Also write every call's graphs for each batch class up to N (beams included: batch x beams), "
+    "unpadded and padded, so a batch-1 recording serves padded batches.",
+)
 @click.argument("script", type=click.Path(exists=True, dir_okay=False))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def record_cmd(output: str, dtype: str | None, shape_classes: str | None, script: str, args: tuple[str, ...]) -> None:
+def record_cmd(
+    output: str, dtype: str | None, shape_classes: str | None, max_batch: int | None, script: str, args: tuple[str, ...]
+) -> None:
     """Run SCRIPT [ARGS...] as python would, and write the manifest of its SDPA calls.
 
     Every torch scaled_dot_product_attention call the script makes (directly,
@@ -355,7 +364,7 @@ def record_cmd(output: str, dtype: str | None, shape_classes: str | None, script
             f"graphcache record needs torch ({exc}): pip install torch (a CPU build is enough)"
         ) from exc
     try:
-        recorder = run_script(script, args, output, dtype, shape_classes)
+        recorder = run_script(script, args, output, dtype, shape_classes, max_batch)
     except SystemExit as exc:
         status = exc.code
         if not isinstance(status, int):

@@ -86,6 +86,8 @@ def attention(
     attention computes them). Keyword arguments not in SDPA_ARGUMENTS or
     BACKEND_ARGUMENTS are ignored, as transformers' sdpa ignores them."""
     causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
+    for recorder in gt.RUNTIME.recorders:  # a recording made through the backend: its route is graphcache
+        recorder.backend = True
     call = _Call(module, query, key, value, attention_mask, dropout, scaling, sliding_window, causal, kwargs)
     if softcap is not None:
         return call.eager(

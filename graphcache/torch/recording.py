@@ -23,6 +23,7 @@ import torch
 
 from graphcache.classes import check_policy, class_of, policy_from_env
 from graphcache.errors import ManifestError, SpecError, UnsupportedCall
+from graphcache.modelspecs import widened
 from graphcache.spec import DTYPES, GraphSpec
 from graphcache.torch.derive import _DTYPE_NAMES, derive_args
 from graphcache.torch.patching import RUNTIME, patch
@@ -32,11 +33,20 @@ class Recorder:
     """Counts the calls of each distinct spec, and of each reason a call could
     not be a cuDNN graph. Thread-safe."""
 
-    def __init__(self, dtype: str | None = None, shape_classes: str | None = None) -> None:
+    def __init__(
+        self, dtype: str | None = None, shape_classes: str | None = None, max_batch: int | None = None
+    ) -> None:
         self.dtype = dtype
         self.shape_classes = (
             policy_from_env() if shape_classes is None else check_policy(shape_classes, "shape_classes")
         )
+        if max_batch is not None and (self.shape_classes == "exact" or max_batch < 1):
+            raise ManifestError(
+                f"max_batch={max_batch}: widening to batch classes needs a batch >= 1 and shape classes pow2 "
+                f"(they are {self.shape_classes}): pass --shape-classes pow2"
+            )
+        self.max_batch = max_batch  # widen every call seen to the batch classes up to this (record --max-batch)
+        self.backend = False  # a call came through graphcache.hf's backend: its route is graphcache
         self.specs: dict[GraphSpec, int] = {}  # exact call specs and their call counts
         self.ineligible: dict[tuple[str, str], int] = {}
         self._memo: dict[tuple[Any, ...], GraphSpec | tuple[str, str]] = {}
@@ -78,7 +88,21 @@ class Recorder:
         groups: dict[GraphSpec, dict[GraphSpec, int]] = {}
         for spec, count in self.specs.items():
             groups.setdefault(class_of(spec, self.shape_classes), {})[spec] = count
+        if self.max_batch:
+            route = "graphcache" if self.backend or any(s.layout == "thd" for s in self.specs) else "sdpa"
+            for spec in list(self.specs):
+                for wide in widened(spec, route, self.max_batch, self._windows(spec)):
+                    groups.setdefault(wide, {})
         return groups
+
+    def _windows(self, spec: GraphSpec) -> frozenset[int]:
+        """The sliding windows seen on calls of ``spec``'s heads and head dims."""
+        like = (spec.heads_q, spec.heads_kv, spec.head_dim, spec.dtype)
+        return frozenset(
+            s.window_left + 1
+            for s in self.specs
+            if s.window_left is not None and s.window_right == 0 and (s.heads_q, s.heads_kv, s.head_dim, s.dtype) == like
+        )
 
     def manifest_text(self, source: str = "") -> str:
         """The manifest: ``defaults:`` (fields every spec shares) and one
@@ -107,6 +131,11 @@ class Recorder:
         ]
         if self.dtype:
             lines.append(f"# Specs are recorded as {self.dtype}, whatever dtype the recording run used.")
+        if self.max_batch:
+            lines.append(
+                f"# Widened to batches up to {self.max_batch} (graphcache record --max-batch): each call's shape "
+                "in every batch class, unpadded and padded; entries of 0 calls were not seen."
+            )
         for spec, served in groups.items():
             name = _name(spec, names)
             lines.append(f"#   {name}: {sum(served.values())} call(s)")
@@ -200,23 +229,28 @@ def _dtype_name(dtype: Any) -> str | None:
 
 
 @contextmanager
-def record(path: str | os.PathLike[str], dtype: Any = None, shape_classes: str | None = None) -> Iterator[Recorder]:
+def record(
+    path: str | os.PathLike[str], dtype: Any = None, shape_classes: str | None = None, max_batch: int | None = None
+) -> Iterator[Recorder]:
     """Patch torch's SDPA (see patch()), note every call's spec and, when the
     block ends without an exception, write the manifest to ``path``.
 
     ``dtype`` ("float16" / "bfloat16") records every spec in that dtype: a
     float32 run on a CPU records what the GPU will run. ``shape_classes``
     (``pow2`` / ``exact``; default GRAPHCACHE_SHAPE_CLASSES) decides whether
-    the manifest names the calls' classes or their exact specs. Raises
-    ManifestError (and writes nothing) when no call could be a cuDNN graph,
-    SettingsError for an unknown policy.
+    the manifest names the calls' classes or their exact specs. ``max_batch``
+    widens every call seen to each batch class up to it, unpadded and padded
+    (graphcache.modelspecs.widened), so a batch-1 recording serves a padded
+    batch. Raises ManifestError (and writes nothing) when no call could be a
+    cuDNN graph, or for max_batch under the exact policy; SettingsError for
+    an unknown policy.
     """
     name = _dtype_name(dtype)
     policy = policy_from_env() if shape_classes is None else check_policy(shape_classes, "shape_classes")
     target = Path(path)
     if not target.parent.is_dir():
         raise ManifestError(f"{target}: the folder {target.parent} does not exist; create it or pick another path")
-    recorder = Recorder(name, policy)
+    recorder = Recorder(name, policy, max_batch)
     with patch():
         RUNTIME.recorders.append(recorder)
         try:
@@ -228,7 +262,12 @@ def record(path: str | os.PathLike[str], dtype: Any = None, shape_classes: str |
 
 
 def run_script(
-    script: str, args: Sequence[str], output: str, dtype: str | None = None, shape_classes: str | None = None
+    script: str,
+    args: Sequence[str],
+    output: str,
+    dtype: str | None = None,
+    shape_classes: str | None = None,
+    max_batch: int | None = None,
 ) -> Recorder:
     """Run ``script`` as ``python SCRIPT ARGS`` would, under record(output).
 
@@ -240,7 +279,7 @@ def run_script(
     sys.argv = [script, *args]  # argv[0] as given, as python SCRIPT leaves it
     sys.path.insert(0, str(path.resolve().parent))  # as python SCRIPT puts the script's folder first
     try:
-        with record(output, dtype, shape_classes) as recorder:
+        with record(output, dtype, shape_classes, max_batch) as recorder:
             try:
                 # __file__ absolute, as python 3.9+ sets it for a script.
                 runpy.run_path(str(path.resolve()), run_name="__main__")

@@ -15,14 +15,13 @@ unbounded too (flash-attention's mha_varlen_fwd resets it to -1).
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 
 from graphcache.errors import SpecError, UnsupportedCall
 from graphcache.spec import MAX_HEAD_DIM, GraphSpec
-from graphcache.torch.derive import _DTYPE_NAMES
+from graphcache.torch.derive import _DTYPE_NAMES, _scale
 
 _PLAIN = frozenset({torch.Tensor, torch.nn.Parameter})
 _INDEX = (torch.int32, torch.int64)
@@ -113,7 +112,8 @@ def varlen_spec(
         head_dim_v=dv,
         dtype=dtype_name,
         layout="thd",
-        attn_scale=1.0 / math.sqrt(d) if scale is None else float(scale),
+        # head_dim**-0.5 (what models pass) and 1/sqrt(d) are one scale, one key, as for dense calls.
+        attn_scale=_scale(None if scale is None else float(scale), d),
         generate_stats=bool(want_lse),
         **mask,
     )
