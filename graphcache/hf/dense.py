@@ -14,6 +14,7 @@ counters; the memo entry of a call shape is made once):
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import torch
@@ -82,9 +83,23 @@ def run_dense(
         plan = runtime._memo.get(memo_key) or _plan(memo_key, q, k, v, scale, window, sink is not None)
     if runtime.recorders:  # a hit with none recording makes no list
         _note(q, k, v, scale, window, sink is not None)
+    while plan.graph is not None and plan.spec is not None:
+        try:
+            out = _run(plan, q, k, v, lengths, sink)
+        except Exception as exc:  # noqa: BLE001 - never into the model: the exact graph, else transformers' sdpa
+            replan = partial(runtime._plan_for, Derived(plan.spec, plan.copy_q), q.device)
+            plan = runtime.execute_failed(memo_key, plan, exc, plan.spec, replan)  # graphcache.torch.guard
+            continue
+        runtime.count(plan)
+        return out
     runtime.count(plan)
-    if plan.graph is None or plan.spec is None:
-        return None
+    return None
+
+
+def _run(plan: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: Any, sink: Any) -> torch.Tensor:
+    """(b, s, h_q, d_v) from ``plan``'s graph (``run_dense`` says what the
+    arguments are); raises what the graph's execute raises."""
+    assert plan.graph is not None and plan.spec is not None
     if lengths is None and sink is None:
         return plan.run(q, k, v).transpose(1, 2).contiguous()
     spec = plan.spec

@@ -1,0 +1,54 @@
+"""What the calls of one shape do (``Plan``): run a loaded graph on the
+call's tensors, or fall back to torch for a named reason. graphcache.torch's
+runtime makes one per call shape, once, and memoizes it; varlen_attn and
+graphcache.hf's dense path make theirs the same way."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from graphcache.compilers.base import LoadedGraph
+from graphcache.compilers.classgraph import run_views
+from graphcache.spec import GraphSpec
+from graphcache.torch.bias import BiasFrom
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What calls of one shape do: run ``graph`` or fall back for ``reason``."""
+
+    spec: GraphSpec | None
+    graph: LoadedGraph | None
+    reason: str  # "" when graph is set
+    message: str = ""
+    copy_q: bool = False
+    views: bool = False  # the graph takes torch's (b, h, s, d) views as they are (run_views)
+    declared: int = 0  # batch x seq_q x seq_kv the serving graph declares ...
+    real: int = 0  # ... and this call shape's
+    larger: bool = False  # served by a stored class larger than the call's own (GraphCache.serving_class)
+    bias: BiasFrom | None = None  # how a call's attn_mask becomes the graph's bias (graphcache.torch.bias)
+
+    def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any = None) -> torch.Tensor:
+        """Execute the graph on (b, h, s, d) tensors; returns (b, h, s, d).
+        With a bias, rows that see no key are 0, torch's answer, whatever
+        the graph wrote there (all on the device: no host sync). Raises what
+        the graph's execute raises (the runtime's callers catch it: guard.py)."""
+        assert self.graph is not None and self.spec is not None
+        # No view is made per call on the views path: the memo key (shapes,
+        # strides, dtypes, devices) has already matched these tensors to the spec.
+        if self.copy_q:
+            q = q.transpose(1, 2).contiguous().transpose(1, 2) if self.spec.layout == "bshd" else q.contiguous()
+        if self.bias is None:
+            if self.views:
+                return self.graph.run_views(q, k, v)  # type: ignore[attr-defined]
+            return run_views(self.graph, q, k, v)
+        bias, hidden = self.bias(mask)
+        q = self.bias.fold(q)
+        if self.views:
+            out = self.graph.run_views(q, k, v, bias)  # type: ignore[attr-defined]
+        else:
+            out = run_views(self.graph, q, k, v, bias)
+        return self.bias.unfold(out.masked_fill_(hidden, 0.0))
