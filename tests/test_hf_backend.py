@@ -318,6 +318,29 @@ def test_sinks_are_a_sink_graph_with_gpt_oss_eagers_answer(sq, skv, window):
     assert hits() == 1 and gt.stats()["fallbacks"] == {}
 
 
+def test_a_sink_that_requires_grad_gets_its_gradient_after_a_no_grad_call_of_the_same_shapes():
+    """The dense path's plan for a call shape is made once; whether the
+    call needs gradients is read per call (issue 33, item 5)."""
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssAttention
+    from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward as gpt_oss_eager
+
+    cfg = transformers.GptOssConfig(hidden_size=256, num_attention_heads=HQ, num_key_value_heads=HKV, head_dim=D)
+    layer = GptOssAttention(cfg, layer_idx=1).eval().to(torch.bfloat16)  # its eager is gpt-oss's, which takes sinks
+    layer.requires_grad_(False).sinks.requires_grad_(True)  # only the sinks are trained
+    with torch.no_grad():
+        layer.sinks.copy_(torch.randn(HQ, generator=torch.Generator().manual_seed(1)))
+    q, k, v = qkv(1, 20, 20)
+    with torch.no_grad():
+        attention(layer, q, k, v, None, scaling=D**-0.5, s_aux=layer.sinks)
+    assert hits() == 1
+    attention(layer, q, k, v, None, scaling=D**-0.5, s_aux=layer.sinks)[0].float().sum().backward()
+    mask = torch.zeros(20, 20).masked_fill(torch.ones(20, 20, dtype=torch.bool).triu(1), float("-inf"))
+    want = gpt_oss_eager(layer, q, k, v, mask.view(1, 1, 20, 20).to(torch.bfloat16), scaling=D**-0.5)[0]
+    (grad,) = torch.autograd.grad(want.float().sum(), layer.sinks)
+    assert layer.sinks.grad is not None and torch.equal(layer.sinks.grad, grad)
+    assert hits() == 1 and gt.stats()["fallbacks"] == {"autograd": 1}
+
+
 def test_a_static_cache_keys_past_the_tokens_seen_are_masked_not_attended():
     # A StaticCache hands attention every slot of the cache; only a mask
     # leaves out those not written yet, so the backend is handed one (through

@@ -256,3 +256,34 @@ def test_record_writes_the_bias_and_warm_reads_it_back(tmp_path):
     assert specs == list(recorder.specs)
     assert {s.bias for s in specs} == {"b1ss", "1hss"}
     assert all(isinstance(s, GraphSpec) and s.mask == "none" for s in specs)
+
+
+# -- autograd ------------------------------------------------------------------------
+
+
+def test_a_learned_mask_gets_its_gradient_after_a_no_grad_call_of_the_same_shapes(served):
+    """A bias graph is forward-only (cuDNN writes a fresh tensor): once an
+    eval call under no_grad has made the call shape's plan, the same shapes
+    with a mask that requires grad still run torch's SDPA (issue 33, item 5)."""
+    q, k, v = qkv()
+    learned = torch.randn(1, 4, 16, 24, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    learned.requires_grad_()  # a relative position bias being trained
+    with torch.no_grad():
+        gt.scaled_dot_product_attention(q, k, v, attn_mask=learned)
+    assert gt.stats()["hits"] == 1
+    gt.scaled_dot_product_attention(q, k, v, attn_mask=learned).float().sum().backward()
+    (want,) = torch.autograd.grad(SDPA(q, k, v, attn_mask=learned).float().sum(), learned)
+    assert learned.grad is not None and torch.equal(learned.grad, want)
+    assert gt.stats()["fallbacks"] == {"autograd": 1} and gt.stats()["hits"] == 1
+
+
+def test_a_mask_subclass_never_shares_a_plain_masks_memo_entry(served):
+    class Tagged(torch.Tensor):
+        pass
+
+    q, k, v = qkv()
+    mask = left_padded()
+    gt.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    got = gt.scaled_dot_product_attention(q, k, v, attn_mask=mask.as_subclass(Tagged))
+    assert torch.equal(got, SDPA(q, k, v, attn_mask=mask))
+    assert gt.stats()["hits"] == 1 and gt.stats()["fallbacks"] == {"mask": 1}

@@ -12,6 +12,8 @@ store lookup, memo, load-once and layout handling run for real.
 
 from __future__ import annotations
 
+import torch
+
 from graphcache import Artifact
 from graphcache.compilers.torch_sdpa import TorchSdpaGraph
 from tests.fakes import FakeCompiler
@@ -26,7 +28,8 @@ class StandinGraph(TorchSdpaGraph):
 
     def execute(self, q, k, v, **kwargs):  # noqa: ANN001, ANN003
         self._owner.executions += 1
-        return super().execute(q, k, v, **kwargs)
+        with torch.no_grad():  # as a cuDNN graph: a fresh output with no autograd history
+            return super().execute(q, k, v, **kwargs)
 
 
 class CpuGraphCompiler(FakeCompiler):

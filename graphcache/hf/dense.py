@@ -23,7 +23,7 @@ import graphcache.torch as gt
 from graphcache.errors import UnsupportedCall
 from graphcache.spec import GraphSpec
 from graphcache.torch.derive import Derived, derive
-from graphcache.torch.runtime import Plan
+from graphcache.torch.plan import Plan, needs_grad
 
 _MEMO_TAG = "hf-dense"  # shares the runtime's memo (configure/reset clear it), never its keys
 
@@ -72,12 +72,19 @@ def run_dense(
         v.shape,
         v.stride(),
         q.dtype,
+        k.dtype,
+        v.dtype,
         q.device,
+        k.device,
+        v.device,
+        type(q),
+        type(k),
+        type(v),
         scale,
         window,
         sink is not None,
     )
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+    if torch.is_grad_enabled() and needs_grad(q, k, v, sink):  # read per call (graphcache.torch.plan)
         plan = Plan(None, None, "autograd", "an input requires grad: cuDNN graphs here are forward-only")
     else:
         plan = runtime._memo.get(memo_key) or _plan(memo_key, q, k, v, scale, window, sink is not None)

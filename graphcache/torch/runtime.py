@@ -33,7 +33,7 @@ from graphcache.settings import SettingsError
 from graphcache.spec import GraphSpec
 from graphcache.torch.derive import Derived, derive_args
 from graphcache.torch.guard import Failures, exact_graph, failed_plan, graph_of
-from graphcache.torch.plan import Plan
+from graphcache.torch.plan import Plan, needs_grad
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +175,7 @@ class Runtime:
         args = (query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
         if memo_key is None or not (type(query) in _PLAIN and type(key) in _PLAIN and type(value) in _PLAIN):
             plan = self._ineligible_plan(args)  # a subclass never shares a plain call's memo entry
-        elif torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
+        elif torch.is_grad_enabled() and needs_grad(query, key, value, attn_mask):  # read per call (plan.py)
             plan = _AUTOGRAD
         else:
             plan = self._memo.get(memo_key) or self._plan(memo_key, args)
@@ -373,8 +373,9 @@ _AUTOGRAD = Plan(None, None, "autograd", "an input requires grad: cuDNN graphs h
 
 def _mask_key(mask: Any) -> tuple[Any, ...]:
     """What a mask adds to a call's memo key: the bias graph and the
-    conversion depend on its shape, strides, dtype and device, never its values."""
-    return (mask.shape, mask.stride(), mask.dtype, mask.device)
+    conversion depend on its type (a subclass is refused), shape, strides,
+    dtype and device, never its values (its requires_grad: ``call``)."""
+    return (type(mask), mask.shape, mask.stride(), mask.dtype, mask.device)
 
 
 def _derive(args: tuple[Any, ...]) -> Derived:
