@@ -35,9 +35,9 @@ if tuple(int(p) for p in _torch.__version__.split("+")[0].split(".")[:2]) < (2, 
 from graphcache.cache import GraphCache
 from graphcache.errors import UnsupportedCall
 from graphcache.torch.derive import spec_for
+from graphcache.torch.onmiss import ON_MISS, ON_MISS_VAR
 from graphcache.torch.patching import RUNTIME, disable, enable, enabled, patch, scaled_dot_product_attention
 from graphcache.torch.recording import Recorder, record
-from graphcache.torch.runtime import ON_MISS, ON_MISS_VAR
 from graphcache.torch.varlen import varlen_attn
 
 __all__ = [

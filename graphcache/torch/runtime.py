@@ -14,7 +14,6 @@ override lists and seq-len tensors made once), so a decode step whose
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -29,11 +28,11 @@ from graphcache.classindex import work
 from graphcache.compilers.base import LoadedGraph
 from graphcache.compilers.classgraph import bind
 from graphcache.errors import GraphCacheError, NoGpu, NotFound, UnsupportedCall, UnsupportedGpu, UnsupportedSpec
-from graphcache.settings import SettingsError
 from graphcache.spec import GraphSpec
 from graphcache.torch.derive import Derived, derive_args
 from graphcache.torch.guard import Failures, exact_graph, failed_plan, graph_of
-from graphcache.torch.plan import Plan, needs_grad
+from graphcache.torch.onmiss import ON_MISS, ON_MISS_VAR, on_miss_from_env
+from graphcache.torch.plan import Plan
 
 log = logging.getLogger(__name__)
 
@@ -43,19 +42,6 @@ TORCH_SDPA: Callable[..., Any] = torch._C._nn.scaled_dot_product_attention
 
 # Memo entries past which the class-bound ones are dropped (Runtime._drop_bound).
 MEMO_LIMIT = 65536
-
-ON_MISS_VAR = "GRAPHCACHE_SDPA_ON_MISS"
-ON_MISS = ("torch", "build", "error")
-
-
-def on_miss_from_env() -> str:
-    value = os.environ.get(ON_MISS_VAR, "").strip().lower() or "torch"
-    if value not in ON_MISS:
-        raise SettingsError(
-            f"{ON_MISS_VAR}={os.environ.get(ON_MISS_VAR)!r} is not one of {', '.join(ON_MISS)}: "
-            "torch runs torch's SDPA on a miss, build builds and stores the graph, error raises"
-        )
-    return value
 
 
 class Runtime:
@@ -175,7 +161,12 @@ class Runtime:
         args = (query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
         if memo_key is None or not (type(query) in _PLAIN and type(key) in _PLAIN and type(value) in _PLAIN):
             plan = self._ineligible_plan(args)  # a subclass never shares a plain call's memo entry
-        elif torch.is_grad_enabled() and needs_grad(query, key, value, attn_mask):  # read per call (plan.py)
+        elif torch.is_grad_enabled() and (  # read per call, never memoized (plan.needs_grad, inlined: the hot path)
+            query.requires_grad
+            or key.requires_grad
+            or value.requires_grad
+            or (attn_mask is not None and attn_mask.requires_grad)
+        ):
             plan = _AUTOGRAD
         else:
             plan = self._memo.get(memo_key) or self._plan(memo_key, args)
