@@ -287,3 +287,35 @@ def test_a_mask_subclass_never_shares_a_plain_masks_memo_entry(served):
     got = gt.scaled_dot_product_attention(q, k, v, attn_mask=mask.as_subclass(Tagged))
     assert torch.equal(got, SDPA(q, k, v, attn_mask=mask))
     assert gt.stats()["hits"] == 1 and gt.stats()["fallbacks"] == {"mask": 1}
+
+
+# -- what torch refuses --------------------------------------------------------------
+
+MASK_SHAPES = [(), (1,), (24,), (16, 24), (1, 24), (16, 1), (4, 16, 24), (2, 16, 24), (24, 1), (2, 4, 1, 1)]
+MASK_SHAPES += [(2, 1, 16, 24), (3, 1, 16, 24), (1, 1, 1, 16, 24), (1, 2, 4, 16, 24)]
+MASK_DTYPES = [torch.bool, torch.float32, torch.bfloat16, torch.float16, torch.int32]
+
+
+@pytest.mark.parametrize("dtype", MASK_DTYPES, ids=str)
+@pytest.mark.parametrize("shape", MASK_SHAPES, ids=str)
+def test_the_drop_in_refuses_what_torch_refuses_with_torchs_error_and_serves_the_rest(served, shape, dtype):
+    """torch 2.13's own SDPA is the truth: where it raises for a mask (0-D
+    and 1-D masks, shapes that do not broadcast, dtypes it does not take),
+    the drop-in raises the same error, with a graph ready to serve the
+    call's shapes; where it answers, the drop-in answers the same."""
+    q, k, v = qkv()
+    gen = torch.Generator().manual_seed(len(shape))
+    mask = torch.rand(shape, generator=gen) > 0.3 if dtype == torch.bool else torch.ones(shape, dtype=dtype)
+    try:
+        want = SDPA(q, k, v, attn_mask=mask)
+    except Exception as theirs:  # noqa: BLE001 - whatever torch raises is the answer
+        for _ in range(2):  # the first call of the call shape, then its memo entry
+            with pytest.raises(type(theirs)) as ours:
+                gt.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            assert str(ours.value) == str(theirs)
+        assert gt.stats()["calls"] == 0
+        return
+    for _ in range(2):
+        got = gt.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+    assert gt.stats()["calls"] == 2

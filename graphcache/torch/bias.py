@@ -1,8 +1,9 @@
 """A call's ``attn_mask`` as a bias graph's input (the spec field ``bias``).
 
 torch's SDPA takes a boolean mask (True: the query may see the key) or a
-float one added to the scaled scores, of any shape that broadcasts to
-(batch, heads_q, s_q, s_kv). A cuDNN graph takes an additive bias tensor of
+float one added to the scaled scores, of 2 to 4 dims that broadcast to
+(batch, heads_q, s_q, s_kv); it raises for a 0-D or 1-D mask, and so does
+the drop-in (such a call runs torch). A cuDNN graph takes an additive bias tensor of
 (batch or 1, heads or 1, s_q, s_kv) in the io dtype (``graphcache.spec_bias``).
 ``bias_from`` says, once per call shape, whether a mask fits such a graph and
 how to turn it into one; ``BiasFrom`` does it per call, on the mask's device:
@@ -104,11 +105,16 @@ def bias_from(
     Raises UnsupportedCall with reason ``mask`` (a mask no bias spec
     expresses: not a plain tensor, more than 4 dims, a dim neither the
     call's nor 1, an integer dtype, a float dtype other than float32 or
-    query's; ``rows``: see ``BiasFrom.rows``) or ``invalid`` (another device), ``autograd`` (a mask that
-    requires grad)."""
+    query's; ``rows``: see ``BiasFrom.rows``), ``invalid`` (a 0-D or 1-D
+    mask, which torch's SDPA refuses; another device: the fallback raises
+    torch's own error) or ``autograd`` (a mask that requires grad)."""
     if not isinstance(mask, torch.Tensor) or type(mask) not in (torch.Tensor, torch.nn.Parameter) or mask.is_nested:
         raise UnsupportedCall(
             reason="mask", message=f"attn_mask is a {type(mask).__name__}; a bias graph takes a plain tensor"
+        )
+    if mask.dim() < 2:  # torch 2.13 raises IndexError for these, every dtype: the fallback gives its error
+        raise UnsupportedCall(
+            reason="invalid", message=f"attn_mask is {mask.dim()}-D: torch's SDPA takes masks of 2 dims or more"
         )
     if mask.device != query.device:
         raise UnsupportedCall(reason="invalid", message=f"attn_mask is on {mask.device} and query on {query.device}")
@@ -149,5 +155,5 @@ def rows_are_heads(mask: torch.Tensor, bias: BiasFrom, query: torch.Tensor, head
     and a mask shared by every head and every query row, so that each row
     sees the same keys and bias (pack_gqa passes the decode step's mask as it is)."""
     _, heads, rows, _ = query.shape
-    shared = mask.dim() < 2 or mask.shape[-2] == 1
+    shared = mask.shape[-2] == 1  # (bias_from refused masks of fewer than 2 dims)
     return shared and bias.dims[1] == 1 and heads == heads_kv and 1 < rows <= FOLD_ROWS and query.is_contiguous()
