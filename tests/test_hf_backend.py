@@ -151,6 +151,54 @@ def test_right_padded_causal_prompt_is_a_padded_dense_graph():
     assert spec.padding and spec.mask == "causal" and spec.layout != "thd"
 
 
+@pytest.mark.parametrize(
+    ("left", "causal", "sq"),
+    [(False, True, 16), (True, True, 16), (True, True, 1), (False, False, 16), (True, False, 16)],
+    ids=["right-padded prompt", "left-padded prompt", "left-padded decode", "right-padded encoder", "left encoder"],
+)
+def test_every_row_of_a_padded_call_is_transformers_answer_padded_rows_included(left, causal, sq):
+    """transformers' sdpa gives a padded query row what its 4-D mask lets
+    it see (issue 33, item 6a): on the right of a causal prompt, every real
+    token of its sequence (the keys up to its own position that are tokens);
+    on the left, nothing, which torch's SDPA answers with 0; in an encoder,
+    every real token. The backend's graphs give the same, on every row."""
+    pattern = causal_mask_function if causal else bidirectional_mask_function
+    layer, pad = Layer(causal=causal), tokens([16, 5, 11], 16, left=left)
+    if sq == 1:
+        pad = torch.cat([pad, torch.ones((B, 1), dtype=torch.bool)], dim=1)
+    q, k, v = qkv(B, sq, pad.shape[1])
+    got = ours(layer, q, k, v, pad, pattern)
+    want = torch_answer(layer, q, k, v, pad, pattern)
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+    assert hits() == 1 and gt.stats()["fallbacks"] == {}
+
+
+class NanRowsCompiler(CpuGraphCompiler):
+    """Stands in for a cuDNN thd plan on the query rows that see no key,
+    where cuDNN promises nothing (a softmax over nothing): its graphs write
+    NaN there (the rows the reference answers with zeros)."""
+
+    def load(self, artifact):  # noqa: ANN001, ANN201
+        graph = super().load(artifact)
+        real = graph.run_varlen
+
+        def run_varlen(q, k, v, *rest):  # noqa: ANN001, ANN002, ANN202
+            out, lse = real(q, k, v, *rest)
+            return out.masked_fill((out == 0).all(-1, keepdim=True), float("nan")), lse
+
+        graph.run_varlen = run_varlen
+        return graph
+
+
+def test_the_padded_rows_of_a_left_padded_prompt_are_zero_whatever_the_graph_wrote_there(tmp_path):
+    gt.configure(GraphCache(DiskStore(tmp_path / "nan"), NanRowsCompiler()), device="cpu", on_miss="build")
+    layer, pad = Layer(), tokens([16, 5, 11], 16, left=True)
+    q, k, v = qkv(B, 16, 16)
+    got = ours(layer, q, k, v, pad)
+    assert hits() == 1 and not got.isnan().any()
+    torch.testing.assert_close(got.float(), torch_answer(layer, q, k, v, pad).float(), atol=2e-2, rtol=2e-2)
+
+
 def test_padded_encoder_and_cross_attention_are_ragged_graphs():
     pad = tokens([16, 5, 11], 16, left=False)
     q, k, v = qkv(B, 16, 16)

@@ -3,8 +3,12 @@ graphcache.torch's runtime (its cache, length classes, loaded graphs and
 counters; the memo entry of a call shape is made once):
 
 - a right-padded prompt: ``padding``, each sequence's tokens its first
-  ``length`` rows, cuDNN's padding mask (``seq_len_q`` / ``seq_len_kv``)
-  ending it there;
+  ``length`` keys, cuDNN's padding mask ending them there (``seq_len_kv``)
+  while every query row is computed (``seq_len_q`` is s_q): with the causal
+  mask (top-left) a padded query row, past every token of its sequence,
+  attends over all of them, as transformers' sdpa answers it (its 4-D mask
+  is causal and the padding, nothing more); one (b,) fill on the device per
+  call, no host read;
 - an unpadded prompt with a sliding window in reach: mask
   ``sliding_window`` (queries and keys aligned, s_q == s_kv);
 - attention sinks (gpt-oss's ``s_aux``): ``sinks``, the per-head logits a
@@ -59,8 +63,9 @@ def run_dense(
 ) -> torch.Tensor | None:
     """(b, s, h_q, d_v) from the graph, counted as a hit; or None (the call
     counted under its reason) for the caller to run transformers' sdpa.
-    ``lengths`` (b,) int32 on the device: each sequence's tokens (with no
-    ``window``), ``window`` the positions a query sees (without lengths);
+    ``lengths`` (b,) int32 on the device: each sequence's tokens, the keys
+    it has (with no ``window``; every query row is computed, a padded one
+    over its sequence's tokens), ``window`` the positions a query sees (without lengths);
     ``sink`` (h_q,): the sink logits of a sink spec (without lengths)."""
     runtime = gt.RUNTIME
     memo_key = (
@@ -111,9 +116,9 @@ def _run(plan: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths:
         return plan.run(q, k, v).transpose(1, 2).contiguous()
     spec = plan.spec
     extra: dict[str, Any] = {}
-    if lengths is not None:
+    if lengths is not None:  # every query row (s_q each), each sequence's keys its tokens: see the module's docs
         lens = lengths.view(q.shape[0], 1, 1, 1)
-        extra.update(seq_len_q=lens, seq_len_kv=lens)
+        extra.update(seq_len_q=torch.full_like(lens, q.shape[2]), seq_len_kv=lens)
     if sink is not None:  # float32 (1, h_q, 1, 1), a device cast (no host read)
         extra["sink"] = sink.to(torch.float32).reshape(1, -1, 1, 1).contiguous()
     if spec.layout == "bshd":
