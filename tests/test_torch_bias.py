@@ -192,6 +192,27 @@ def test_the_bias_a_graph_receives_is_additive_packed_and_in_the_io_dtype(served
     assert torch.equal(bias == 0, mask) and torch.equal(bias == NEG_INF, ~mask)
 
 
+def test_a_float32_mask_with_bf16_q_reaches_a_float32_bias_graph_and_keeps_its_precision(served, seen):
+    """T5-sized biases (+-32) in a float32 mask: the spec is the bias spec
+    with ``bias_dtype: float32``, the graph receives the mask in float32, and
+    the answer is torch's (issue 33, item 6c); cast to bf16 first it was
+    about 0.02 off. A mask in q's dtype keeps the spec and key it had."""
+    from graphcache.reference.measure import relative_error
+
+    q, k, v = qkv()
+    bias = (torch.rand(1, 4, 16, 24, generator=torch.Generator().manual_seed(7)) * 2 - 1) * 32
+    assert (gt.spec_for(q, k, v, attn_mask=bias).bias, gt.spec_for(q, k, v, attn_mask=bias).bias_dtype) == (
+        "1hss",
+        "float32",
+    )
+    assert gt.spec_for(q, k, v, attn_mask=bias.to(torch.bfloat16)).bias_dtype is None
+    for _ in range(2):
+        got = gt.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+        assert seen[-1].dtype == torch.float32 and seen[-1].data_ptr() == bias.data_ptr(), "passed as it is"
+    assert gt.stats()["hits"] == 2
+    assert relative_error(got, SDPA(q, k, v, attn_mask=bias)) < 2e-3
+
+
 # (a mask shared by every query row, (..., 1, s_kv), is folded into heads instead: rows_are_heads)
 @pytest.mark.parametrize("shape", [(16, 1), (1, 1, 16, 1), (2, 1, 16, 1), (16, 24), (2, 1, 16, 24)])
 def test_a_boolean_mask_that_broadcasts_reaches_the_graph_as_the_full_packed_bias(served, seen, shape):

@@ -4,12 +4,15 @@ torch's SDPA takes a boolean mask (True: the query may see the key) or a
 float one added to the scaled scores, of 2 to 4 dims that broadcast to
 (batch, heads_q, s_q, s_kv); it raises for a 0-D or 1-D mask, and so does
 the drop-in (such a call runs torch). A cuDNN graph takes an additive bias tensor of
-(batch or 1, heads or 1, s_q, s_kv) in the io dtype (``graphcache.spec_bias``).
-``bias_from`` says, once per call shape, whether a mask fits such a graph and
-how to turn it into one; ``BiasFrom`` does it per call, on the mask's device:
-a boolean mask becomes 0 / -inf (one ``torch.where``), a float mask in the
-io dtype with packed strides is passed as it is, anything else is expanded
-or cast into a packed tensor. Nothing reads a tensor's value on the host.
+(batch or 1, heads or 1, s_q, s_kv) in the io dtype, or in float32
+(``graphcache.spec_bias``, ``bias_dtype``). ``bias_from`` says, once per
+call shape, whether a mask fits such a graph and how to turn it into one;
+``BiasFrom`` does it per call, on the mask's device: a boolean mask becomes
+0 / -inf in the io dtype (one ``torch.where``, exact), a float mask in the
+io dtype or in float32 (with 16-bit q, a ``bias_dtype: float32`` spec: the
+mask keeps its precision, as torch's SDPA adds it) with packed strides is
+passed as it is, anything else is expanded into a packed tensor. Nothing
+reads a tensor's value on the host.
 
 Rows that see no key at all: torch's SDPA (2.5+, every backend's contract,
 seen on CPU with 2.13) returns 0 for a query row whose mask hides every key,
@@ -45,7 +48,9 @@ class BiasFrom:
     """How one call shape's mask becomes the graph's bias: ``boolean`` masks
     become 0 / -inf; a float mask is ``copy``-ed (expanded, cast, packed) where
     it is not already the packed tensor the graph reads. ``lead`` is the
-    number of leading size-1 dims that make the mask 4-D; ``dims`` the bias's."""
+    number of leading size-1 dims that make the mask 4-D; ``dims`` the bias's,
+    ``dtype`` its torch dtype (the io dtype, or float32 where the spec's
+    ``bias_dtype`` is ``float32``)."""
 
     kind: str  # the spec's bias field: bhss, b1ss, 1hss, 11ss
     dims: tuple[int, int, int, int]
@@ -59,6 +64,7 @@ class BiasFrom:
     # wrapped into a new tensor on every call); None: torch.where's own.
     neg_inf: torch.Tensor | None = field(default=None, compare=False)
     expand: bool = True  # the 4-D mask is not already ``dims`` (an expand view per call otherwise)
+    bias_dtype: str | None = None  # the spec's field: "float32" for a float32 mask with 16-bit q, else None
 
     def fold(self, q: torch.Tensor) -> torch.Tensor:
         """The graph's query: ``q`` itself, or its rows as heads (a view)."""
@@ -139,10 +145,14 @@ def bias_from(
         )
     dims = (batch if kind[0] == "b" else 1, heads_q if kind[1] == "h" else 1, seq_q, seq_kv)
     lead = 4 - mask.dim()
-    copy = not boolean and (mask.dtype != query.dtype or not _packed(mask[(None,) * lead], dims))
+    wide = mask.dtype == torch.float32 and query.dtype != torch.float32  # kept in float32, never rounded to q's
+    dtype = torch.float32 if wide else query.dtype
+    copy = not boolean and (mask.dtype != dtype or not _packed(mask[(None,) * lead], dims))
     zero = torch.zeros((), dtype=query.dtype, device=query.device)
     neg_inf = torch.full((), _NEG_INF, dtype=query.dtype, device=query.device)
-    return BiasFrom(kind, dims, query.dtype, boolean, copy, lead, zero, rows, neg_inf, shape != dims)
+    return BiasFrom(
+        kind, dims, dtype, boolean, copy, lead, zero, rows, neg_inf, shape != dims, "float32" if wide else None
+    )
 
 
 # The most query rows taken for one decode step's heads (a GQA group: query heads per KV head).
