@@ -63,10 +63,12 @@ def stats() -> dict[str, Any]:
     """This process's drop-in counters: ``calls``, ``hits``, ``misses``,
     ``fallbacks`` (calls that ran torch's SDPA or varlen kernel, by reason:
     miss, mask, dtype, head_dim, not_4d, layout, device, autograd,
-    unsupported, no_gpu, and for varlen_attn num_splits, window, page_size,
-    ...), ``graphs_loaded``, ``shapes_served`` (the distinct call shapes the
-    loaded graphs served: under length classes, many per graph) and
-    ``missed_specs``. SDPA and varlen_attn calls are counted together."""
+    unsupported, no_gpu, execute_failed, and for varlen_attn num_splits,
+    window, page_size, ...), ``execute_failures`` (the (graph, call shape)
+    pairs whose execute raised: graphcache.torch.guard), ``graphs_loaded``,
+    ``shapes_served`` (the distinct call shapes the loaded graphs served:
+    under length classes, many per graph) and ``missed_specs``. SDPA and
+    varlen_attn calls are counted together."""
     return RUNTIME.stats()
 
 

@@ -30,8 +30,6 @@ from graphcache.torch.plan import Plan
 
 log = logging.getLogger(__name__)
 
-FAILED = "execute_failed"  # the fallback reason of a call shape whose graph raised
-
 
 class Failures:
     """The (graph, call shape) pairs whose execute raised in this process.
@@ -80,7 +78,7 @@ def graph_of(plan: Plan) -> GraphSpec:
 
 def failed_plan(spec: GraphSpec | None, graph: GraphSpec) -> Plan:
     """The fallback plan of a call shape (``spec``) that ``graph`` raised for."""
-    return Plan(spec, None, FAILED, f"the cached graph {graph.summary()} raised at execute for this call shape")
+    return Plan(spec, None, "execute_failed", f"the cached graph {graph.summary()} raised at execute for this shape")
 
 
 def exact_graph(

@@ -339,8 +339,8 @@ class Runtime:
         """calls, hits, served_by_larger (hits a stored class larger than
         the call's own served), declared_to_real (over the hits: the work the
         graphs declare over the calls', batch x seq_q x seq_kv), misses,
-        fallbacks by reason, graphs loaded, the distinct call shapes (exact
-        specs) they served, and the specs that missed."""
+        fallbacks by reason, execute_failures (guard.py), graphs loaded, the
+        distinct call shapes (exact specs) they served, and the specs that missed."""
         with self._count_lock:
             fallbacks = dict(self._fallbacks)
             return {
