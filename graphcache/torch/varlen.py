@@ -31,7 +31,7 @@ from graphcache.errors import UnsupportedCall
 from graphcache.reference.varlen import varlen_reference
 from graphcache.spec import GraphSpec
 from graphcache.torch.guard import exact_graph, failed_plan
-from graphcache.torch.plan import Plan, needs_grad
+from graphcache.torch.plan import Plan
 from graphcache.torch.runtime import RUNTIME
 from graphcache.torch.varlen_derive import effective_window, varlen_spec
 
@@ -107,7 +107,7 @@ def call(args: tuple[Any, ...], extra: tuple[Any, ...]) -> tuple[Any, Any]:
             key.device,
             cu_seq_q.shape,
             cu_seq_q.dtype,
-            None if cu_seq_k is None else (cu_seq_k.shape, cu_seq_k.dtype),
+            None if cu_seq_k is None else cu_seq_k.dtype,
             max_q,
             # A paged spec's seq_kv is its table's reach: max_k changes nothing
             # but a bounded window's normalisation, so decode steps whose
@@ -117,7 +117,7 @@ def call(args: tuple[Any, ...], extra: tuple[Any, ...]) -> tuple[Any, Any]:
             scale,
             tuple(window_size),
             enable_gqa,
-            None if seqused_k is None else (seqused_k.shape, seqused_k.dtype),
+            None if seqused_k is None else seqused_k.dtype,
             None if block_table is None else (block_table.shape, block_table.stride(), block_table.dtype),
             num_splits,
             type(query),
@@ -126,7 +126,11 @@ def call(args: tuple[Any, ...], extra: tuple[Any, ...]) -> tuple[Any, Any]:
         )
     except (AttributeError, RuntimeError, TypeError):  # not tensors: derive says why
         memo_key = None
-    if memo_key is not None and torch.is_grad_enabled() and needs_grad(query, key, value):  # read per call (plan.py)
+    if (  # read per call, never memoized (plan.needs_grad, inlined: the hot path; the index tensors are ints)
+        memo_key is not None
+        and torch.is_grad_enabled()
+        and (query.requires_grad or key.requires_grad or value.requires_grad)
+    ):
         plan = _AUTOGRAD
     elif memo_key is None:
         plan = _plan(None, args, extra)
