@@ -158,3 +158,26 @@ def test_a_padded_prompt_through_the_hf_backend_whose_graph_raises_gets_transfor
         mask = sdpa_mask(2, 16, 16, 0, 0, causal_mask_function, pad, allow_is_causal_skip=False)
         assert torch.equal(got, sdpa_attention_forward(Layer(), q, k, v, mask)[0])
     assert compiler.attempts == 1 and gt.stats()["fallbacks"] == {"execute_failed": 2}
+
+
+def test_out_of_memory_at_execute_falls_back_for_that_call_only(tmp_path, caplog):
+    """A failure of the moment is no verdict on the graph: torch's SDPA
+    serves that call (and raises torch's own error if memory is still
+    short), and the next call of the shape tries the graph again."""
+    short = [True]
+
+    def fails(spec, shape):  # noqa: ANN001, ANN202
+        if short[0]:
+            short[0] = False
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB (stand-in)")
+        return False
+
+    cache, compiler = serve(tmp_path, fails=fails)
+    q, k, v = qkv()
+    cache.get(gt.spec_for(q, k, v))
+    with caplog.at_level(logging.WARNING, logger="graphcache.torch"):
+        for _ in range(2):
+            assert torch.equal(gt.scaled_dot_product_attention(q, k, v), SDPA(q, k, v))
+    stats = gt.stats()
+    assert stats["fallbacks"] == {"execute_failed": 1} and stats["hits"] == 1 and stats["execute_failures"] == 0
+    assert compiler.executions == 1 and "tried again" in caplog.text

@@ -14,13 +14,19 @@ its varlen op, transformers' sdpa), counted under ``execute_failed``.
 ``Failures`` remembers each (graph, call shape) pair that raised, so that
 no later call of that shape tries that graph again in the process: the
 runtime replaces the call shape's memo entry, and a plan made afresh (after
-the memo dropped its entries) reads the record too. The first failure of a
-graph is logged as a warning, those of its other call shapes at debug level.
+the memo dropped its entries) reads the record too. A failure of the moment
+(out of memory: torch's OutOfMemoryError, cuDNN's ALLOC_FAILED) is no
+verdict on the graph: that call falls back (torch's SDPA then allocates, and
+raises torch's own error if memory is still short) and the next call of the
+shape tries the graph again. The first failure of a graph is logged as a
+warning, later ones at debug level.
 """
 
 from __future__ import annotations
 
 import logging
+
+import torch
 
 from graphcache.cache import GraphCache
 from graphcache.compilers.base import LoadedGraph
@@ -29,6 +35,9 @@ from graphcache.spec import GraphSpec
 from graphcache.torch.plan import Plan
 
 log = logging.getLogger(__name__)
+
+# Words of a failure of the moment (graphcache.compilers.cudnn.failures.TRANSIENT's).
+_TRANSIENT = ("OUT OF MEMORY", "ALLOC_FAILED")
 
 
 class Failures:
@@ -41,22 +50,30 @@ class Failures:
         self._graphs: set[GraphSpec] = set()  # the graphs that raised at least once (logged)
         self.count = 0
 
-    def record(self, graph: GraphSpec, call: GraphSpec, error: BaseException) -> None:
+    def record(self, graph: GraphSpec, call: GraphSpec, error: BaseException) -> bool:
         """Note that the graph of spec ``graph`` raised ``error`` at execute
-        on a call of exact spec ``call``, and log it (once per graph as a warning)."""
-        self._pairs.add(hash((graph, call)))
-        self.count += 1
+        on a call of exact spec ``call``, and log it (once per graph as a
+        warning). Returns False, and notes nothing, for a failure of the
+        moment (out of memory): the graph is tried again at the next call."""
+        moment = isinstance(error, torch.cuda.OutOfMemoryError) or any(w in str(error).upper() for w in _TRANSIENT)
+        if not moment:
+            self._pairs.add(hash((graph, call)))
+            self.count += 1
         first = graph not in self._graphs
         self._graphs.add(graph)
         log.log(
             logging.WARNING if first else logging.DEBUG,
-            "graphcache: the cached graph %s raised at execute for %s (%s: %s); falling back to the call's exact "
-            "graph, else torch, and not trying this graph at this shape again in this process",
+            "graphcache: the cached graph %s raised at execute for %s (%s: %s); %s",
             graph.summary(),
             call.summary(),
             type(error).__name__,
             error,
+            "running torch's SDPA for this call (out of memory: the graph is tried again at the next call)"
+            if moment
+            else "falling back to the call's exact graph, else torch, and not trying this graph at this shape "
+            "again in this process",
         )
+        return not moment
 
     def failed(self, graph: GraphSpec, call: GraphSpec) -> bool:
         """True when the graph of spec ``graph`` raised at execute for ``call``."""

@@ -93,6 +93,7 @@ class Runtime:
         with self._lock:
             self._memo.clear()
             self._graphs.clear()
+            self.failures = Failures()  # a verdict on graphs configure() forgets
             self._classless.clear()
             self._served.clear()
             self._missed.clear()
@@ -226,7 +227,9 @@ class Runtime:
         memoized): ``replan()``, made after the record, which never holds that
         (graph, call shape) pair again (graphcache.torch.guard)."""
         with self._lock:
-            self.failures.record(graph_of(plan), call, error)
+            seen = self.failures.failed(graph_of(plan), call)  # another thread's call of the shape recorded it
+            if not seen and not self.failures.record(graph_of(plan), call, error):
+                return failed_plan(plan.spec, graph_of(plan))  # out of memory: this call only, the memo unchanged
             new = replan()
             if new.graph is not None and self.failures.failed(graph_of(new), call):  # never the same pair again
                 new = failed_plan(new.spec, graph_of(new))
