@@ -43,8 +43,8 @@ class GraphSpec:
     ``graphcache.spec_ragged``, which holds their rules and descriptors.
 
     Bias: ``bias`` (None, ``bhss``, ``b1ss``, ``1hss``, ``11ss``) is an
-    additive score bias tensor, an input of the graph (an attn_mask): see
-    ``graphcache.spec_bias``. ``sinks`` (per-head sink logits, gpt-oss): see
+    additive score bias tensor, an input of the graph (an attn_mask), in the
+    io dtype or ``bias_dtype`` (``float32``): see ``graphcache.spec_bias``. ``sinks`` (per-head sink logits, gpt-oss): see
     ``graphcache.spec_sinks``.
 
     Shapes: ``shapes="exact"`` (the default) is a graph of exactly these
@@ -78,6 +78,7 @@ class GraphSpec:
     num_pages: int | None = None
     pages_per_seq: int | None = None
     bias: str | None = None
+    bias_dtype: str | None = None
     sinks: bool = False
 
     def __post_init__(self) -> None:
@@ -261,7 +262,7 @@ class GraphSpec:
         data = {name: getattr(self, name) for name in _FIELDS}
         if self.shapes == "exact":
             del data["shapes"]
-        for name in (*spec_ragged.PAGED_FIELDS, "bias"):  # likewise: only a paged / bias spec has them
+        for name in (*spec_ragged.PAGED_FIELDS, "bias", "bias_dtype"):  # likewise: only a paged / bias spec has them
             if data[name] is None:
                 del data[name]
         if not self.sinks:  # likewise: only a sink spec has it

@@ -14,7 +14,15 @@ cuDNN's SDPA adds a bias tensor to the scaled scores before the softmax
 
 ``s_q`` and ``s_kv`` are always full. ``None`` (the default) is no bias, and a
 spec without one keeps its canonical form and key. The tensor is packed
-(contiguous) in the dtype of q/k/v; -inf hides a key. A class spec's bias
+(contiguous) in the dtype of q/k/v, or in float32 where ``bias_dtype`` is
+``"float32"`` (a float32 mask with 16-bit q/k/v, kept at its precision: bf16
+holds a bias of 32 to within 0.125); -inf hides a key. cuDNN's SDPA takes a
+bias tensor of any data type but boolean (cudnn-frontend's
+``sdpa_support_surface.h``); of 1.32's Python engines the SM80 one compiles a
+float32 bias load, the SM100 / SM107 ones decline it ("cast an fp32 bias
+first"), so where a target's engines refuse the float32 bias the build says
+unsupported and the drop-in runs torch. ``bias_dtype`` ``None`` (the default)
+keeps a bias spec's canonical form and key as they were. A class spec's bias
 takes the real shape like q/k/v do (execute-time shape override).
 
 May import: graphcache.errors.
@@ -27,6 +35,7 @@ from typing import Any
 from graphcache.errors import SpecError
 
 BIASES = ("bhss", "b1ss", "1hss", "11ss")
+BIAS_DTYPES = ("float32",)  # besides None: the io dtype
 
 _MEANING = (
     "bhss (per batch element and head), b1ss (per batch element), 1hss (per head), "
@@ -38,6 +47,12 @@ def check(spec: Any) -> None:
     """Raise SpecError naming ``bias`` for a value not in ``BIASES``, or for a
     ragged/paged (thd) spec, which takes no bias here."""
     bias = spec.bias
+    if spec.bias_dtype is not None and (spec.bias_dtype not in BIAS_DTYPES or bias is None):
+        raise SpecError(
+            f"bias_dtype={spec.bias_dtype!r} is not supported: null (the bias in the io dtype) or float32, "
+            "and only with a bias",
+            "bias_dtype",
+        )
     if bias is None:
         return
     if bias not in BIASES:
@@ -68,8 +83,10 @@ def of_shape(batch: int, heads: int, spec_batch: int, spec_heads: int) -> str | 
 
 
 def json_schema_props() -> dict[str, Any]:
-    return {"bias": {"enum": [*BIASES, None]}}
+    return {"bias": {"enum": [*BIASES, None]}, "bias_dtype": {"enum": [*BIAS_DTYPES, None]}}
 
 
 def summary_part(spec: Any) -> list[str]:
-    return [f"bias({spec.bias})"] if spec.bias is not None else []
+    if spec.bias is None:
+        return []
+    return [f"bias({spec.bias})" if spec.bias_dtype is None else f"bias({spec.bias},fp32)"]

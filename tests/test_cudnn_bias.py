@@ -27,7 +27,8 @@ def make(**changes) -> GraphSpec:  # noqa: ANN003
 @pytest.mark.skipif(_has_driver(), reason="records what 1.32 does on a machine without an NVIDIA driver")
 @pytest.mark.parametrize("bias", BIASES)
 @pytest.mark.parametrize(
-    "extra", [{}, {"layout": "bhsd", "mask": "causal"}, {"shapes": "class", "generate_stats": True}]
+    "extra",
+    [{}, {"layout": "bhsd", "mask": "causal"}, {"shapes": "class", "generate_stats": True}, {"bias_dtype": "float32"}],
 )
 def test_a_bias_graph_validates_and_lowers_with_the_bias_tensor_it_declares(bias, extra):
     cudnn = _frontend_1_32()
@@ -36,6 +37,7 @@ def test_a_bias_graph_validates_and_lowers_with_the_bias_tensor_it_declares(bias
     built = build_graph(cudnn, spec, uids, lower=False)
     t = built.tensors["bias"]
     assert list(t.get_dim()) == list(spec.dims("bias")) and list(t.get_stride()) == list(spec.strides("bias"))
+    assert t.get_data_type() == (cudnn.data_type.FLOAT if spec.bias_dtype else cudnn.data_type.BFLOAT16)
     assert t.get_uid() == 17 == uids.for_spec(spec)["bias"]
     node = built.graph.nodes() if callable(built.graph.nodes) else built.graph.nodes
     assert node[0].inputs["bias"] is t  # the sdpa node reads it as its bias
@@ -58,6 +60,20 @@ def test_the_frontends_own_sdpa_analyzer_reads_the_bias_as_declared(bias):
     assert facts is not None and facts.invalid is None and facts.has_bias and not facts.has_dbias
     assert facts.bias_dim == spec.dims("bias") and facts.bias_stride == spec.strides("bias")
     assert facts.bias_dtype == cudnn.data_type.BFLOAT16 and facts.bias_t.uid == 17
+
+
+@pytest.mark.cudnn
+def test_a_float32_bias_is_declared_float32_and_the_frontends_analyzer_takes_it():
+    """1.32's analyzer finds nothing invalid in a float32 bias with bf16
+    q/k/v (its SM80 Python engine compiles a float32 bias load; which of the
+    native engines run one is not yet seen on a GPU)."""
+    cudnn = _frontend_1_32()
+    from cudnn.sdpa.graph_analyzer import analyze
+
+    spec = make(bias="1hss", bias_dtype="float32")
+    facts = analyze(build_graph(cudnn, spec, UidMap.default(), lower=False).graph)
+    assert facts is not None and facts.invalid is None and facts.has_bias
+    assert facts.bias_dtype == cudnn.data_type.FLOAT and facts.dtype == cudnn.data_type.BFLOAT16
 
 
 def test_a_graph_without_bias_declares_none():
@@ -138,12 +154,15 @@ def cpu_workspace(monkeypatch):
     monkeypatch.setattr(override, "workspace", lambda graph, size: torch.empty(size, dtype=torch.uint8))
 
 
+@pytest.mark.parametrize("bias_dtype", [None, "float32"])
 @pytest.mark.parametrize("bias", ["b1ss", "1hss"])
-def test_a_bias_class_graph_passes_its_check_and_one_ignoring_the_bias_override_does_not(cpu_workspace, bias):
+def test_a_bias_class_graph_passes_its_check_and_one_ignoring_the_bias_override_does_not(
+    cpu_workspace, bias, bias_dtype
+):
     from graphcache import UnsupportedSpec
     from graphcache.compilers.cudnn import override
 
-    spec = make(bias=bias, shapes="class", seq_q=256, seq_kv=256, mask="none")
+    spec = make(bias=bias, bias_dtype=bias_dtype, shapes="class", seq_q=256, seq_kv=256, mask="none")
     assert override.check_class(bias_class_graph(spec)) < 2e-2
     with pytest.raises(UnsupportedSpec, match="disagrees with the float32 reference"):
         override.check_class(bias_class_graph(spec, declared_bias=True))
@@ -207,6 +226,32 @@ def test_the_reference_adds_the_bias_and_zeroes_rows_that_see_no_key_as_torch_do
     assert not keep[hidden.any(1) if b.shape[0] > 1 else hidden.any(1).expand(spec.batch, -1)].any()
     fallback = TorchSdpaGraph(spec).execute(feed["q"], feed["k"], feed["v"], bias=b)
     assert torch.allclose(fallback.float().transpose(1, 2), want, atol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_float32_bias_spec_gives_torchs_answer_for_t5_sized_biases_where_the_io_dtype_cast_does_not(dtype):
+    """T5's relative position biases (and biases of +-32) added in float32,
+    as torch's SDPA adds a float32 mask to 16-bit scores: the reference and
+    the fallback graph of a ``bias_dtype: float32`` spec give torch's answer;
+    the bias cast to the io dtype first is off by more than bf16's tolerance."""
+    from graphcache import ExecutionError
+    from graphcache.compilers.torch_sdpa import TorchSdpaGraph, random_inputs, reference
+    from graphcache.reference.measure import TOLERANCE, relative_error
+
+    spec = make(bias="1hss", bias_dtype="float32", dtype=dtype, layout="bhsd")
+    feed = random_inputs(spec, "cpu", seed=6)
+    assert feed["bias"].dtype == torch.float32
+    bias = (torch.rand(spec.dims("bias"), generator=torch.Generator().manual_seed(6)) * 2 - 1) * 32
+    q, k, v = feed["q"], feed["k"], feed["v"]
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias, enable_gqa=True)
+    ref, _ = reference(spec, q, k, v, bias=bias)
+    assert relative_error(ref, want) < TOLERANCE[dtype] / 4
+    assert torch.equal(TorchSdpaGraph(spec).execute(q, k, v, bias=bias), want)
+    cast = TorchSdpaGraph(spec.replace(bias_dtype=None)).execute(q, k, v, bias=bias.to(q.dtype))
+    if dtype == "bfloat16":
+        assert relative_error(cast, want) > TOLERANCE[dtype], "what casting the bias to bf16 cost"
+    with pytest.raises(ExecutionError, match="float32"):
+        TorchSdpaGraph(spec).execute(q, k, v, bias=bias.to(q.dtype))
 
 
 def test_the_fallback_graph_combines_the_bias_with_the_specs_mask_and_refuses_a_missing_one():

@@ -151,6 +151,54 @@ def test_right_padded_causal_prompt_is_a_padded_dense_graph():
     assert spec.padding and spec.mask == "causal" and spec.layout != "thd"
 
 
+@pytest.mark.parametrize(
+    ("left", "causal", "sq"),
+    [(False, True, 16), (True, True, 16), (True, True, 1), (False, False, 16), (True, False, 16)],
+    ids=["right-padded prompt", "left-padded prompt", "left-padded decode", "right-padded encoder", "left encoder"],
+)
+def test_every_row_of_a_padded_call_is_transformers_answer_padded_rows_included(left, causal, sq):
+    """transformers' sdpa gives a padded query row what its 4-D mask lets
+    it see (issue 33, item 6a): on the right of a causal prompt, every real
+    token of its sequence (the keys up to its own position that are tokens);
+    on the left, nothing, which torch's SDPA answers with 0; in an encoder,
+    every real token. The backend's graphs give the same, on every row."""
+    pattern = causal_mask_function if causal else bidirectional_mask_function
+    layer, pad = Layer(causal=causal), tokens([16, 5, 11], 16, left=left)
+    if sq == 1:
+        pad = torch.cat([pad, torch.ones((B, 1), dtype=torch.bool)], dim=1)
+    q, k, v = qkv(B, sq, pad.shape[1])
+    got = ours(layer, q, k, v, pad, pattern)
+    want = torch_answer(layer, q, k, v, pad, pattern)
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+    assert hits() == 1 and gt.stats()["fallbacks"] == {}
+
+
+class NanRowsCompiler(CpuGraphCompiler):
+    """Stands in for a cuDNN thd plan on the query rows that see no key,
+    where cuDNN promises nothing (a softmax over nothing): its graphs write
+    NaN there (the rows the reference answers with zeros)."""
+
+    def load(self, artifact):  # noqa: ANN001, ANN201
+        graph = super().load(artifact)
+        real = graph.run_varlen
+
+        def run_varlen(q, k, v, *rest):  # noqa: ANN001, ANN002, ANN202
+            out, lse = real(q, k, v, *rest)
+            return out.masked_fill((out == 0).all(-1, keepdim=True), float("nan")), lse
+
+        graph.run_varlen = run_varlen
+        return graph
+
+
+def test_the_padded_rows_of_a_left_padded_prompt_are_zero_whatever_the_graph_wrote_there(tmp_path):
+    gt.configure(GraphCache(DiskStore(tmp_path / "nan"), NanRowsCompiler()), device="cpu", on_miss="build")
+    layer, pad = Layer(), tokens([16, 5, 11], 16, left=True)
+    q, k, v = qkv(B, 16, 16)
+    got = ours(layer, q, k, v, pad)
+    assert hits() == 1 and not got.isnan().any()
+    torch.testing.assert_close(got.float(), torch_answer(layer, q, k, v, pad).float(), atol=2e-2, rtol=2e-2)
+
+
 def test_padded_encoder_and_cross_attention_are_ragged_graphs():
     pad = tokens([16, 5, 11], 16, left=False)
     q, k, v = qkv(B, 16, 16)
@@ -379,6 +427,29 @@ def test_sinks_are_a_sink_graph_with_gpt_oss_eagers_answer(sq, skv, window, extr
     want = gpt_oss_eager(layer, q, k, v, mask, scaling=D**-0.5)[0]
     torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
     assert hits() == 1 and gt.stats()["fallbacks"] == {}
+
+
+def test_a_sink_that_requires_grad_gets_its_gradient_after_a_no_grad_call_of_the_same_shapes():
+    """The dense path's plan for a call shape is made once; whether the
+    call needs gradients is read per call (issue 33, item 5)."""
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssAttention
+    from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward as gpt_oss_eager
+
+    cfg = transformers.GptOssConfig(hidden_size=256, num_attention_heads=HQ, num_key_value_heads=HKV, head_dim=D)
+    layer = GptOssAttention(cfg, layer_idx=1).eval().to(torch.bfloat16)  # its eager is gpt-oss's, which takes sinks
+    layer.requires_grad_(False).sinks.requires_grad_(True)  # only the sinks are trained
+    with torch.no_grad():
+        layer.sinks.copy_(torch.randn(HQ, generator=torch.Generator().manual_seed(1)))
+    q, k, v = qkv(1, 20, 20)
+    with torch.no_grad():
+        attention(layer, q, k, v, None, scaling=D**-0.5, s_aux=layer.sinks)
+    assert hits() == 1
+    attention(layer, q, k, v, None, scaling=D**-0.5, s_aux=layer.sinks)[0].float().sum().backward()
+    mask = torch.zeros(20, 20).masked_fill(torch.ones(20, 20, dtype=torch.bool).triu(1), float("-inf"))
+    want = gpt_oss_eager(layer, q, k, v, mask.view(1, 1, 20, 20).to(torch.bfloat16), scaling=D**-0.5)[0]
+    (grad,) = torch.autograd.grad(want.float().sum(), layer.sinks)
+    assert layer.sinks.grad is not None and torch.equal(layer.sinks.grad, grad)
+    assert hits() == 1 and gt.stats()["fallbacks"] == {"autograd": 1}
 
 
 def test_a_static_cache_keys_past_the_tokens_seen_are_masked_not_attended():

@@ -85,3 +85,37 @@ def test_manifests_accept_the_field(tmp_path):
 def test_the_json_schema_lists_the_values():
     schema = GraphSpec.json_schema()["properties"]["bias"]
     assert set(schema["enum"]) == {"bhss", "b1ss", "1hss", "11ss", None}
+
+
+@pytest.mark.parametrize("bias", ["bhss", "b1ss", "1hss", "11ss"])
+def test_bias_dtype_leaves_every_bias_specs_key_as_it_was_and_float32_is_a_spec_of_its_own(bias):
+    spec = make(bias=bias)
+    assert spec.bias_dtype is None and "bias_dtype" not in json.loads(spec.canonical_json())
+    assert key_for(make(bias=bias, bias_dtype=None), TARGET) == key_for(spec, TARGET)
+    wide = make(bias=bias, bias_dtype="float32")
+    assert json.loads(wide.canonical_json())["bias_dtype"] == "float32"
+    assert GraphSpec.from_dict(json.loads(wide.canonical_json())) == wide
+    assert key_for(wide, TARGET) != key_for(spec, TARGET)
+    assert f"bias({bias},fp32)" in wide.summary() and wide.dims("bias") == spec.dims("bias")
+    assert UidMap.default().for_spec(wide)["bias"] == 17
+    klass = make(bias=bias, bias_dtype="float32", shapes="class")
+    assert klass.covers(make(bias=bias, bias_dtype="float32", batch=3)) and not klass.covers(make(bias=bias, batch=3))
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"bias": "1hss", "bias_dtype": "float16"},
+        {"bias": "1hss", "bias_dtype": "fp32"},
+        {"bias": "1hss", "bias_dtype": True},
+    ],
+)
+def test_a_bad_bias_dtype_or_one_without_a_bias_names_the_field(changes):
+    for bad in (changes, {"bias_dtype": "float32"}):
+        with pytest.raises(SpecError) as info:
+            make(**bad)
+        assert info.value.field == "bias_dtype" and "float32" in str(info.value)
+
+
+def test_the_json_schema_lists_the_bias_dtypes():
+    assert set(GraphSpec.json_schema()["properties"]["bias_dtype"]["enum"]) == {"float32", None}

@@ -192,6 +192,27 @@ def test_the_bias_a_graph_receives_is_additive_packed_and_in_the_io_dtype(served
     assert torch.equal(bias == 0, mask) and torch.equal(bias == NEG_INF, ~mask)
 
 
+def test_a_float32_mask_with_bf16_q_reaches_a_float32_bias_graph_and_keeps_its_precision(served, seen):
+    """T5-sized biases (+-32) in a float32 mask: the spec is the bias spec
+    with ``bias_dtype: float32``, the graph receives the mask in float32, and
+    the answer is torch's (issue 33, item 6c); cast to bf16 first it was
+    about 0.02 off. A mask in q's dtype keeps the spec and key it had."""
+    from graphcache.reference.measure import relative_error
+
+    q, k, v = qkv()
+    bias = (torch.rand(1, 4, 16, 24, generator=torch.Generator().manual_seed(7)) * 2 - 1) * 32
+    assert (gt.spec_for(q, k, v, attn_mask=bias).bias, gt.spec_for(q, k, v, attn_mask=bias).bias_dtype) == (
+        "1hss",
+        "float32",
+    )
+    assert gt.spec_for(q, k, v, attn_mask=bias.to(torch.bfloat16)).bias_dtype is None
+    for _ in range(2):
+        got = gt.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+        assert seen[-1].dtype == torch.float32 and seen[-1].data_ptr() == bias.data_ptr(), "passed as it is"
+    assert gt.stats()["hits"] == 2
+    assert relative_error(got, SDPA(q, k, v, attn_mask=bias)) < 2e-3
+
+
 # (a mask shared by every query row, (..., 1, s_kv), is folded into heads instead: rows_are_heads)
 @pytest.mark.parametrize("shape", [(16, 1), (1, 1, 16, 1), (2, 1, 16, 1), (16, 24), (2, 1, 16, 24)])
 def test_a_boolean_mask_that_broadcasts_reaches_the_graph_as_the_full_packed_bias(served, seen, shape):
@@ -256,3 +277,66 @@ def test_record_writes_the_bias_and_warm_reads_it_back(tmp_path):
     assert specs == list(recorder.specs)
     assert {s.bias for s in specs} == {"b1ss", "1hss"}
     assert all(isinstance(s, GraphSpec) and s.mask == "none" for s in specs)
+
+
+# -- autograd ------------------------------------------------------------------------
+
+
+def test_a_learned_mask_gets_its_gradient_after_a_no_grad_call_of_the_same_shapes(served):
+    """A bias graph is forward-only (cuDNN writes a fresh tensor): once an
+    eval call under no_grad has made the call shape's plan, the same shapes
+    with a mask that requires grad still run torch's SDPA (issue 33, item 5)."""
+    q, k, v = qkv()
+    learned = torch.randn(1, 4, 16, 24, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    learned.requires_grad_()  # a relative position bias being trained
+    with torch.no_grad():
+        gt.scaled_dot_product_attention(q, k, v, attn_mask=learned)
+    assert gt.stats()["hits"] == 1
+    gt.scaled_dot_product_attention(q, k, v, attn_mask=learned).float().sum().backward()
+    (want,) = torch.autograd.grad(SDPA(q, k, v, attn_mask=learned).float().sum(), learned)
+    assert learned.grad is not None and torch.equal(learned.grad, want)
+    assert gt.stats()["fallbacks"] == {"autograd": 1} and gt.stats()["hits"] == 1
+
+
+def test_a_mask_subclass_never_shares_a_plain_masks_memo_entry(served):
+    class Tagged(torch.Tensor):
+        pass
+
+    q, k, v = qkv()
+    mask = left_padded()
+    gt.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    got = gt.scaled_dot_product_attention(q, k, v, attn_mask=mask.as_subclass(Tagged))
+    assert torch.equal(got, SDPA(q, k, v, attn_mask=mask))
+    assert gt.stats()["hits"] == 1 and gt.stats()["fallbacks"] == {"mask": 1}
+
+
+# -- what torch refuses --------------------------------------------------------------
+
+MASK_SHAPES = [(), (1,), (24,), (16, 24), (1, 24), (16, 1), (4, 16, 24), (2, 16, 24), (24, 1), (2, 4, 1, 1)]
+MASK_SHAPES += [(2, 1, 16, 24), (3, 1, 16, 24), (1, 1, 1, 16, 24), (1, 2, 4, 16, 24)]
+MASK_DTYPES = [torch.bool, torch.float32, torch.bfloat16, torch.float16, torch.int32]
+
+
+@pytest.mark.parametrize("dtype", MASK_DTYPES, ids=str)
+@pytest.mark.parametrize("shape", MASK_SHAPES, ids=str)
+def test_the_drop_in_refuses_what_torch_refuses_with_torchs_error_and_serves_the_rest(served, shape, dtype):
+    """torch 2.13's own SDPA is the truth: where it raises for a mask (0-D
+    and 1-D masks, shapes that do not broadcast, dtypes it does not take),
+    the drop-in raises the same error, with a graph ready to serve the
+    call's shapes; where it answers, the drop-in answers the same."""
+    q, k, v = qkv()
+    gen = torch.Generator().manual_seed(len(shape))
+    mask = torch.rand(shape, generator=gen) > 0.3 if dtype == torch.bool else torch.ones(shape, dtype=dtype)
+    try:
+        want = SDPA(q, k, v, attn_mask=mask)
+    except Exception as theirs:  # noqa: BLE001 - whatever torch raises is the answer
+        for _ in range(2):  # the first call of the call shape, then its memo entry
+            with pytest.raises(type(theirs)) as ours:
+                gt.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            assert str(ours.value) == str(theirs)
+        assert gt.stats()["calls"] == 0
+        return
+    for _ in range(2):
+        got = gt.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+    assert gt.stats()["calls"] == 2

@@ -126,7 +126,7 @@ class TorchSdpaGraph:
             ]
             allowed = torch.stack(masks).unsqueeze(1)
             kwargs["attn_mask"] = allowed if bias is None else bias.masked_fill(~allowed, float("-inf"))
-        elif bias is not None:  # additive, in the io dtype: torch adds it to the scaled scores
+        elif bias is not None:  # additive, in the io dtype or float32 (bias_dtype): torch adds it to the scaled scores
             kwargs["attn_mask"] = bias
         # torch's own op, not the module attribute: graphcache.torch.patch()
         # routes F.scaled_dot_product_attention back through graphcache.

@@ -197,12 +197,15 @@ class _Call:
         assert isinstance(out, torch.Tensor)
         out = out.view(b, sq, hq, out.shape[-1])
         if pad is not None and self.causal and sq > 1:
-            # A padded query row sees no key: zero, whatever the kernel left there.
-            out = out * pad[:, -sq:].view(b, sq, 1, 1).to(out.dtype)
+            # A padded query row of a causal call padded on the left sees no key: torch's SDPA answers 0 there
+            # (transformers' sdpa too), whatever the kernel left (a fill, not a product: NaN * 0 is NaN).
+            out = out.masked_fill(~pad[:, -sq:].view(b, sq, 1, 1), 0.0)
         return out, None
 
     def padded(self) -> tuple[torch.Tensor, None]:
-        """A dense graph with per-sequence lengths (right padding, causal)."""
+        """A dense graph with per-sequence key lengths (right padding,
+        causal): a padded query row attends over its sequence's tokens, as in
+        transformers' sdpa (graphcache.hf.dense)."""
         out = run_dense(self.q, self.k, self.v, self.scaling, None, self.mask.sum(dim=1, dtype=torch.int32))
         return (out, None) if out is not None else self.sdpa_uncounted()
 

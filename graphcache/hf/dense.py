@@ -3,8 +3,12 @@ graphcache.torch's runtime (its cache, length classes, loaded graphs and
 counters; the memo entry of a call shape is made once):
 
 - a right-padded prompt: ``padding``, each sequence's tokens its first
-  ``length`` rows, cuDNN's padding mask (``seq_len_q`` / ``seq_len_kv``)
-  ending it there;
+  ``length`` keys, cuDNN's padding mask ending them there (``seq_len_kv``)
+  while every query row is computed (``seq_len_q`` is s_q): with the causal
+  mask (top-left) a padded query row, past every token of its sequence,
+  attends over all of them, as transformers' sdpa answers it (its 4-D mask
+  is causal and the padding, nothing more); one (b,) fill on the device per
+  call, no host read;
 - an unpadded prompt with a sliding window in reach: mask
   ``sliding_window`` (queries and keys aligned, s_q == s_kv);
 - attention sinks (gpt-oss's ``s_aux``): ``sinks``, the per-head logits a
@@ -14,6 +18,7 @@ counters; the memo entry of a call shape is made once):
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import torch
@@ -22,7 +27,7 @@ import graphcache.torch as gt
 from graphcache.errors import UnsupportedCall
 from graphcache.spec import GraphSpec
 from graphcache.torch.derive import Derived, derive, packed
-from graphcache.torch.runtime import Plan
+from graphcache.torch.plan import Plan, needs_grad
 
 _MEMO_TAG = "hf-dense"  # shares the runtime's memo (configure/reset clear it), never its keys
 
@@ -58,8 +63,9 @@ def run_dense(
 ) -> torch.Tensor | None:
     """(b, s, h_q, d_v) from the graph, counted as a hit; or None (the call
     counted under its reason) for the caller to run transformers' sdpa.
-    ``lengths`` (b,) int32 on the device: each sequence's tokens (with no
-    ``window``), ``window`` the positions a query sees (without lengths);
+    ``lengths`` (b,) int32 on the device: each sequence's tokens, the keys
+    it has (with no ``window``; every query row is computed, a padded one
+    over its sequence's tokens), ``window`` the positions a query sees (without lengths);
     ``sink`` (h_q,): the sink logits of a sink spec (without lengths)."""
     runtime = gt.RUNTIME
     memo_key = (
@@ -71,27 +77,48 @@ def run_dense(
         v.shape,
         v.stride(),
         q.dtype,
+        k.dtype,
+        v.dtype,
         q.device,
+        k.device,
+        v.device,
+        type(q),
+        type(k),
+        type(v),
         scale,
         window,
         sink is not None,
     )
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+    if torch.is_grad_enabled() and needs_grad(q, k, v, sink):  # read per call (graphcache.torch.plan)
         plan = Plan(None, None, "autograd", "an input requires grad: cuDNN graphs here are forward-only")
     else:
         plan = runtime._memo.get(memo_key) or _plan(memo_key, q, k, v, scale, window, sink is not None)
     if runtime.recorders:  # a hit with none recording makes no list
         _note(q, k, v, scale, window, sink is not None)
+    while plan.graph is not None and plan.spec is not None:
+        try:
+            out = _run(plan, q, k, v, lengths, sink)
+        except Exception as exc:  # noqa: BLE001 - never into the model: the exact graph, else transformers' sdpa
+            replan = partial(runtime._plan_for, Derived(plan.spec, plan.copy_q), q.device)
+            plan = runtime.execute_failed(memo_key, plan, exc, plan.spec, replan)  # graphcache.torch.guard
+            continue
+        runtime.count(plan)
+        return out
     runtime.count(plan)
-    if plan.graph is None or plan.spec is None:
-        return None
+    return None
+
+
+def _run(plan: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: Any, sink: Any) -> torch.Tensor:
+    """(b, s, h_q, d_v) from ``plan``'s graph (``run_dense`` says what the
+    arguments are); raises what the graph's execute raises."""
+    assert plan.graph is not None and plan.spec is not None
     if lengths is None and sink is None:
         return plan.run(q, k, v).transpose(1, 2).contiguous()
     spec = plan.spec
     extra: dict[str, Any] = {}
-    if lengths is not None:
+    if lengths is not None:  # every query row (s_q each), each sequence's keys its tokens: see the module's docs
         lens = lengths.view(q.shape[0], 1, 1, 1)
-        extra.update(seq_len_q=lens, seq_len_kv=lens)
+        extra.update(seq_len_q=torch.full_like(lens, q.shape[2]), seq_len_kv=lens)
     if sink is not None:  # float32 (1, h_q, 1, 1), a device cast (no host read)
         extra["sink"] = sink.to(torch.float32).reshape(1, -1, 1, 1).contiguous()
     if plan.copy_kv:

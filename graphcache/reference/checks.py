@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from graphcache.errors import ExecutionError
-from graphcache.reference.dense import torch_dtype
+from graphcache.reference.dense import bias_dtype, torch_dtype
 from graphcache.spec import GraphSpec
 
 
@@ -63,12 +63,12 @@ def check_inputs(
     bias = tensors.get("bias")
     if (bias is None) != (spec.bias is None):
         raise ExecutionError(
-            f"bias is missing: the spec has bias={spec.bias}, pass its {spec.dims('bias')} tensor ({want_dtype})"
+            f"bias is missing: the spec has bias={spec.bias}, pass its {spec.dims('bias')} tensor ({bias_dtype(spec)})"
             if bias is None
             else "bias was given but the spec has no bias"
         )
     if bias is not None:
-        _check_tensor(spec, "bias", bias, spec.dims("bias"), want_dtype)
+        _check_tensor(spec, "bias", bias, spec.dims("bias"), bias_dtype(spec))
         if bias.device != device:
             raise ExecutionError(f"bias is on {bias.device} but q is on {device}")
 

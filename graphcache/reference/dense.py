@@ -22,6 +22,14 @@ def torch_dtype(spec: GraphSpec) -> Any:
     return {"float16": torch.float16, "bfloat16": torch.bfloat16}[spec.dtype]
 
 
+def bias_dtype(spec: GraphSpec) -> Any:
+    """The torch dtype of a bias spec's bias tensor: float32 where its
+    ``bias_dtype`` says so, else the io dtype (graphcache.spec_bias)."""
+    import torch
+
+    return torch.float32 if spec.bias_dtype == "float32" else torch_dtype(spec)
+
+
 def allowed_mask(
     spec: GraphSpec, seq_len_q: int | None = None, seq_len_kv: int | None = None, device: Any = None
 ) -> Any:
@@ -238,7 +246,7 @@ def random_inputs(spec: GraphSpec, device: str, seed: int = 0) -> dict[str, Any]
 
 
 def random_bias(spec: GraphSpec, gen: Any, device: str) -> Any:
-    """A bias spec's (b|1, h|1, s_q, s_kv) input in its dtype: random values,
+    """A bias spec's (b|1, h|1, s_q, s_kv) input in its dtype (``bias_dtype``): random values,
     about a fifth of the keys hidden (-inf), a query row that sees no key at
     all, and in the last batch element the leading keys hidden from every row
     (left padding: the whole first 64-key tile -inf where s_kv allows)."""
@@ -250,7 +258,7 @@ def random_bias(spec: GraphSpec, gen: Any, device: str) -> Any:
     bias.masked_fill_(torch.rand(dims, generator=gen, device=device) < 0.2, float("-inf"))
     bias[0, 0, min(3, spec.seq_q - 1)] = float("-inf")
     bias[-1, :, :, : min(80, spec.seq_kv // 2)] = float("-inf")
-    return bias.to(torch_dtype(spec))
+    return bias.to(bias_dtype(spec))
 
 
 def score_matrix_bytes(spec: GraphSpec) -> int:

@@ -35,9 +35,9 @@ if tuple(int(p) for p in _torch.__version__.split("+")[0].split(".")[:2]) < (2, 
 from graphcache.cache import GraphCache
 from graphcache.errors import UnsupportedCall
 from graphcache.torch.derive import spec_for
+from graphcache.torch.onmiss import ON_MISS, ON_MISS_VAR
 from graphcache.torch.patching import RUNTIME, disable, enable, enabled, patch, scaled_dot_product_attention
 from graphcache.torch.recording import Recorder, record
-from graphcache.torch.runtime import ON_MISS, ON_MISS_VAR
 from graphcache.torch.varlen import varlen_attn
 
 __all__ = [
@@ -63,10 +63,12 @@ def stats() -> dict[str, Any]:
     """This process's drop-in counters: ``calls``, ``hits``, ``misses``,
     ``fallbacks`` (calls that ran torch's SDPA or varlen kernel, by reason:
     miss, mask, dtype, head_dim, not_4d, layout, device, autograd,
-    unsupported, no_gpu, and for varlen_attn num_splits, window, page_size,
-    ...), ``graphs_loaded``, ``shapes_served`` (the distinct call shapes the
-    loaded graphs served: under length classes, many per graph) and
-    ``missed_specs``. SDPA and varlen_attn calls are counted together."""
+    unsupported, no_gpu, execute_failed, and for varlen_attn num_splits,
+    window, page_size, ...), ``execute_failures`` (the (graph, call shape)
+    pairs whose execute raised: graphcache.torch.guard), ``graphs_loaded``,
+    ``shapes_served`` (the distinct call shapes the loaded graphs served:
+    under length classes, many per graph) and ``missed_specs``. SDPA and
+    varlen_attn calls are counted together."""
     return RUNTIME.stats()
 
 

@@ -1,14 +1,18 @@
 """A call's ``attn_mask`` as a bias graph's input (the spec field ``bias``).
 
 torch's SDPA takes a boolean mask (True: the query may see the key) or a
-float one added to the scaled scores, of any shape that broadcasts to
-(batch, heads_q, s_q, s_kv). A cuDNN graph takes an additive bias tensor of
-(batch or 1, heads or 1, s_q, s_kv) in the io dtype (``graphcache.spec_bias``).
-``bias_from`` says, once per call shape, whether a mask fits such a graph and
-how to turn it into one; ``BiasFrom`` does it per call, on the mask's device:
-a boolean mask becomes 0 / -inf (one ``torch.where``), a float mask in the
-io dtype with packed strides is passed as it is, anything else is expanded
-or cast into a packed tensor. Nothing reads a tensor's value on the host.
+float one added to the scaled scores, of 2 to 4 dims that broadcast to
+(batch, heads_q, s_q, s_kv); it raises for a 0-D or 1-D mask, and so does
+the drop-in (such a call runs torch). A cuDNN graph takes an additive bias tensor of
+(batch or 1, heads or 1, s_q, s_kv) in the io dtype, or in float32
+(``graphcache.spec_bias``, ``bias_dtype``). ``bias_from`` says, once per
+call shape, whether a mask fits such a graph and how to turn it into one;
+``BiasFrom`` does it per call, on the mask's device: a boolean mask becomes
+0 / -inf in the io dtype (one ``torch.where``, exact), a float mask in the
+io dtype or in float32 (with 16-bit q, a ``bias_dtype: float32`` spec: the
+mask keeps its precision, as torch's SDPA adds it) with packed strides is
+passed as it is, anything else is expanded into a packed tensor. Nothing
+reads a tensor's value on the host.
 
 Rows that see no key at all: torch's SDPA (2.5+, every backend's contract,
 seen on CPU with 2.13) returns 0 for a query row whose mask hides every key,
@@ -44,7 +48,9 @@ class BiasFrom:
     """How one call shape's mask becomes the graph's bias: ``boolean`` masks
     become 0 / -inf; a float mask is ``copy``-ed (expanded, cast, packed) where
     it is not already the packed tensor the graph reads. ``lead`` is the
-    number of leading size-1 dims that make the mask 4-D; ``dims`` the bias's."""
+    number of leading size-1 dims that make the mask 4-D; ``dims`` the bias's,
+    ``dtype`` its torch dtype (the io dtype, or float32 where the spec's
+    ``bias_dtype`` is ``float32``)."""
 
     kind: str  # the spec's bias field: bhss, b1ss, 1hss, 11ss
     dims: tuple[int, int, int, int]
@@ -58,6 +64,7 @@ class BiasFrom:
     # wrapped into a new tensor on every call); None: torch.where's own.
     neg_inf: torch.Tensor | None = field(default=None, compare=False)
     expand: bool = True  # the 4-D mask is not already ``dims`` (an expand view per call otherwise)
+    bias_dtype: str | None = None  # the spec's field: "float32" for a float32 mask with 16-bit q, else None
 
     def fold(self, q: torch.Tensor) -> torch.Tensor:
         """The graph's query: ``q`` itself, or its rows as heads (a view)."""
@@ -104,11 +111,16 @@ def bias_from(
     Raises UnsupportedCall with reason ``mask`` (a mask no bias spec
     expresses: not a plain tensor, more than 4 dims, a dim neither the
     call's nor 1, an integer dtype, a float dtype other than float32 or
-    query's; ``rows``: see ``BiasFrom.rows``) or ``invalid`` (another device), ``autograd`` (a mask that
-    requires grad)."""
+    query's; ``rows``: see ``BiasFrom.rows``), ``invalid`` (a 0-D or 1-D
+    mask, which torch's SDPA refuses; another device: the fallback raises
+    torch's own error) or ``autograd`` (a mask that requires grad)."""
     if not isinstance(mask, torch.Tensor) or type(mask) not in (torch.Tensor, torch.nn.Parameter) or mask.is_nested:
         raise UnsupportedCall(
             reason="mask", message=f"attn_mask is a {type(mask).__name__}; a bias graph takes a plain tensor"
+        )
+    if mask.dim() < 2:  # torch 2.13 raises IndexError for these, every dtype: the fallback gives its error
+        raise UnsupportedCall(
+            reason="invalid", message=f"attn_mask is {mask.dim()}-D: torch's SDPA takes masks of 2 dims or more"
         )
     if mask.device != query.device:
         raise UnsupportedCall(reason="invalid", message=f"attn_mask is on {mask.device} and query on {query.device}")
@@ -133,10 +145,14 @@ def bias_from(
         )
     dims = (batch if kind[0] == "b" else 1, heads_q if kind[1] == "h" else 1, seq_q, seq_kv)
     lead = 4 - mask.dim()
-    copy = not boolean and (mask.dtype != query.dtype or not _packed(mask[(None,) * lead], dims))
+    wide = mask.dtype == torch.float32 and query.dtype != torch.float32  # kept in float32, never rounded to q's
+    dtype = torch.float32 if wide else query.dtype
+    copy = not boolean and (mask.dtype != dtype or not _packed(mask[(None,) * lead], dims))
     zero = torch.zeros((), dtype=query.dtype, device=query.device)
     neg_inf = torch.full((), _NEG_INF, dtype=query.dtype, device=query.device)
-    return BiasFrom(kind, dims, query.dtype, boolean, copy, lead, zero, rows, neg_inf, shape != dims)
+    return BiasFrom(
+        kind, dims, dtype, boolean, copy, lead, zero, rows, neg_inf, shape != dims, "float32" if wide else None
+    )
 
 
 # The most query rows taken for one decode step's heads (a GQA group: query heads per KV head).
@@ -149,5 +165,5 @@ def rows_are_heads(mask: torch.Tensor, bias: BiasFrom, query: torch.Tensor, head
     and a mask shared by every head and every query row, so that each row
     sees the same keys and bias (pack_gqa passes the decode step's mask as it is)."""
     _, heads, rows, _ = query.shape
-    shared = mask.dim() < 2 or mask.shape[-2] == 1
+    shared = mask.shape[-2] == 1  # (bias_from refused masks of fewer than 2 dims)
     return shared and bias.dims[1] == 1 and heads == heads_kv and 1 < rows <= FOLD_ROWS and query.is_contiguous()

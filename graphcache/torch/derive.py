@@ -173,6 +173,7 @@ def derive(
             attn_scale=_scale(scale, d),
             dropout=dropout_p,
             bias=None if bias is None else bias.kind,
+            bias_dtype=None if bias is None else bias.bias_dtype,
         )
     except SpecError as exc:
         raise UnsupportedCall(str(exc), exc.field or "spec") from exc

@@ -14,11 +14,10 @@ override lists and seq-len tensors made once), so a decode step whose
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -27,12 +26,13 @@ from graphcache.cache import GraphCache
 from graphcache.classes import class_of
 from graphcache.classindex import work
 from graphcache.compilers.base import LoadedGraph
-from graphcache.compilers.classgraph import bind, run_views
+from graphcache.compilers.classgraph import bind
 from graphcache.errors import GraphCacheError, NoGpu, NotFound, UnsupportedCall, UnsupportedGpu, UnsupportedSpec
-from graphcache.settings import SettingsError
 from graphcache.spec import GraphSpec
-from graphcache.torch.bias import BiasFrom
-from graphcache.torch.derive import Derived, derive_args, packed
+from graphcache.torch.derive import Derived, derive_args
+from graphcache.torch.guard import Failures, exact_graph, failed_plan, graph_of
+from graphcache.torch.onmiss import ON_MISS, ON_MISS_VAR, on_miss_from_env
+from graphcache.torch.plan import Plan
 
 log = logging.getLogger(__name__)
 
@@ -42,59 +42,6 @@ TORCH_SDPA: Callable[..., Any] = torch._C._nn.scaled_dot_product_attention
 
 # Memo entries past which the class-bound ones are dropped (Runtime._drop_bound).
 MEMO_LIMIT = 65536
-
-ON_MISS_VAR = "GRAPHCACHE_SDPA_ON_MISS"
-ON_MISS = ("torch", "build", "error")
-
-
-def on_miss_from_env() -> str:
-    value = os.environ.get(ON_MISS_VAR, "").strip().lower() or "torch"
-    if value not in ON_MISS:
-        raise SettingsError(
-            f"{ON_MISS_VAR}={os.environ.get(ON_MISS_VAR)!r} is not one of {', '.join(ON_MISS)}: "
-            "torch runs torch's SDPA on a miss, build builds and stores the graph, error raises"
-        )
-    return value
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What calls of one shape do: run ``graph`` or fall back for ``reason``."""
-
-    spec: GraphSpec | None
-    graph: LoadedGraph | None
-    reason: str  # "" when graph is set
-    message: str = ""
-    copy_q: bool = False
-    views: bool = False  # the graph takes torch's (b, h, s, d) views as they are (run_views)
-    declared: int = 0  # batch x seq_q x seq_kv the serving graph declares ...
-    real: int = 0  # ... and this call shape's
-    larger: bool = False  # served by a stored class larger than the call's own (GraphCache.serving_class)
-    bias: BiasFrom | None = None  # how a call's attn_mask becomes the graph's bias (graphcache.torch.bias)
-    copy_kv: bool = False  # k and v are copied into the spec's layout too (graphcache.torch.derive)
-
-    def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any = None) -> torch.Tensor:
-        """Execute the graph on (b, h, s, d) tensors; returns (b, h, s, d).
-        With a bias, rows that see no key are 0, torch's answer, whatever
-        the graph wrote there (all on the device: no host sync)."""
-        assert self.graph is not None and self.spec is not None
-        # No view is made per call on the views path: the memo key (shapes,
-        # strides, dtypes, devices) has already matched these tensors to the spec.
-        if self.copy_q:
-            q = packed(q, self.spec.layout)
-        if self.copy_kv:
-            k, v = packed(k, self.spec.layout), packed(v, self.spec.layout)
-        if self.bias is None:
-            if self.views:
-                return self.graph.run_views(q, k, v)  # type: ignore[attr-defined]
-            return run_views(self.graph, q, k, v)
-        bias, hidden = self.bias(mask)
-        q = self.bias.fold(q)
-        if self.views:
-            out = self.graph.run_views(q, k, v, bias)  # type: ignore[attr-defined]
-        else:
-            out = run_views(self.graph, q, k, v, bias)
-        return self.bias.unfold(out.masked_fill_(hidden, 0.0))
 
 
 class Runtime:
@@ -126,6 +73,7 @@ class Runtime:
             self._misses = 0
             self._raised = 0  # calls that raised NotFound (on_miss=error)
             self._fallbacks: Counter[str] = Counter()
+            self.failures = Failures()  # (graph, call shape) pairs whose execute raised (guard.py)
             self.recorders: list[Any] = []
 
     def configure(self, cache: GraphCache | None = None, *, device: Any = None, on_miss: str | None = None) -> None:
@@ -145,6 +93,7 @@ class Runtime:
         with self._lock:
             self._memo.clear()
             self._graphs.clear()
+            self.failures = Failures()  # a verdict on graphs configure() forgets
             self._classless.clear()
             self._served.clear()
             self._missed.clear()
@@ -213,12 +162,22 @@ class Runtime:
         args = (query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
         if memo_key is None or not (type(query) in _PLAIN and type(key) in _PLAIN and type(value) in _PLAIN):
             plan = self._ineligible_plan(args)  # a subclass never shares a plain call's memo entry
-        elif torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
+        elif torch.is_grad_enabled() and (  # read per call, never memoized (plan.needs_grad, inlined: the hot path)
+            query.requires_grad
+            or key.requires_grad
+            or value.requires_grad
+            or (attn_mask is not None and attn_mask.requires_grad)
+        ):
             plan = _AUTOGRAD
         else:
             plan = self._memo.get(memo_key) or self._plan(memo_key, args)
-        if plan.graph is not None:
-            out = plan.run(query, key, value, attn_mask)
+        while plan.graph is not None:
+            try:
+                out = plan.run(query, key, value, attn_mask)
+            except Exception as exc:  # noqa: BLE001 - never into the model: the exact graph, else torch (guard.py)
+                replan = partial(self._plan_for, _derived(plan), query.device)
+                plan = self.execute_failed(memo_key, plan, exc, plan.spec, replan)
+                continue
             self.count(plan)
             if self.recorders:
                 self._note(memo_key, args)
@@ -258,6 +217,25 @@ class Runtime:
                 assert plan.spec is not None
                 self._misses += 1
                 self._missed[plan.spec] = self._missed.get(plan.spec, 0) + 1
+
+    def execute_failed(
+        self, memo_key: tuple[Any, ...] | None, plan: Plan, error: Exception, call: Any, replan: Callable[[], Plan]
+    ) -> Plan:
+        """Record that ``plan``'s graph raised ``error`` at execute on a call
+        of exact spec ``call`` (logged, counted in ``execute_failures``), and
+        return the plan that replaces it under ``memo_key`` (None: not
+        memoized): ``replan()``, made after the record, which never holds that
+        (graph, call shape) pair again (graphcache.torch.guard)."""
+        with self._lock:
+            seen = self.failures.failed(graph_of(plan), call)  # another thread's call of the shape recorded it
+            if not seen and not self.failures.record(graph_of(plan), call, error):
+                return failed_plan(plan.spec, graph_of(plan))  # out of memory: this call only, the memo unchanged
+            new = replan()
+            if new.graph is not None and self.failures.failed(graph_of(new), call):  # never the same pair again
+                new = failed_plan(new.spec, graph_of(new))
+            if memo_key is not None:
+                self._memo[memo_key] = new
+            return new
 
     def _note(self, memo_key: tuple[Any, ...] | None, args: tuple[Any, ...]) -> None:
         # After the call succeeded: a call torch refused is not recorded.
@@ -316,6 +294,11 @@ class Runtime:
             self._graphs[graph.spec] = graph
             if klass != spec and graph.spec != klass:
                 self._classless.add(klass)
+        if self.failures.failed(graph.spec, spec):  # it raised at execute for this shape (guard.py)
+            found = exact_graph(self.failures, self._graphs, cache, graph.spec, spec, self.on_miss() == "build")
+            if found is None:
+                return failed_plan(spec, graph.spec)
+            graph = found
         serving = graph.spec
         larger = serving.is_class and serving != class_of(spec, cache.shape_classes)
         graph = bind(graph, spec)
@@ -361,8 +344,8 @@ class Runtime:
         """calls, hits, served_by_larger (hits a stored class larger than
         the call's own served), declared_to_real (over the hits: the work the
         graphs declare over the calls', batch x seq_q x seq_kv), misses,
-        fallbacks by reason, graphs loaded, the distinct call shapes (exact
-        specs) they served, and the specs that missed."""
+        fallbacks by reason, execute_failures (guard.py), graphs loaded, the
+        distinct call shapes (exact specs) they served, and the specs that missed."""
         with self._count_lock:
             fallbacks = dict(self._fallbacks)
             return {
@@ -372,6 +355,7 @@ class Runtime:
                 "declared_to_real": round(self._declared / self._real, 3) if self._real else 0.0,
                 "misses": self._misses,
                 "fallbacks": fallbacks,
+                "execute_failures": self.failures.count,
                 "graphs_loaded": len(self._graphs),
                 "shapes_served": len(self._served),
                 "missed_specs": [{"spec": s.to_dict(), "calls": n} for s, n in self._missed.items()],
@@ -385,12 +369,19 @@ _AUTOGRAD = Plan(None, None, "autograd", "an input requires grad: cuDNN graphs h
 
 def _mask_key(mask: Any) -> tuple[Any, ...]:
     """What a mask adds to a call's memo key: the bias graph and the
-    conversion depend on its shape, strides, dtype and device, never its values."""
-    return (mask.shape, mask.stride(), mask.dtype, mask.device)
+    conversion depend on its type (a subclass is refused), shape, strides,
+    dtype and device, never its values (its requires_grad: ``call``)."""
+    return (type(mask), mask.shape, mask.stride(), mask.dtype, mask.device)
 
 
 def _derive(args: tuple[Any, ...]) -> Derived:
     return derive_args(args)
+
+
+def _derived(plan: Plan) -> Derived:
+    """What a call shape's plan was made from (its spec, q copy and bias)."""
+    assert plan.spec is not None
+    return Derived(plan.spec, plan.copy_q, plan.bias)
 
 
 # The one per process. The SDPA drop-in (patching.py) and varlen_attn

@@ -20,6 +20,7 @@ same semantics.
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Any
 
 import torch
@@ -29,7 +30,9 @@ from graphcache.classes import declared
 from graphcache.errors import UnsupportedCall
 from graphcache.reference.varlen import varlen_reference
 from graphcache.spec import GraphSpec
-from graphcache.torch.runtime import RUNTIME, Plan
+from graphcache.torch.guard import exact_graph, failed_plan
+from graphcache.torch.plan import Plan
+from graphcache.torch.runtime import RUNTIME
 from graphcache.torch.varlen_derive import effective_window, varlen_spec
 
 # torch's own op, captured at import: the fallback never calls a patched
@@ -123,7 +126,7 @@ def call(args: tuple[Any, ...], extra: tuple[Any, ...]) -> tuple[Any, Any]:
         )
     except (AttributeError, RuntimeError, TypeError):  # not tensors: derive says why
         memo_key = None
-    if (
+    if (  # read per call, never memoized (plan.needs_grad, inlined: the hot path; the index tensors are ints)
         memo_key is not None
         and torch.is_grad_enabled()
         and (query.requires_grad or key.requires_grad or value.requires_grad)
@@ -133,9 +136,14 @@ def call(args: tuple[Any, ...], extra: tuple[Any, ...]) -> tuple[Any, Any]:
         plan = _plan(None, args, extra)
     else:
         plan = RUNTIME._memo.get(memo_key) or _plan(memo_key, args, extra)
-    if plan.graph is not None:
+    while plan.graph is not None:
         graph: Any = plan.graph  # a thd graph: TorchSdpaGraph or CudnnGraph, both have run_varlen
-        out, lse = graph.run_varlen(query, key, value, cu_seq_q, cu_seq_k, seqused_k, block_table)
+        try:
+            out, lse = graph.run_varlen(query, key, value, cu_seq_q, cu_seq_k, seqused_k, block_table)
+            break
+        except Exception as exc:  # noqa: BLE001 - never into the model: the exact thd graph, else torch (guard.py)
+            exact = derive(args, extra)
+            plan = RUNTIME.execute_failed(memo_key, plan, exc, exact, partial(_plan_for, exact, query.device))
     else:
         out, lse = fallback(args, extra)  # counted after it ran: a call torch refused leaves no trace
     RUNTIME.count(plan)
@@ -180,7 +188,11 @@ def _plan_for(exact: GraphSpec, device: torch.device) -> Plan:
         if graph is None:
             return Plan(spec, None, reason, message)
         RUNTIME._graphs[graph.spec] = graph
-    return Plan(spec, graph, "")
+    if RUNTIME.failures.failed(spec, exact):  # it raised at execute for this call shape (graphcache.torch.guard)
+        graph = exact_graph(RUNTIME.failures, RUNTIME._graphs, cache, spec, exact, RUNTIME.on_miss() == "build")
+        if graph is None:
+            return failed_plan(exact, spec)
+    return Plan(graph.spec, graph, "")
 
 
 def derive(args: tuple[Any, ...], extra: tuple[Any, ...], dtype: str | None = None) -> GraphSpec:

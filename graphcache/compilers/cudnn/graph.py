@@ -58,8 +58,9 @@ def declare(
     for role in ("q", "k", "v"):
         add(role, spec.dims(role), spec.strides(role), io_type)
     kwargs: dict[str, Any] = {"attn_scale": spec.attn_scale, **mask_kwargs}
-    if spec.bias is not None:  # additive, packed, in the io dtype; broadcast dims are 1 (spec_bias)
-        kwargs["bias"] = add("bias", spec.dims("bias"), spec.strides("bias"), io_type)
+    if spec.bias is not None:  # additive, packed, in the io dtype or float32; broadcast dims are 1 (spec_bias)
+        bias_type = dt.FLOAT if spec.bias_dtype == "float32" else io_type
+        kwargs["bias"] = add("bias", spec.dims("bias"), spec.strides("bias"), bias_type)
     if spec.sinks:  # per-head sink logits: float32 (1, h_q, 1, 1), what the frontend's analyzer asks
         kwargs["sink_token"] = add("sink", spec.dims("sink"), spec.strides("sink"), dt.FLOAT)
     # A class graph always masks past the real lengths: overrides off the

@@ -28,7 +28,7 @@ from graphcache.compilers.classgraph import check_covered, real_spec
 from graphcache.compilers.cudnn.releases import BIAS_OVERRIDE, OVERRIDE_WORKSPACE, SHAPE_OVERRIDE, available, missing
 from graphcache.errors import ExecutionError, UnsupportedSpec
 from graphcache.reference.checks import check_sink, check_tensor
-from graphcache.reference.dense import random_inputs, reference_errors, to_bhsd, torch_dtype
+from graphcache.reference.dense import bias_dtype, random_inputs, reference_errors, to_bhsd, torch_dtype
 from graphcache.reference.measure import TOLERANCE, within_tolerance
 from graphcache.spec import GraphSpec
 from graphcache.uids import UidMap
@@ -212,9 +212,9 @@ def execute_class(
             if t.device != graph.device:
                 raise ExecutionError(f"{role} is on {t.device}; this graph runs on {graph.device}")
     if (bias is None) != (spec.bias is None) or (
-        bias is not None and (tuple(bias.shape) != spec.dims("bias") or bias.dtype != q.dtype or bias.stride(-1) != 1)
+        bias is not None and (bias.shape, bias.dtype, bias.stride(-1)) != (spec.dims("bias"), bias_dtype(spec), 1)
     ):
-        raise ExecutionError(f"bias must be {spec.dims('bias') if spec.bias else 'absent'} in {q.dtype} here")
+        raise ExecutionError(f"bias must be {spec.dims('bias') if spec.bias else 'absent'} in {bias_dtype(spec)} here")
     check_sink(spec, sink, q)
     with _on(graph.device), graph._compiler._lock:
         if out is None:
