@@ -15,10 +15,23 @@ top two logits were within a bf16 rounding, see tests/hf_models.py).
 
 ``--attn graphcache`` is the backend (attn_implementation="graphcache");
 ``--attn sdpa`` is attn_implementation="sdpa" under graphcache.torch.patch().
-``--manifest B`` also warms what ``graphcache manifest`` lists for the
-model's config (--max-batch B --max-seq 1024, on the same route) beside the
-recording, where a recording falls short (a model it refuses, T5, keeps
-the recording alone). CPU only; nothing here times anything.
+``--manifest B`` also warms what ``graphcache manifest --method config``
+lists for the model's config (--max-batch B --max-seq 1024, on the same
+route) beside the recording, where a recording falls short (a model it
+refuses, T5, keeps the recording alone). CPU only; nothing here times anything.
+
+``--from-config`` is issue 32's measure instead: no recording; each model is
+warmed ONLY from ``graphcache manifest CONFIG --max-batch 8 --max-seq 1024
+--route R`` (the model traced from its config, as the CLI runs it), then
+serves prompts of 50/300/700 tokens at b=1, a left-padded batch of 4
+(50/300/700/300) and 2-beam search (decoders); an encoder's hidden states
+are compared with unpatched torch's within bf16 tolerance
+(tests/hf_models.ENCODER_TOLERANCE). ``--models`` then names any of
+tests/hf_models.SMALL_CONFIGS (default: the architectures outside the
+families, and Llama, BART, Mistral, T5).
+
+    python scripts/bench_hf_models.py --from-config
+    python scripts/bench_hf_models.py --from-config --models bert falcon --attn sdpa
 """
 
 from __future__ import annotations
@@ -26,6 +39,7 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -35,7 +49,17 @@ from graphcache.compilers.reference import ReferenceCompiler  # noqa: E402
 from graphcache.errors import ManifestError  # noqa: E402
 from graphcache.modelconfig import describe  # noqa: E402
 from graphcache.modelspecs import specs_for  # noqa: E402
-from tests.hf_models import Case, Lengths, config, measure  # noqa: E402
+from tests.hf_models import (  # noqa: E402
+    ARCHITECTURES,
+    MANIFEST_SERVE,
+    SMALL_CONFIGS,
+    Case,
+    Lengths,
+    config,
+    kind,
+    measure,
+    served,
+)
 
 MODELS = ("llama", "bart", "mistral", "gemma3", "t5")
 
@@ -59,13 +83,55 @@ def config_specs(name: str, attn: str, max_batch: int | None) -> list[GraphSpec]
     return list(specs_for(model, max_batch=max_batch, max_seq=1024, route=attn).users)
 
 
+def from_config(models: list[str], routes: list[str], new_tokens: int) -> int:
+    """Issue 32's table: each model warmed only from its traced manifest."""
+    from graphcache import manifest
+    from graphcache.errors import ManifestError
+
+    print("| model | kind | attention | graphs (trace) | " + " | ".join(_CASES) + " |")
+    print("|---|---|---|---|" + "---|" * len(_CASES))
+    with tempfile.TemporaryDirectory() as folder:
+        for name in models:
+            for attn in routes:
+                where = Path(folder) / f"{name}-{attn}"
+                where.mkdir()
+                route = 'attn_implementation="graphcache"' if attn == "graphcache" else '"sdpa" + patch()'
+                started = time.perf_counter()
+                try:
+                    cases, _ = served(name, attn, where, ReferenceCompiler(), MANIFEST_SERVE, new_tokens)
+                except ManifestError as exc:
+                    refusal = str(exc).split("error: ", 1)[-1]
+                    print(f"| {name} | {kind(name)} | {route} | refused: {refusal} |" + " |" * len(_CASES), flush=True)
+                    continue
+                graphs = len(manifest.load(where / f"{name}-{attn}.yaml"))
+                by_name = {c.name: cell(c) for c in cases}
+                cells = [by_name.get(c, "n/a (an encoder)") for c in _CASES]
+                took = time.perf_counter() - started
+                print(
+                    f"| {name} | {kind(name)} | {route} | {graphs} ({took:.0f} s with serving) | "
+                    + " | ".join(cells)
+                    + " |",
+                    flush=True,
+                )
+                print(f"# {name} / {attn}: done", file=sys.stderr, flush=True)
+    return 0
+
+
+_CASES = ("other prompt lengths, b=1", "padded batch of 4", "2-beam search")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
+    parser.add_argument("--models", nargs="+", choices=sorted({*MODELS, *SMALL_CONFIGS}), default=None)
     parser.add_argument("--attn", nargs="+", choices=("graphcache", "sdpa"), default=["graphcache", "sdpa"])
     parser.add_argument("--new-tokens", type=int, default=8)
     parser.add_argument("--manifest", type=int, metavar="B", help="also warm the config's manifest up to batch B")
+    parser.add_argument("--from-config", action="store_true", help="warm only from the traced manifest (issue 32)")
     args = parser.parse_args(argv)
+    if args.from_config:
+        models = args.models or [*ARCHITECTURES, "llama", "bart", "mistral", "t5"]
+        return from_config(models, args.attn, args.new_tokens)
+    args.models = args.models or list(MODELS)
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         for attn in args.attn:
