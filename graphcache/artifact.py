@@ -36,8 +36,8 @@ from graphcache.errors import (
 )
 from graphcache.key import FORMAT_VERSION, is_key, key_for
 from graphcache.spec import GraphSpec
+from graphcache.spec.uids import UidMap
 from graphcache.target import Target
-from graphcache.uids import UidMap
 
 MAGIC = b"GCART"
 _PREFIX = struct.Struct(">5sHI32s")

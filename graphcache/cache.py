@@ -10,7 +10,6 @@ from concurrent.futures import Future
 from typing import Any
 
 from graphcache.artifact import Artifact
-from graphcache.classes import check_policy, class_of, policy_from_env
 from graphcache.classindex import ClassIndex, check_slack, local_headers, slack_from_env, work
 from graphcache.compilers.base import LoadedGraph
 from graphcache.compilers.named import Named, resolve
@@ -29,13 +28,14 @@ from graphcache.errors import (
     UnsupportedSpec,
 )
 from graphcache.key import key_for
-from graphcache.lease import Lease, Leases
 from graphcache.prefetch import fetch_all
 from graphcache.settings import Settings
 from graphcache.spec import GraphSpec
+from graphcache.spec.classes import check_policy, class_of, policy_from_env
+from graphcache.spec.uids import UidMap
 from graphcache.stores.base import Store
+from graphcache.stores.lease import Lease, Leases
 from graphcache.target import Target
-from graphcache.uids import UidMap
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ class GraphCache:
     as corrupt). ``torch_fallback`` lets ``load`` run torch's SDPA where
     cuDNN cannot serve a spec here. ``shape_classes`` is the length-class
     policy ``load`` follows (``pow2`` or ``exact``; default
-    GRAPHCACHE_SHAPE_CLASSES, see graphcache.classes); ``class_slack`` bounds
+    GRAPHCACHE_SHAPE_CLASSES, see graphcache.spec.classes); ``class_slack`` bounds
     the larger stored class that may serve a call whose own class is not
     stored (default GRAPHCACHE_CLASS_SLACK, see graphcache.classindex).
     """

@@ -8,8 +8,8 @@ import re
 
 from graphcache.recipe import RECIPE_VERSION
 from graphcache.spec import GraphSpec
+from graphcache.spec.uids import UidMap
 from graphcache.target import Target
-from graphcache.uids import UidMap
 
 # Bump when the envelope or the key encoding changes: old entries then miss
 # instead of being misread. 2: the key covers the graph recipe and the GPU's

@@ -10,16 +10,16 @@ import time
 from collections.abc import Callable, Iterable
 
 from graphcache.artifact import Artifact
-from graphcache.classes import class_of
 from graphcache.classindex import ClassIndex
 from graphcache.counters import PrefetchReport
 from graphcache.errors import StoreUnavailable
 from graphcache.key import key_for
 from graphcache.spec import GraphSpec
+from graphcache.spec.classes import class_of
+from graphcache.spec.uids import UidMap
 from graphcache.stores import stored_headers
 from graphcache.stores.base import Store, get_many
 from graphcache.target import Target
-from graphcache.uids import UidMap
 
 
 def fetch_all(

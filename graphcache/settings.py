@@ -54,7 +54,7 @@ class Settings:
     canary           GRAPHCACHE_CANARY         run each loaded cuDNN plan once on the canary input (1/0, default 1)
     max_batch        GRAPHCACHE_MAX_BATCH      most keys one POST /v1/batch may ask for (then 413)
     http_max_age     GRAPHCACHE_HTTP_MAX_AGE   seconds HTTP caches may keep an artifact when reads are open
-    shape_classes    GRAPHCACHE_SHAPE_CLASSES  length-class policy: pow2 (default) or exact (graphcache.classes)
+    shape_classes    GRAPHCACHE_SHAPE_CLASSES  length-class policy: pow2 (default) or exact (graphcache.spec.classes)
     class_slack      GRAPHCACHE_CLASS_SLACK    a larger stored class serves a call when it declares at most this
                                                many times the work of the call's own class (default 4; classindex)
     compiler         GRAPHCACHE_COMPILER       cudnn (default), reference or module:Class (graphcache.compilers.named)
@@ -176,7 +176,7 @@ class Settings:
         return self.signing_keys
 
 
-# The length-class policies (graphcache.classes maps a spec to its class under
+# The length-class policies (graphcache.spec.classes maps a spec to its class under
 # them). Read here, with the other settings, so that checking the environment
 # at start needs no spec code: classes imports settings, never the reverse.
 POLICIES = ("pow2", "exact")

@@ -122,8 +122,7 @@ class Target:
         torch = _import_torch()
         if not torch.cuda.is_available():
             raise NoGpu(
-                "no CUDA GPU found (torch.cuda.is_available() is False); building and "
-                "loading cuDNN graphs needs one"
+                "no CUDA GPU found (torch.cuda.is_available() is False); building and loading cuDNN graphs needs one"
             )
         major, minor = torch.cuda.get_device_capability(device)
         name = torch.cuda.get_device_name(device)

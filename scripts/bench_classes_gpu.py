@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from graphcache import GraphSpec  # noqa: E402
-from graphcache.classes import class_of  # noqa: E402
+from graphcache.spec.classes import class_of  # noqa: E402
 
 # (exact short shape, what it stands for)
 CASES = [

@@ -47,8 +47,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from graphcache import GraphSpec  # noqa: E402
 from graphcache.compilers.reference import ReferenceCompiler  # noqa: E402
 from graphcache.errors import ManifestError  # noqa: E402
-from graphcache.modelconfig import describe  # noqa: E402
-from graphcache.modelspecs import specs_for  # noqa: E402
+from graphcache.models.config import describe  # noqa: E402
+from graphcache.models.specs import specs_for  # noqa: E402
 from tests.hf_models import (  # noqa: E402
     ARCHITECTURES,
     MANIFEST_SERVE,
@@ -85,8 +85,8 @@ def config_specs(name: str, attn: str, max_batch: int | None) -> list[GraphSpec]
 
 def from_config(models: list[str], routes: list[str], new_tokens: int) -> int:
     """Issue 32's table: each model warmed only from its traced manifest."""
-    from graphcache import manifest
     from graphcache.errors import ManifestError
+    from graphcache.ops import manifest
 
     print("| model | kind | attention | graphs (trace) | " + " | ".join(_CASES) + " |")
     print("|---|---|---|---|" + "---|" * len(_CASES))

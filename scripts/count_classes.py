@@ -3,7 +3,7 @@
 build time each implies (issue 18, item 8).
 
 Every spec is a real GraphSpec and every class comes from
-graphcache.classes.class_of (policy pow2), so the counts are the policy's.
+graphcache.spec.classes.class_of (policy pow2), so the counts are the policy's.
 The specs are the ones graphcache.torch derives for a causal decoder's
 generate(): a causal prefill (seq_q = seq_kv = prompt length) and one decode
 step per new token (seq_q 1, seq_kv = prompt + tokens so far), per batch size.
@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from graphcache import GraphSpec  # noqa: E402
-from graphcache.classes import class_of  # noqa: E402
+from graphcache.spec.classes import class_of  # noqa: E402
 
 
 def generate_specs(

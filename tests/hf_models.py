@@ -62,7 +62,7 @@ _ENCODER: dict[str, Any] = dict(
 )
 # Small configs (2 layers, hidden 256, head dim 32) of model types by their
 # own field names, built with AutoConfig.for_model: the 14 families
-# graphcache.modelconfig reads, and architectures outside them (issue 32).
+# graphcache.models.config reads, and architectures outside them (issue 32).
 SMALL_CONFIGS: dict[str, dict[str, Any]] = {
     # the families the config reader knows
     "llama": _DECODER,

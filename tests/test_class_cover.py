@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 
 from graphcache import GraphCache, NotFound, UnsupportedSpec
-from graphcache.classes import class_of
 from graphcache.classindex import ClassIndex, work
 from graphcache.settings import Settings, SettingsError
+from graphcache.spec.classes import class_of
 from graphcache.stores import DiskStore
 from tests.clirun import cli
 from tests.fakes import TARGET, FakeCompiler, spec

@@ -8,9 +8,9 @@ import json
 import pytest
 
 from graphcache import GraphSpec, Target, key_for
-from graphcache.classes import class_of, policy_from_env
 from graphcache.errors import SpecError
 from graphcache.settings import Settings, SettingsError
+from graphcache.spec.classes import class_of, policy_from_env
 from tests.clirun import cli
 
 TARGET = Target.parse("h200-sm90-cudnn9.28.0-fe1.32.0")

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from graphcache import Artifact, GraphSpec, Target, UidMap, UnsupportedSpec
-from graphcache.classes import class_of
+from graphcache.spec.classes import class_of
 
 torch = pytest.importorskip("torch", reason="the class graph's execute path runs on torch tensors")
 

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from graphcache import GraphCache, GraphSpec, UnsupportedSpec
-from graphcache.classes import class_of
+from graphcache.spec.classes import class_of
 from graphcache.stores import DiskStore
 
 pytestmark = pytest.mark.gpu

@@ -9,8 +9,8 @@ import json
 import pytest
 
 from graphcache import GraphCache, GraphSpec, key_for, manifest, ops
-from graphcache.classes import class_of
 from graphcache.settings import Settings
+from graphcache.spec.classes import class_of
 from graphcache.stores import DiskStore
 from service.app import create_app
 from tests.clirun import cli

@@ -13,9 +13,9 @@ except ImportError:  # the torch marker skips every test here (tests/conftest.py
     torch = None
 
 from graphcache import ExecutionError, GraphSpec  # noqa: E402
-from graphcache.classes import class_of  # noqa: E402
 from graphcache.compilers.classgraph import bind  # noqa: E402
 from graphcache.compilers.torch_sdpa import TorchSdpaGraph, random_inputs  # noqa: E402
+from graphcache.spec.classes import class_of  # noqa: E402
 
 
 def exact(**fields) -> GraphSpec:  # noqa: ANN003

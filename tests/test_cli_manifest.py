@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from graphcache import GraphCache, ManifestError, manifest, ops
-from graphcache.modelconfig import describe, read
-from graphcache.modelspecs import specs_for
+from graphcache.models.config import describe, read
+from graphcache.models.specs import specs_for
 from graphcache.spec import GraphSpec
 from graphcache.stores import DiskStore
 from tests.clirun import cli

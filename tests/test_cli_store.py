@@ -103,7 +103,7 @@ def test_cli_verbs_work_without_torch_or_cudnn(populated):
     out = subprocess.run([sys.executable, "-c", code, str(folder)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "3 artifact(s)" in out.stdout
-    code = "import sys; sys.modules['torch']=None; sys.modules['cudnn']=None; from graphcache.doctor import diagnose; print(diagnose()['rows'])"
+    code = "import sys; sys.modules['torch']=None; sys.modules['cudnn']=None; from graphcache.ops.doctor import diagnose; print(diagnose()['rows'])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert "not installed" in out.stdout, out.stderr
 

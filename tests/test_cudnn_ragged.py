@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from graphcache import GraphSpec, UidMap, UnsupportedSpec
-from graphcache.spec_ragged import descriptors
+from graphcache.spec.ragged import descriptors
 
 torch = pytest.importorskip("torch", reason="the build-time check runs on torch tensors")
 

@@ -57,7 +57,7 @@ def test_prometheus_scrapes_the_replicas_and_compose_runs_both_under_a_profile()
     assert scrape["metrics_path"] == "/metrics"
     replicas = {name for name, s in services.items() if s.get("environment", {}).get("GRAPHCACHE_STORE")}
     assert set(scrape["static_configs"][0]["targets"]) == {f"{name}:8080" for name in replicas}
-    assert "--port\", \"8080\"" in (DOCKER / "Dockerfile").read_text()
+    assert '--port", "8080"' in (DOCKER / "Dockerfile").read_text()
     for name in ("prometheus", "grafana"):
         assert services[name]["profiles"] == ["monitoring"]
         for volume in services[name]["volumes"]:

@@ -399,7 +399,7 @@ def test_graphcache_serves_the_exact_graph_where_the_class_plan_refuses_its_over
     assert graph.spec == exact, "the exact graph serves, not the class"
     stats = cache.stats()
     assert stats["unsupported"] == 1 and stats["builds"] == 2
-    from graphcache.classes import class_of
+    from graphcache.spec.classes import class_of
 
     stored = cache.lookup(class_of(exact, "pow2"), TARGET)
     assert stored is not None and INVALID_DYNAMIC_SHAPE in stored.unsupported
@@ -468,7 +468,7 @@ class _Backend922:
         import torch
 
         from graphcache.reference.varlen import varlen_reference
-        from graphcache.spec_ragged import window
+        from graphcache.spec.ragged import window
 
         spec, u = self.spec, self.uids
         q, k, v, o = pack[u["q"]], pack[u["k"]], pack[u["v"]], pack[u["o"]]

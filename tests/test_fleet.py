@@ -72,7 +72,7 @@ def test_eight_concurrent_misses_across_two_replicas_build_once(redis_store, red
 
 HOLDER = r"""
 import sys, time
-from graphcache.lease import Lease
+from graphcache.stores.lease import Lease
 from graphcache.stores.redis import RedisStore
 lease = Lease(RedisStore(sys.argv[1]).leases(), sys.argv[2], ttl=1.0)
 assert lease.try_acquire()

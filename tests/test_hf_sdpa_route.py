@@ -17,10 +17,10 @@ transformers = pytest.importorskip("transformers", reason="needs Hugging Face tr
 
 import graphcache.torch as gt  # noqa: E402
 from graphcache import GraphCache, UidMap  # noqa: E402
-from graphcache.classes import class_of  # noqa: E402
 from graphcache.compilers.cudnn import build_graph  # noqa: E402
-from graphcache.modelconfig import describe  # noqa: E402
-from graphcache.modelspecs import specs_for  # noqa: E402
+from graphcache.models.config import describe  # noqa: E402
+from graphcache.models.specs import specs_for  # noqa: E402
+from graphcache.spec.classes import class_of  # noqa: E402
 from graphcache.stores import DiskStore  # noqa: E402
 from tests import hf_models  # noqa: E402
 from tests.test_torch_bias import no_host_reads  # noqa: E402, F401

@@ -14,10 +14,10 @@ torch = pytest.importorskip("torch", reason="the tracer needs torch (pip install
 transformers = pytest.importorskip("transformers", reason="the tracer needs transformers (pip install '.[hf]')")
 
 from graphcache import ManifestError, manifest  # noqa: E402
-from graphcache.modelconfig import describe  # noqa: E402
+from graphcache.models.config import describe  # noqa: E402
 from graphcache.models.scenarios import Sizes  # noqa: E402
+from graphcache.models.specs import ROUTES, specs_for  # noqa: E402
 from graphcache.models.trace import trace  # noqa: E402
-from graphcache.modelspecs import ROUTES, specs_for  # noqa: E402
 from tests import hf_models  # noqa: E402
 from tests.clirun import cli  # noqa: E402
 

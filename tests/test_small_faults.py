@@ -116,7 +116,7 @@ def test_the_target_hint_only_where_target_helps(tmp_path):
 )
 def test_bench_plot_leaks_no_matplotlib_warnings(tmp_path, report, caplog):
     pytest.importorskip("matplotlib")
-    from graphcache.bench import plot
+    from graphcache.ops.bench import plot
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")

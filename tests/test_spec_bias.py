@@ -1,4 +1,4 @@
-"""The spec field ``bias`` (graphcache.spec_bias): which dims an additive
+"""The spec field ``bias`` (graphcache.spec.bias): which dims an additive
 score bias has, validated, in the key only where it is set."""
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import pytest
 
 from graphcache import GraphSpec, SpecError, Target, UidMap, key_for
 from graphcache.recipe import RECIPE_VERSION
-from graphcache.spec_ragged import descriptors
+from graphcache.spec.ragged import descriptors
 
 TARGET = Target.parse("h200-sm90-cudnn9.28.0-fe1.32.0")
 RAGGED = dict(batch=4, heads_q=8, heads_kv=2, seq_q=256, seq_kv=512, head_dim=128, dtype="bfloat16", layout="thd")
@@ -161,7 +161,7 @@ def test_descriptors_are_pinned_to_the_recipe_version():
 
 
 def test_a_thd_graph_serves_many_lengths_through_its_offsets_and_rounds_under_pow2():
-    from graphcache.classes import declared
+    from graphcache.spec.classes import declared
 
     paged = declared(GraphSpec(**{**PAGED, "batch": 5, "seq_q": 3}), "pow2")
     assert (paged.batch, paged.seq_q, paged.seq_kv, paged.pages_per_seq) == (8, 128, 4096, 256)

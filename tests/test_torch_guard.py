@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch", reason="graphcache.torch needs torch (pip i
 
 import graphcache.torch as gt  # noqa: E402
 from graphcache import GraphCache  # noqa: E402
-from graphcache.classes import class_of  # noqa: E402
+from graphcache.spec.classes import class_of  # noqa: E402
 from graphcache.stores import DiskStore  # noqa: E402
 from graphcache.torch import runtime  # noqa: E402
 from tests.torch_standins import FailingCompiler  # noqa: E402

@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch", reason="graphcache.torch needs torch (pip i
 
 import graphcache.torch as gt  # noqa: E402
 from graphcache import GraphSpec, ManifestError, SpecError, manifest  # noqa: E402
-from graphcache.classes import class_of  # noqa: E402
+from graphcache.spec.classes import class_of  # noqa: E402
 from tests.clirun import cli  # noqa: E402
 from tests.fakes import TARGET  # noqa: E402
 

@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch", reason="needs torch")
 
 from graphcache import ExecutionError, GraphSpec  # noqa: E402
 from graphcache.compilers.varlen_args import check_call, graph_inputs  # noqa: E402
-from graphcache.spec_ragged import descriptors  # noqa: E402
+from graphcache.spec.ragged import descriptors  # noqa: E402
 
 RAGGED = GraphSpec(
     batch=4, heads_q=8, heads_kv=2, seq_q=128, head_dim=64, dtype="bfloat16", layout="thd",

@@ -29,7 +29,7 @@ from graphcache.spec import GraphSpec
 
 
 def _manifest_specs(manifest: str | None, spec_args: tuple[str, ...]) -> list[GraphSpec]:
-    from graphcache import manifest as manifest_mod
+    from graphcache.ops import manifest as manifest_mod
 
     specs = manifest_mod.load(manifest) if manifest else []
     for text in spec_args:
@@ -70,7 +70,7 @@ def bench_cmd(
     compiler_name: str | None,
 ) -> None:
     """Cold build vs warm start per spec, phase by phase, with the speedup."""
-    from graphcache import bench
+    from graphcache.ops import bench
     from graphcache.target import Target
 
     if plot_out:

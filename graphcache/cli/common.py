@@ -178,7 +178,7 @@ def _read_mapping(path: str) -> Any:
     """A JSON or YAML file's data (SpecError naming the file and line)."""
     import yaml
 
-    from graphcache.manifest import parse_error_text
+    from graphcache.ops.manifest import parse_error_text
 
     try:
         text = Path(path).read_text()
@@ -212,7 +212,7 @@ def load_specs(path: str, name: str | None = None) -> tuple[list[GraphSpec], boo
     Raises SpecError / ManifestError naming the file and the field, and for
     a ``name`` no family has, the names there are.
     """
-    from graphcache.manifest import expand
+    from graphcache.ops.manifest import expand
 
     data = _read_mapping(path)
     if not is_manifest(data):

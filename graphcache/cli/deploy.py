@@ -72,8 +72,8 @@ def warm_cmd(
     json_out: str | None,
 ) -> None:
     """Build and upload what MANIFEST needs for this GPU, or (--check) gate a deploy on coverage."""
-    from graphcache import manifest as manifest_mod
     from graphcache import ops
+    from graphcache.ops import manifest as manifest_mod
     from graphcache.target import Target
 
     specs = manifest_mod.load(manifest)
@@ -134,7 +134,7 @@ def warm_cmd(
     if target and Target.parse(target) != here:
         raise click.UsageError(f"--target {target} is not this machine ({here}); warm builds for this machine only")
     cache = GraphCache(store, compiler, signing_key=ctx.settings.signing_key, shape_classes=policy)
-    from graphcache.classes import class_of
+    from graphcache.spec.classes import class_of
 
     with progress_bar(f"warming {compiler.target()}") as bar:
         task = bar.add_task("warm", total=len({class_of(s, policy) for s in specs}))  # one row per class
@@ -179,8 +179,8 @@ def prefetch_cmd(
     ctx: Context, manifest: str, target: str | None, server: str | None, strict: bool, compiler_name: str | None
 ) -> None:
     """Fill the local store with every artifact MANIFEST needs, in one request to the server."""
-    from graphcache import manifest as manifest_mod
     from graphcache.cache import GraphCache
+    from graphcache.ops import manifest as manifest_mod
     from graphcache.stores import HttpStore, TieredStore
     from graphcache.target import Target
 

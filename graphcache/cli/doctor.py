@@ -17,7 +17,7 @@ from graphcache.cli.common import console, load_spec_file, main
 )
 def doctor_cmd(spec_file: str | None) -> None:
     """What this machine has, and what graphcache can do on it."""
-    from graphcache.doctor import diagnose
+    from graphcache.ops.doctor import diagnose
 
     spec = load_spec_file(spec_file) if spec_file else None
     report = diagnose(spec)

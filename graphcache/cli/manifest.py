@@ -1,7 +1,7 @@
 """The ``manifest`` verb: every graph a model can call, from its config.json:
 traced from the model itself (graphcache.models.trace, the default), or read
 from the config by the offline reader of the families it knows
-(graphcache.modelconfig and graphcache.modelspecs, ``--method config``)."""
+(graphcache.models.config and graphcache.models.specs, ``--method config``)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import click
 
 from graphcache.cli.common import console, main
-from graphcache.modelconfig import FAMILIES, describe, read
-from graphcache.modelspecs import DEFAULT_ROUTE, ROUTES, SECONDS_PER_BUILD, ModelSpecs, render, specs_for
+from graphcache.models.config import FAMILIES, describe, read
+from graphcache.models.specs import DEFAULT_ROUTE, ROUTES, SECONDS_PER_BUILD, ModelSpecs, render, specs_for
 
 METHODS = ("trace", "config")
 

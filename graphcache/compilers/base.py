@@ -6,8 +6,8 @@ from typing import Any, Protocol, runtime_checkable
 
 from graphcache.artifact import Artifact
 from graphcache.spec import GraphSpec
+from graphcache.spec.uids import UidMap
 from graphcache.target import Target
-from graphcache.uids import UidMap
 
 
 @runtime_checkable

@@ -56,7 +56,7 @@ def check_covered(klass: GraphSpec, spec: GraphSpec) -> None:
         why = "heads, head dims, dtype, layout, mask, scale and flags must equal the class's"
     raise ExecutionError(
         f"a {spec.summary()} call is outside the class {klass.summary()}: {why}; "
-        "load the graph of this shape's class (graphcache.classes.class_of)"
+        "load the graph of this shape's class (graphcache.spec.classes.class_of)"
     )
 
 

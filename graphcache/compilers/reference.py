@@ -23,8 +23,8 @@ from graphcache.artifact import Artifact
 from graphcache.compilers.torch_sdpa import TorchSdpaGraph
 from graphcache.errors import PlanRejected, TargetMismatch
 from graphcache.spec import GraphSpec
+from graphcache.spec.uids import UidMap
 from graphcache.target import Target
-from graphcache.uids import UidMap
 
 NAME = "reference"
 # Compute capability 0.0 and cuDNN 0.0.0: a target no GPU detects as its own.

@@ -26,7 +26,7 @@ from graphcache.reference.dense import torch_dtype
 from graphcache.reference.measure import lse_difference, relative_error
 from graphcache.reference.varlen import defined_rows, varlen_reference
 from graphcache.spec import GraphSpec
-from graphcache.spec_ragged import window
+from graphcache.spec.ragged import window
 
 __all__ = ["defined_output", "errors", "inputs", "lengths_for"]
 

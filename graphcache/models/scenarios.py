@@ -1,6 +1,6 @@
 """The forwards a trace runs: what a model is asked to do when it serves.
 
-Sizes follow the pow2 class policy (graphcache.classes): batches 1, 2, 4 ...
+Sizes follow the pow2 class policy (graphcache.spec.classes): batches 1, 2, 4 ...
 up to ``max_batch`` times ``beams`` (beam search runs batch x beams rows),
 lengths at each length class's longest (128, 256, ... up to ``max_seq``) and
 on either side of every window or chunk size the config names (where a call
@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from graphcache.classes import MIN_LENGTH
+from graphcache.spec.classes import MIN_LENGTH
 
 _THRESHOLD_WORDS = ("window", "chunk")
 

@@ -27,13 +27,13 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
-from graphcache.classes import class_of
 from graphcache.errors import ManifestError
-from graphcache.modelconfig import ranges
 from graphcache.models import build, scenarios
+from graphcache.models.config import ranges
+from graphcache.models.specs import ModelSpecs
 from graphcache.models.stacks import Cut, Site, Where, cut, kinds_of, stacks
-from graphcache.modelspecs import ModelSpecs
 from graphcache.spec import GraphSpec
+from graphcache.spec.classes import class_of
 
 Found = Any  # a GraphSpec, or (reason, message)
 

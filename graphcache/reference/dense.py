@@ -24,7 +24,7 @@ def torch_dtype(spec: GraphSpec) -> Any:
 
 def bias_dtype(spec: GraphSpec) -> Any:
     """The torch dtype of a bias spec's bias tensor: float32 where its
-    ``bias_dtype`` says so, else the io dtype (graphcache.spec_bias)."""
+    ``bias_dtype`` says so, else the io dtype (graphcache.spec.bias)."""
     import torch
 
     return torch.float32 if spec.bias_dtype == "float32" else torch_dtype(spec)

@@ -26,7 +26,7 @@ from typing import Any
 
 from graphcache.errors import ExecutionError
 from graphcache.reference.checks import check_call
-from graphcache.spec_ragged import window as spec_window  # the window a thd spec's mask means
+from graphcache.spec.ragged import window as spec_window  # the window a thd spec's mask means
 
 # Bytes of float32 scores held at once (per sequence, a group of heads).
 REFERENCE_BUDGET = 1 << 28

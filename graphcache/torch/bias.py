@@ -5,7 +5,7 @@ float one added to the scaled scores, of 2 to 4 dims that broadcast to
 (batch, heads_q, s_q, s_kv); it raises for a 0-D or 1-D mask, and so does
 the drop-in (such a call runs torch). A cuDNN graph takes an additive bias tensor of
 (batch or 1, heads or 1, s_q, s_kv) in the io dtype, or in float32
-(``graphcache.spec_bias``, ``bias_dtype``). ``bias_from`` says, once per
+(``graphcache.spec.bias``, ``bias_dtype``). ``bias_from`` says, once per
 call shape, whether a mask fits such a graph and how to turn it into one;
 ``BiasFrom`` does it per call, on the mask's device: a boolean mask becomes
 0 / -inf in the io dtype (one ``torch.where``, exact), a float mask in the
@@ -37,8 +37,8 @@ from typing import Any
 
 import torch
 
-from graphcache import spec_bias
 from graphcache.errors import UnsupportedCall
+from graphcache.spec import bias as spec_bias
 
 _NEG_INF = float("-inf")
 

@@ -21,10 +21,10 @@ from typing import Any
 
 import torch
 
-from graphcache.classes import check_policy, class_of, policy_from_env
 from graphcache.errors import ManifestError, SpecError, UnsupportedCall
-from graphcache.modelspecs import widened
+from graphcache.models.specs import widened
 from graphcache.spec import DTYPES, GraphSpec
+from graphcache.spec.classes import check_policy, class_of, policy_from_env
 from graphcache.torch.derive import _DTYPE_NAMES, derive_args
 from graphcache.torch.patching import RUNTIME, patch
 
@@ -101,7 +101,9 @@ class Recorder:
         return frozenset(
             s.window_left + 1
             for s in self.specs
-            if s.window_left is not None and s.window_right == 0 and (s.heads_q, s.heads_kv, s.head_dim, s.dtype) == like
+            if s.window_left is not None
+            and s.window_right == 0
+            and (s.heads_q, s.heads_kv, s.head_dim, s.dtype) == like
         )
 
     def manifest_text(self, source: str = "") -> str:
@@ -240,7 +242,7 @@ def record(
     (``pow2`` / ``exact``; default GRAPHCACHE_SHAPE_CLASSES) decides whether
     the manifest names the calls' classes or their exact specs. ``max_batch``
     widens every call seen to each batch class up to it, unpadded and padded
-    (graphcache.modelspecs.widened), so a batch-1 recording serves a padded
+    (graphcache.models.specs.widened), so a batch-1 recording serves a padded
     batch. Raises ManifestError (and writes nothing) when no call could be a
     cuDNN graph, or for max_batch under the exact policy; SettingsError for
     an unknown policy.

@@ -23,12 +23,12 @@ from typing import Any
 import torch
 
 from graphcache.cache import GraphCache
-from graphcache.classes import class_of
 from graphcache.classindex import work
 from graphcache.compilers.base import LoadedGraph
 from graphcache.compilers.classgraph import bind
 from graphcache.errors import GraphCacheError, NoGpu, NotFound, UnsupportedCall, UnsupportedGpu, UnsupportedSpec
 from graphcache.spec import GraphSpec
+from graphcache.spec.classes import class_of
 from graphcache.torch.derive import Derived, derive_args
 from graphcache.torch.guard import Failures, exact_graph, failed_plan, graph_of
 from graphcache.torch.onmiss import ON_MISS, ON_MISS_VAR, on_miss_from_env

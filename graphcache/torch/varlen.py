@@ -26,10 +26,10 @@ from typing import Any
 import torch
 import torch.nn.attention.varlen as _torch_varlen  # registers torch_attn::_varlen_attn
 
-from graphcache.classes import declared
 from graphcache.errors import UnsupportedCall
 from graphcache.reference.varlen import varlen_reference
 from graphcache.spec import GraphSpec
+from graphcache.spec.classes import declared
 from graphcache.torch.guard import exact_graph, failed_plan
 from graphcache.torch.plan import Plan
 from graphcache.torch.runtime import RUNTIME
@@ -174,7 +174,7 @@ def _plan(memo_key: tuple[Any, ...] | None, args: tuple[Any, ...], extra: tuple[
 
 def _plan_for(exact: GraphSpec, device: torch.device) -> Plan:
     """The graph of the thd spec that serves the call's ``exact`` spec
-    (``graphcache.classes.declared`` under the cache's length policy), from the
+    (``graphcache.spec.classes.declared`` under the cache's length policy), from the
     runtime's cache and loaded graphs. A thd graph takes every call within its
     sizes as it is: its offsets and lengths say each call's shape."""
     cache = RUNTIME._cache_for(device)

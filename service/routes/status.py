@@ -152,7 +152,8 @@ def _coverage(text: str, targets: Iterable[str], state: State) -> list[tuple[str
     """(target, present, specs) of the manifest ``text`` for each target."""
     import yaml
 
-    from graphcache import manifest, ops
+    from graphcache import ops
+    from graphcache.ops import manifest
 
     try:
         data = yaml.safe_load(text)

@@ -24,7 +24,7 @@ from graphcache.compilers.cudnn.failures import _backend_version, _first_line, c
 from graphcache.compilers.cudnn.graph import declare
 from graphcache.errors import BuildError, NotSerializable, UnsupportedSpec
 from graphcache.spec import GraphSpec
-from graphcache.uids import UidMap
+from graphcache.spec.uids import UidMap
 
 log = logging.getLogger(__name__)
 

@@ -47,8 +47,8 @@ from graphcache.recipe import RECIPE_VERSION
 from graphcache.reference.dense import reference_errors
 from graphcache.reference.measure import TOLERANCE, within_tolerance
 from graphcache.spec import GraphSpec
+from graphcache.spec.uids import UidMap
 from graphcache.target import Target, runtime_info
-from graphcache.uids import UidMap
 
 log = logging.getLogger(__name__)
 

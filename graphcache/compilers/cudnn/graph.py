@@ -4,7 +4,7 @@ additive bias, sink logits, padding, dropout, outputs.
 This is where execute-time shape overrides, ragged offsets and page tables
 are declared. Nothing here lowers the graph: ``build.py`` runs the steps.
 
-May import: graphcache.spec, graphcache.uids, graphcache.errors.
+May import: graphcache.spec, graphcache.spec.uids, graphcache.errors.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 from graphcache.errors import UnsupportedSpec
 from graphcache.spec import GraphSpec
-from graphcache.uids import UidMap
+from graphcache.spec.uids import UidMap
 
 _IO_TYPES = {"float16": "HALF", "bfloat16": "BFLOAT16"}
 

@@ -31,7 +31,7 @@ from graphcache.reference.checks import check_sink, check_tensor
 from graphcache.reference.dense import bias_dtype, random_inputs, reference_errors, to_bhsd, torch_dtype
 from graphcache.reference.measure import TOLERANCE, within_tolerance
 from graphcache.spec import GraphSpec
-from graphcache.uids import UidMap
+from graphcache.spec.uids import UidMap
 
 
 class Loader(Protocol):

@@ -11,7 +11,7 @@ int32 and ``paged_attention_max_seq_len_kv = seq_kv``; q (and o) stay
 ragged: chunked prefill and decode over the cache are one graph kind.
 Stats, when asked for, are ragged too, (b, h, s, 1) token-major, which is
 varlen_attn's lse transposed. Every descriptor is the one
-``graphcache.spec_ragged.descriptors`` lists (the key covers them).
+``graphcache.spec.ragged.descriptors`` lists (the key covers them).
 
 May import: releases; graphcache.spec/spec_ragged/uids/errors.
 """
@@ -20,11 +20,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from graphcache import spec_ragged
 from graphcache.compilers.cudnn.releases import PAGED, RAGGED, RAGGED_OVER_PAGED, ZERO_LENGTH, available, missing
 from graphcache.errors import UnsupportedSpec
 from graphcache.spec import GraphSpec
-from graphcache.uids import UidMap
+from graphcache.spec import ragged as spec_ragged
+from graphcache.spec.uids import UidMap
 
 _IO_TYPES = {"float16": "HALF", "bfloat16": "BFLOAT16"}
 _INDEX_TYPES = {"int32": "INT32", "int64": "INT64", "float32": "FLOAT"}

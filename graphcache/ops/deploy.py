@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from graphcache.cache import GraphCache
-from graphcache.classes import check_policy, class_of, policy_from_env
 from graphcache.classindex import ClassIndex, check_slack, slack_from_env
 from graphcache.errors import CorruptArtifact, GraphCacheError, SpecError, TargetError, UnsupportedSpec
 from graphcache.key import key_for
 from graphcache.spec import GraphSpec
+from graphcache.spec.classes import check_policy, class_of, policy_from_env
 from graphcache.stores import stored_header, stored_headers
 from graphcache.stores.base import Store
 from graphcache.target import Target
@@ -307,7 +307,6 @@ def _all_fields(spec: GraphSpec) -> dict[str, Any]:
 def _default_uids(spec: GraphSpec) -> dict[str, int]:
     """The map graphcache builds ``spec`` with (a thd spec's holds its offset
     and table roles too)."""
-    from graphcache.uids import UidMap
+    from graphcache.spec.uids import UidMap
 
     return UidMap.default().for_spec(spec).to_dict()
-

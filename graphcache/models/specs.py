@@ -1,7 +1,7 @@
-"""Every graph a described model (graphcache.modelconfig) can call, as the
+"""Every graph a described model (graphcache.models.config) can call, as the
 specs ``warm`` builds: the manifest ``graphcache manifest`` writes.
 
-Sizes follow the pow2 class policy (graphcache.classes): batches 1, 2, 4 ...
+Sizes follow the pow2 class policy (graphcache.spec.classes): batches 1, 2, 4 ...
 up to the max batch rounded up, lengths 128, 256 ... up to the max sequence
 rounded up; a dense call's graph is a class spec (it serves every smaller
 batch and length, ``covers``), a ragged (thd) call's graph is declared at the
@@ -41,9 +41,9 @@ import json
 import math
 from dataclasses import dataclass, field
 
-from graphcache.classes import MIN_LENGTH, class_of
-from graphcache.modelconfig import Attention, Model
+from graphcache.models.config import Attention, Model
 from graphcache.spec import GraphSpec
+from graphcache.spec.classes import MIN_LENGTH, class_of
 
 ROUTES = ("sdpa", "graphcache")
 DEFAULT_ROUTE = "sdpa"
@@ -308,7 +308,7 @@ def widened(spec: GraphSpec, route: str, max_batch: int, windows: frozenset[int]
 def render(specs: ModelSpecs, header: list[str]) -> str:
     """The manifest text: ``header`` as comments, then one family per spec
     but its batch (the batches as a list), each under a comment naming the
-    layers and phases that call it. ``graphcache.manifest.load`` reads it."""
+    layers and phases that call it. ``graphcache.ops.manifest.load`` reads it."""
     groups: dict[str, tuple[GraphSpec, list[int], list[str]]] = {}
     for spec, users in specs.users.items():
         rest = spec.to_dict()

@@ -1,6 +1,6 @@
 """``graphcache bench``: cold build against warm start, phase by phase.
 
-With a GPU, every sample is a fresh process (graphcache.benchrun): cold
+With a GPU, every sample is a fresh process (graphcache.ops.benchrun): cold
 builds from nothing and runs once; warm fetches from the server or the local
 store, verifies, deserializes and runs once. Medians of ``repeat`` samples.
 Without a GPU it measures what it can (fetch and verify of the artifacts
@@ -50,7 +50,7 @@ def _median_phases(samples: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _fresh(mode: str, spec: GraphSpec, *extra: str, timeout: float = 1800) -> dict[str, Any]:
     out = subprocess.run(
-        [sys.executable, "-m", "graphcache.benchrun", mode, spec.canonical_json(), *extra],
+        [sys.executable, "-m", "graphcache.ops.benchrun", mode, spec.canonical_json(), *extra],
         capture_output=True,
         text=True,
         timeout=timeout,

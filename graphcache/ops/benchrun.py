@@ -1,8 +1,8 @@
 """One measurement in a fresh process, for ``graphcache bench``.
 
-    python -m graphcache.benchrun cold SPEC_JSON
-    python -m graphcache.benchrun warm SPEC_JSON STORE_LOCATION
-    python -m graphcache.benchrun memory SPEC_JSON
+    python -m graphcache.ops.benchrun cold SPEC_JSON
+    python -m graphcache.ops.benchrun warm SPEC_JSON STORE_LOCATION
+    python -m graphcache.ops.benchrun memory SPEC_JSON
 
 Prints one JSON line of seconds per phase (and bytes for ``memory``). A
 fresh process is what a worker starting up is: no graph, no plan cache,
@@ -22,7 +22,7 @@ from graphcache.artifact import Artifact
 from graphcache.key import key_for
 from graphcache.settings import Settings
 from graphcache.spec import GraphSpec
-from graphcache.uids import UidMap
+from graphcache.spec.uids import UidMap
 
 
 def _init() -> tuple[Any, Any, float]:

@@ -9,8 +9,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from graphcache import spec_bias, spec_ragged, spec_sinks
 from graphcache.errors import SpecError
+from graphcache.spec import bias as spec_bias
+from graphcache.spec import ragged as spec_ragged
+from graphcache.spec import sinks as spec_sinks
 
 DTYPES = ("float16", "bfloat16")
 LAYOUTS = ("bshd", "bhsd", "thd")
@@ -40,18 +42,18 @@ class GraphSpec:
 
     Ragged and paged (``layout="thd"``; ``page_size``, ``num_pages``,
     ``pages_per_seq``; mask ``sliding_window_bottom_right``): see
-    ``graphcache.spec_ragged``, which holds their rules and descriptors.
+    ``graphcache.spec.ragged``, which holds their rules and descriptors.
 
     Bias: ``bias`` (None, ``bhss``, ``b1ss``, ``1hss``, ``11ss``) is an
     additive score bias tensor, an input of the graph (an attn_mask), in the
-    io dtype or ``bias_dtype`` (``float32``): see ``graphcache.spec_bias``. ``sinks`` (per-head sink logits, gpt-oss): see
-    ``graphcache.spec_sinks``.
+    io dtype or ``bias_dtype`` (``float32``): see ``graphcache.spec.bias``. ``sinks`` (per-head sink logits, gpt-oss): see
+    ``graphcache.spec.sinks``.
 
     Shapes: ``shapes="exact"`` (the default) is a graph of exactly these
     sizes. ``shapes="class"`` is a length class: ``batch``, ``seq_q`` and
     ``seq_kv`` are the declared maxima, and the graph serves every real
     (b, s_q, s_kv) up to them with all other fields equal and on the same side
-    of ``s_q == 1`` (``covers``); ``graphcache.classes`` picks the class.
+    of ``s_q == 1`` (``covers``); ``graphcache.spec.classes`` picks the class.
 
     Raises:
         SpecError: naming the field, the value and what is allowed.
@@ -131,7 +133,7 @@ class GraphSpec:
             )
         object.__setattr__(self, "dropout", float(dropout))
         if self.shapes == "class" and (self.dropout or self.layout == "thd" or self.page_size is not None):
-            # graphcache.classes.has_class says why
+            # graphcache.spec.classes.has_class says why
             what = "dropout" if self.dropout else "ragged or paged (thd) specs, which serve many lengths already"
             raise SpecError(f"shapes='class' is not supported with {what}: use shapes='exact'", "shapes")
         spec_ragged.check(self)
