@@ -18,11 +18,11 @@ from graphcache.settings import Settings
 from graphcache.stores import DiskStore
 from service.app import create_app
 from tests.clirun import cli
+from tests.docs_examples import example
 from tests.fakes import TARGET, FakeCompiler, make_artifact, spec
 from tests.servers import ServerThread
 
 NO_TORCH = ("torch", "cudnn")
-README = Path(__file__).parent.parent / "README.md"
 
 
 def one_error_line(out) -> str:  # noqa: ANN001
@@ -174,7 +174,7 @@ def test_inspect_of_a_missing_file_says_no_such_file(tmp_path):
     assert f"no such file: {tmp_path / 'nope.gcart'}" in line
 
 
-# -- bench, and the README's command ----------------------------------------------------
+# -- bench, and the docs' command ------------------------------------------------------
 
 
 def test_bench_plot_without_matplotlib_fails_before_any_work(server, tmp_path):
@@ -198,29 +198,10 @@ def test_bench_plot_without_matplotlib_fails_before_any_work(server, tmp_path):
     assert stats(server)["hits"] == 0 and stats(server)["misses"] == 0, "nothing may be fetched first"
 
 
-def readme_commands(verb: str) -> list[list[str]]:
-    """Every ``graphcache VERB ...`` command in README.md's indented blocks, as argv."""
-    commands, current = [], ""
-    for raw in README.read_text().splitlines():
-        line = raw.strip()
-        if current:
-            current += " " + line.rstrip("\\")
-            if not line.endswith("\\"):
-                commands.append(current)
-                current = ""
-            continue
-        if raw.startswith("    ") and line.startswith(f"graphcache {verb} "):
-            current = line.rstrip("\\")
-            if not line.endswith("\\"):
-                commands.append(current)
-                current = ""
-    return [shlex.split(c.split("#")[0])[1:] for c in commands]
-
-
-def test_the_readme_bench_command_for_a_host_without_gpu_runs_as_written(tmp_path):
-    without_gpu = [c for c in readme_commands("bench") if "--target" in c]
-    assert without_gpu, "README shows no bench command for a machine without a GPU"
-    argv = without_gpu[0]
+def test_the_docs_bench_command_for_a_host_without_gpu_runs_as_written(tmp_path):
+    (command,) = example("bench-without-gpu").commands()  # docs/ops.md
+    argv = shlex.split(command)[1:]
+    assert argv[0] == "bench" and "--target" in argv
     # the service the command names, holding the artifact of its spec and target
     from graphcache import Target
     from graphcache.cli import parse_spec_arg

@@ -11,6 +11,7 @@ from graphcache.key import key_for
 from graphcache.stores import DiskStore
 from graphcache.target import Target
 from tests.clirun import cli
+from tests.docs_examples import example
 from tests.fakes import TARGET, FakeCompiler
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,9 +65,8 @@ def test_explain_a_manifest_explains_each_spec_and_fails_on_any_missing(tmp_path
 
 
 def test_the_examples_readme_commands_run():
-    text = (EXAMPLES / "README.md").read_text()
-    commands = [line.strip() for line in text.splitlines() if line.startswith("    graphcache key ")]
-    assert len(commands) == 2
+    commands = example("examples-key").commands()  # docs/examples/README.md
+    assert len(commands) == 2 and all(c.startswith("graphcache key ") for c in commands)
     for command in commands:
         args = shlex.split(command)[1:]
         out = cli(*args, cwd=ROOT)

@@ -19,6 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.docs_examples import example
 from tests.servers import wait_for_server
 
 ROOT = Path(__file__).parent.parent
@@ -106,9 +107,8 @@ def test_scripts_test_sh_never_installs_into_the_system_python(tmp_path):
 
 
 def test_readme_serve_command_works_where_pip_refuses_the_system_python(tmp_path):
-    readme = (ROOT / "README.md").read_text()
-    lines = [ln.strip() for ln in readme.splitlines() if "graphcache serve" in ln and "pip install" in ln]
-    assert len(lines) == 1, lines
+    lines = example("serve").commands()
+    assert len(lines) == 1 and "pip install" in lines[0] and "graphcache serve" in lines[0], lines
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

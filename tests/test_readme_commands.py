@@ -1,6 +1,7 @@
 """The README's commands, run as a newcomer runs them: in a fresh shell
 (a clean environment, the venv activated as the README says), against a
-server on 127.0.0.1."""
+server on 127.0.0.1. The same from a fresh clone in a new venv, installs
+included, is tests/test_first_hour.py."""
 
 from __future__ import annotations
 
@@ -14,10 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.docs_examples import example
 from tests.servers import free_port, wait_for_server
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
+DROP_IN = (ROOT / "docs" / "drop-in.md").read_text()
 
 
 def section(title: str) -> str:
@@ -25,17 +28,6 @@ def section(title: str) -> str:
     start = README.index(f"\n## {title}\n")
     end = README.find("\n## ", start + 1)
     return README[start : end if end != -1 else None]
-
-
-def first_block(text: str) -> list[str]:
-    """The lines of the first indented (4-space) code block in ``text``."""
-    lines: list[str] = []
-    for line in text.splitlines():
-        if line.startswith("    ") and line.strip():
-            lines.append(line[4:])
-        elif lines:
-            break
-    return lines
 
 
 def venv_activate() -> Path:
@@ -55,7 +47,9 @@ def fresh_shell(command: str, home: Path, cwd: Path, **popen: object) -> list[st
 
 
 def test_the_two_commands_leave_graphcache_on_path_as_the_examples_type_it(tmp_path):
-    serve_line = first_block(section("The two commands"))[0]
+    serve = example("serve")
+    assert serve.text in section("The two commands")
+    (serve_line,) = serve.commands()
     steps = [step.strip() for step in serve_line.split("&&")]
     activation = next(i for i, step in enumerate(steps) if step.startswith(". "))
     venv = steps[activation].split()[1].removesuffix("/bin/activate")
@@ -82,22 +76,46 @@ def test_the_two_commands_leave_graphcache_on_path_as_the_examples_type_it(tmp_p
     assert without.returncode != 0  # a fresh shell without the activation has none
 
 
-def test_try_it_without_a_gpu_runs_as_written(tmp_path):
-    pytest.importorskip("torch")
-    commands = first_block(section("Try it without a GPU"))
-    assert len(commands) == 5 and commands[0].startswith("graphcache serve") and commands[0].endswith(" &")
-    port = free_port()
-    commands = [
-        c.replace("127.0.0.1:8080", f"127.0.0.1:{port}").replace("--port 8080", f"--port {port}") for c in commands
-    ]
+def walk_commands(port: int) -> list[str]:
+    """The no-GPU walk's lines, against the service on ``port``."""
+    commands = example("no-gpu-walk").commands()
+    assert commands[0] == ". .venv/bin/activate", "the walk's second shell activates the first command's venv"
+    assert commands[1].startswith("python -m pip install torch==2.13.0 ")
+    assert [c.split()[:2] for c in commands[2:5]] == [["graphcache", "warm"]] * 2 + [["graphcache", "prefetch"]]
+    commands = [c.replace("127.0.0.1:8080", f"127.0.0.1:{port}") for c in commands]
     assert all("8080" not in c for c in commands)
+    return commands
+
+
+def serve_command(port: int) -> str:
+    """The first command's last step: the service, on ``port``."""
+    serve = example("serve").commands()[0].split("&&")[-1].strip()
+    assert serve.startswith("graphcache serve ") and "--port 8080" in serve
+    return serve.replace("--port 8080", f"--port {port}")
+
+
+def assert_walk_output(warm: str, check: str, prefetch: str, dropin: str) -> None:
+    """What the README says each step of the walk prints."""
+    assert "2 built" in warm
+    assert "6/6 present for reference-sm00-cudnn0.0.0-fe0.0.0" in check
+    assert re.search(r"reference-sm00-cudnn0\.0\.0-fe0\.0\.0 │ 6 +│ 0 ", prefetch), prefetch  # present, missing
+    assert "drop-in: 6 calls, 6 hits, 0 misses" in dropin
+
+
+def test_try_it_without_a_gpu_runs_as_written(tmp_path):
+    torch = pytest.importorskip("torch")
+    if torch.__version__.split("+")[0] != "2.13.0":
+        pytest.skip(f"the walk would install torch 2.13.0 over this venv's {torch.__version__}")
+    port = free_port()
+    commands = walk_commands(port)
     home = tmp_path / "home"
     home.mkdir()
     work = tmp_path / "clone"
     work.mkdir()
     (work / "docs").symlink_to(ROOT / "docs")  # "from the repository's root", its ./cache in tmp_path
+    (work / ".venv").symlink_to(sys.prefix)  # the venv the first command made: here the suite's
     server = subprocess.Popen(
-        fresh_shell(commands[0].removesuffix("&").strip(), home, work),
+        fresh_shell(serve_command(port), home, work),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -105,24 +123,23 @@ def test_try_it_without_a_gpu_runs_as_written(tmp_path):
     )
     try:
         wait_for_server(f"http://127.0.0.1:{port}", server, healthy=True)
+        # The second shell: every line typed into it in turn, the first one activating the venv.
         outputs = []
-        for command in commands[1:]:
-            run = subprocess.run(fresh_shell(command, home, work), capture_output=True, text=True, timeout=300)
-            assert run.returncode == 0, f"{command}\n{run.stdout}\n{run.stderr}"
+        for i in range(1, len(commands)):
+            line = " && ".join([commands[0], commands[i]])
+            run = subprocess.run(fresh_shell(line, home, work), capture_output=True, text=True, timeout=300)
+            assert run.returncode == 0, f"{commands[i]}\n{run.stdout}\n{run.stderr}"
             outputs.append(run.stdout)
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(30)
-    warm, check, prefetch, dropin = outputs
-    assert "2 built" in warm
-    assert "6/6 present for reference-sm00-cudnn0.0.0-fe0.0.0" in check
-    assert re.search(r"reference-sm00-cudnn0\.0\.0-fe0\.0\.0 │ 6 +│ 0 ", prefetch), prefetch  # present, missing
-    assert "drop-in: 6 calls, 6 hits, 0 misses" in dropin
+    _install, warm, check, prefetch, dropin = outputs
+    assert_walk_output(warm, check, prefetch, dropin)
 
 
 def readme_reasons() -> set[str]:
-    """The fallback reasons the README's drop-in section lists."""
-    bullet = README[README.index("- **Same result as torch.**") :]
+    """The fallback reasons docs/drop-in.md lists."""
+    bullet = DROP_IN[DROP_IN.index("- **Same result as torch.**") :]
     bullet = bullet[: bullet.index("`spec_for` raises")]
     return set(re.findall(r"`([a-z_0-9]+)`(?!\))", bullet))  # not `attn_mask` inside a parenthesis
 
@@ -140,12 +157,12 @@ def test_the_readmes_fallback_reasons_are_the_codes():
 
     listed, counted = readme_reasons(), code_reasons()
     assert {"device", "no_gpu", "miss", "mask"} <= counted  # the scan reads the code
-    assert counted - listed == set(), "reasons the code counts that the README does not list"
+    assert counted - listed == set(), "reasons the code counts that docs/drop-in.md does not list"
     # A spec field a call's shape breaks is counted under the field's name (derive: exc.field).
-    assert listed - counted <= set(GraphSpec.field_names()), "reasons the README lists that the code never counts"
+    assert listed - counted <= set(GraphSpec.field_names()), "reasons docs/drop-in.md lists that the code never counts"
 
 
-def test_a_bf16_call_on_the_cpu_is_counted_under_the_reason_the_readme_gives_for_it():
+def test_a_bf16_call_on_the_cpu_is_counted_under_the_reason_the_docs_give_for_it():
     torch = pytest.importorskip("torch")
     import graphcache.torch as gt
 
@@ -154,7 +171,7 @@ def test_a_bf16_call_on_the_cpu_is_counted_under_the_reason_the_readme_gives_for
     gt.scaled_dot_product_attention(q, q, q, is_causal=True)
     (reason,) = gt.stats()["fallbacks"]
     assert reason in readme_reasons()
-    described = README[README.index(f"`{reason}` (") :].split(")", 1)[0]
+    described = DROP_IN[DROP_IN.index(f"`{reason}` (") :].split(")", 1)[0]
     assert "without a GPU every call, bf16 included" in described, described
     gt.reset()
 
@@ -167,8 +184,9 @@ def test_the_readme_says_what_the_test_command_costs_and_how_to_run_a_subset():
     assert frontends, text
     # The same figure as the script's own comment on that step.
     assert f"{frontends[1]} MB on a fresh clone" in (ROOT / "scripts/test.sh").read_text()
-    block = [line.split("#")[0].strip() for line in text.splitlines() if line.startswith("    ")]
-    subset = [shlex.split(line) for line in block if "tests/" in line]
+    subsets = example("test-subsets")
+    assert subsets.text in text
+    subset = [shlex.split(line, comments=True) for line in subsets.commands()]
     assert subset and any(cmd[0] == "scripts/test.sh" for cmd in subset)
     for cmd in subset:
         assert all((ROOT / arg).exists() for arg in cmd if arg.startswith("tests/")), cmd

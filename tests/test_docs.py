@@ -1,0 +1,110 @@
+"""The docs as a newcomer meets them (issue 34): the README is a front door,
+every shell and Python example either runs in a test or says what it needs
+(docs/contributing.md), the README's links reach their pages, and every name
+the README gave a user before the guides moved out is still in the site."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+from markdown_it import MarkdownIt
+
+from tests.docs_examples import ANY_MARKER, MARKER, PAGES, ROOT, Block, every_block
+
+README = ROOT / "README.md"
+
+
+def test_the_readme_is_a_front_door_of_at_most_250_lines():
+    lines = README.read_text().splitlines()
+    assert len(lines) <= 250, f"README.md has {len(lines)} lines: move a guide to docs/"
+    headings = [line[3:] for line in lines if line.startswith("## ")]
+    for section in ("Install", "The two commands", "Try it without a GPU", "A worker in ten lines"):
+        assert section in headings, headings
+    assert any(h.startswith("The CLI") for h in headings) and any(h.startswith("Where each guide") for h in headings)
+
+
+def test_every_code_block_is_fenced_and_names_its_language():
+    unnamed = [b.where for b in every_block() if b.lang in ("", "indented")]
+    assert not unnamed, f"fence these with a language (sh, python; text for output and pictures): {unnamed}"
+
+
+def test_every_shell_and_python_example_runs_in_a_test_or_says_what_it_needs():
+    unmarked = [b.where for b in every_block() if b.runnable and b.name is None and b.needs is None]
+    assert not unmarked, (
+        "mark each with <!-- example: run NAME --> and run it in a test (example('NAME')), "
+        f"or with gpu, fleet, bench or ci (docs/contributing.md): {unmarked}"
+    )
+
+
+def test_every_marker_is_well_formed_and_stands_before_an_example():
+    attached = {(b.page, b.marker) for b in every_block() if b.runnable and b.marker}
+    for page in PAGES:
+        for number, line in enumerate(page.read_text().splitlines(), 1):
+            if not ANY_MARKER.search(line) or "`" in line:  # a marker quoted in prose is no marker
+                continue
+            assert MARKER.match(line.strip()), f"{page.relative_to(ROOT)}:{number}: {line.strip()}"
+            assert (page, line.strip()) in attached, f"{page.relative_to(ROOT)}:{number}: no example follows"
+
+
+def source_of_tests() -> str:
+    return "".join(path.read_text() for path in sorted(Path(__file__).parent.glob("*.py")))
+
+
+def test_each_example_marked_run_is_one_block_that_a_test_runs():
+    named = [b for b in every_block() if b.name]
+    names = [b.name for b in named]
+    assert len(names) >= 10, names
+    assert len(set(names)) == len(names), f"names used twice: {sorted({n for n in names if names.count(n) > 1})}"
+    text = source_of_tests()
+    unrun = [f"{b.where} ({b.name})" for b in named if f'example("{b.name}")' not in text]
+    assert not unrun, f"no test calls example(NAME) for: {unrun}"
+
+
+def words(block: Block) -> list[str]:
+    return [word for command in block.commands() for word in shlex.split(command, comments=True)]
+
+
+def test_bench_and_ci_examples_name_scripts_and_tests_that_exist():
+    checked = 0
+    for block in every_block():
+        if block.needs not in ("bench", "ci"):
+            continue
+        for word in words(block):
+            path = word.split("::")[0]
+            if re.fullmatch(r"(scripts|tests)/[\w/.-]+\.(py|sh)", path):
+                assert (ROOT / path).exists(), f"{block.where}: {path} does not exist"
+                checked += 1
+    assert checked >= 20
+
+
+def slug(text: str) -> str:
+    """A heading's anchor as mkdocs makes it (Python-Markdown's toc.slugify)."""
+    text = re.sub(r"[^\w\s-]", "", text).strip().lower()
+    return re.sub(r"[-\s]+", "-", text)
+
+
+def anchors(page: Path) -> set[str]:
+    tokens = MarkdownIt("commonmark").parse(page.read_text())
+    return {slug(tokens[i + 1].content) for i, t in enumerate(tokens) if t.type == "heading_open"}
+
+
+def links(page: Path) -> list[str]:
+    found = []
+    for token in MarkdownIt("commonmark").parse(page.read_text()):
+        for child in token.children or ():
+            if child.type == "link_open":
+                found.append(str(child.attrs["href"]))
+    return found
+
+
+def test_the_readmes_links_reach_files_and_headings():
+    relative = [href for href in links(README) if not re.match(r"[a-z]+:", href)]
+    assert len(relative) >= 15, relative
+    for href in relative:
+        path, _, anchor = href.partition("#")
+        target = (README.parent / path) if path else README
+        assert target.exists(), f"README links to {href}: no such file"
+        if anchor:
+            assert anchor in anchors(target), f"README links to {href}: no such heading"
