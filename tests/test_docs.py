@@ -9,11 +9,14 @@ import re
 import shlex
 from pathlib import Path
 
+import pytest
 from markdown_it import MarkdownIt
 
 from tests.docs_examples import ANY_MARKER, MARKER, PAGES, ROOT, Block, every_block
 
 README = ROOT / "README.md"
+SITE = sorted((ROOT / "docs").rglob("*.md"))
+OLD_NAMES = Path(__file__).parent / "data" / "readme-674c519-names.txt"
 
 
 def test_the_readme_is_a_front_door_of_at_most_250_lines():
@@ -108,3 +111,29 @@ def test_the_readmes_links_reach_files_and_headings():
         assert target.exists(), f"README links to {href}: no such file"
         if anchor:
             assert anchor in anchors(target), f"README links to {href}: no such heading"
+
+
+def old_names() -> list[tuple[str, str]]:
+    rows = [line.split(" ", 1) for line in OLD_NAMES.read_text().splitlines() if line and not line.startswith("#")]
+    return [(kind, name) for kind, name in rows]
+
+
+def site_text() -> str:
+    return "\n".join(page.read_text() for page in SITE)
+
+
+def test_the_old_readmes_names_were_read():
+    kinds = {kind for kind, _ in old_names()}
+    assert kinds == {"verb", "option", "route", "path", "env"}
+    assert len(old_names()) >= 100
+
+
+@pytest.mark.parametrize(("kind", "name"), old_names())
+def test_every_name_the_old_readme_gave_a_user_is_in_the_docs(kind, name):
+    text = site_text()
+    if kind == "verb":
+        assert f"graphcache {name}" in text, f"the docs never show `graphcache {name}`"
+    elif kind == "route":
+        assert name in text, f"the docs never name the route {name}"
+    else:
+        assert re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", text), f"the docs never name {name}"
