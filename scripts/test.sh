@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine: installs what the tests need
-# (CPU torch, cudnn-frontend 1.32, redis-server, nginx, the dev tools), then runs pytest.
+# (CPU torch, cudnn-frontend 1.32, redis-server, nginx, the dev tools), lints,
+# builds the docs site, then runs pytest.
 # Usage: scripts/test.sh [pytest args...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -57,6 +58,12 @@ PYTHON="$PY" scripts/old_frontends.sh
 # Lint and types first: cheap, and they fail the run like a failing test.
 "$PY" -m ruff check graphcache service tests scripts
 "$PY" -m mypy graphcache service
+# The docs site (mkdocs.yml, docs/): --strict fails on a broken link or anchor.
+SITE_DIR=$(mktemp -d)
+# Not --quiet: it hides the warnings --strict counts, and a broken link would
+# pass. Its INFO lines are left out; pipefail keeps mkdocs' exit status.
+NO_MKDOCS_2_WARNING=1 "$PY" -m mkdocs build --strict --site-dir "$SITE_DIR" 2>&1 | { grep -v "^INFO" || true; }
+rm -rf "$SITE_DIR"
 
 # One redis-server for the suite (tests that stop Redis or limit its memory
 # start private ones); uvicorn servers are started by the tests themselves.

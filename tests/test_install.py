@@ -4,7 +4,7 @@ outside a virtual environment (PEP 668, current Debian and Ubuntu).
 A stand-in `python3` on PATH plays that system Python: it refuses
 `-m pip` with the externally-managed-environment error and otherwise runs
 this host's base (non-venv) Python; `-m venv DIR` makes DIR/bin/python (with
-an activate script and the graphcache console script), a stand-in venv Python that records pip, ruff, mypy and pytest calls instead of
+an activate script and the graphcache console script), a stand-in venv Python that records pip, ruff, mypy, mkdocs and pytest calls instead of
 running them (no network, and no second test suite inside this one) and runs
 everything else, graphcache included, on this checkout.
 """
@@ -49,7 +49,7 @@ exec "$BASE_PYTHON" "$@"
 VENV_PYTHON = r"""#!/bin/bash
 echo "venv $*" >> "$SHIM_LOG"
 case "$1 $2" in
-  "-m pip"|"-m ruff"|"-m mypy"|"-m pytest") exit 0 ;;
+  "-m pip"|"-m ruff"|"-m mypy"|"-m mkdocs"|"-m pytest") exit 0 ;;
 esac
 exec @REAL@ "$@"
 """
@@ -103,6 +103,7 @@ def test_scripts_test_sh_never_installs_into_the_system_python(tmp_path):
     assert any(c.startswith("system -m venv") for c in log), log
     installs = [c for c in log if c.startswith("venv -m pip install")]
     assert any("-e .[dev,gpu]" in c for c in installs), log
+    assert any(c.startswith("venv -m mkdocs build --strict") for c in log), log  # the docs site, as CI builds it
     assert any(c.startswith("venv -m pytest") for c in log), log
 
 
