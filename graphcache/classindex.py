@@ -39,13 +39,15 @@ __all__ = [
     "SLACK_VAR",
     "ClassIndex",
     "check_slack",
+    "differences",
     "family",
     "local_headers",
     "slack_from_env",
     "work",
 ]
 
-_SIZES = frozenset({"batch", "seq_q", "seq_kv", "shapes"})
+_CLASS_SIZES = ("batch", "seq_q", "seq_kv")
+_SIZES = frozenset({*_CLASS_SIZES, "shapes"})
 _FIXED = tuple(name for name in GraphSpec.field_names() if name not in _SIZES)
 
 
@@ -63,6 +65,52 @@ def family(spec: GraphSpec) -> tuple[Any, ...]:
 
 def _sizes(spec: GraphSpec) -> str:
     return f"b{spec.batch} q{spec.seq_q} kv{spec.seq_kv}"
+
+
+def _short(klass: GraphSpec, spec: GraphSpec) -> list[str]:
+    """The sizes of the call ``spec`` that the class ``klass`` declares less of."""
+    return [
+        f"{name} {getattr(klass, name)} < {getattr(spec, name)}"
+        for name in _CLASS_SIZES
+        if getattr(klass, name) < getattr(spec, name)
+    ]
+
+
+def _over_slack(klass: GraphSpec, own: GraphSpec, slack: float) -> str:
+    """Why ``klass`` declares too much work to serve a call of class ``own`` ('' when it does not)."""
+    if work(klass) <= slack * work(own):
+        return ""
+    ratio = work(klass) / work(own)
+    return f"declares {ratio:g}x the work of the call's own class, over the slack {slack:g} ({SLACK_VAR})"
+
+
+def differences(stored: GraphSpec, spec: GraphSpec, own: GraphSpec, slack: float) -> list[str]:
+    """What keeps the stored class ``stored`` from serving the exact call
+    ``spec`` (whose own class is ``own``), as ``explain`` lists it: each field
+    a class fixes that differs, then the sizes the class is short of (said in
+    the call's numbers and its own class's), or the work it declares over the
+    ``slack``. Empty when ``stored`` covers ``spec`` within the slack. A call
+    never differs from a class by ``shapes``: the call does not choose it."""
+    diffs = [
+        f"spec.{name}: stored {getattr(stored, name)!r}, asked {getattr(spec, name)!r}"
+        for name in _FIXED
+        if getattr(stored, name) != getattr(spec, name)
+    ]
+    sizes: tuple[str, ...] = _CLASS_SIZES
+    if (stored.seq_q == 1) != (spec.seq_q == 1):
+        kind = ("decode", "prefill") if stored.seq_q == 1 else ("prefill", "decode")
+        diffs.append(
+            f"spec.seq_q: stored {stored.seq_q}, asked {spec.seq_q} (a {kind[0]} class never serves a {kind[1]} call)"
+        )
+        sizes = ("batch", "seq_kv")
+    diffs += [
+        f"spec.{name}: stored up to {getattr(stored, name)}, asked {getattr(spec, name)} (class {getattr(own, name)})"
+        for name in sizes
+        if getattr(stored, name) < getattr(spec, name)
+    ]
+    if not diffs and (over := _over_slack(stored, own, slack)):
+        diffs.append(f"work: {_sizes(stored)} {over}")
+    return diffs
 
 
 class ClassIndex:
@@ -132,19 +180,10 @@ class ClassIndex:
         for klass in self.stored(spec, target):
             if klass == chosen:
                 continue
-            if not klass.covers(spec):
-                short = [
-                    f"{name} {getattr(klass, name)} < {getattr(spec, name)}"
-                    for name in ("batch", "seq_q", "seq_kv")
-                    if getattr(klass, name) < getattr(spec, name)
-                ]
+            if short := _short(klass, spec):
                 reasons.append(f"{_sizes(klass)}: does not cover the call ({', '.join(short)})")
-            elif work(klass) > slack * work(own):
-                ratio = work(klass) / work(own)
-                reasons.append(
-                    f"{_sizes(klass)}: declares {ratio:g}x the work of the call's own class, "
-                    f"over the slack {slack:g} ({SLACK_VAR})"
-                )
+            elif over := _over_slack(klass, own, slack):
+                reasons.append(f"{_sizes(klass)}: {over}")
             else:
                 reasons.append(f"{_sizes(klass)}: covers the call, but {_sizes(chosen)} declares less work")
         return chosen, reasons

@@ -95,6 +95,20 @@ def rss_mib(pid: int, field: str = "VmRSS") -> float:
     return float("nan")
 
 
+def timed_gets(client: httpx.Client, paths: tuple[str, ...], times: list[float], errors: list[str]) -> None:
+    """GET each of ``paths`` once: each wall time into ``times``, each answer
+    other than 200 (or transport error) into ``errors``."""
+    for path in paths:
+        start = time.perf_counter()
+        try:
+            got = client.get(path)
+            if got.status_code != 200:
+                errors.append(str(got.status_code))
+        except httpx.TransportError as exc:
+            errors.append(type(exc).__name__)
+        times.append(time.perf_counter() - start)
+
+
 def percentiles(times: list[float]) -> str:
     if len(times) < 2:
         return "n/a"
@@ -169,15 +183,7 @@ def probe_slow_senders(folder: str, count: int) -> None:
         def reads(done: threading.Event) -> None:
             with httpx.Client(base_url=url, timeout=10) as client:
                 while not done.is_set():
-                    for path in ("/healthz", f"/v1/artifacts/{art.key}"):
-                        start = time.perf_counter()
-                        try:
-                            got = client.get(path)
-                            if got.status_code != 200:
-                                errors.append(str(got.status_code))
-                        except httpx.TransportError as exc:
-                            errors.append(type(exc).__name__)
-                        times.append(time.perf_counter() - start)
+                    timed_gets(client, ("/healthz", f"/v1/artifacts/{art.key}"), times, errors)
 
         async def main() -> list[str]:
             stop = asyncio.Event()
@@ -318,15 +324,7 @@ def probe_non_readers(folder: str, count: int) -> None:
         errors: list[str] = []
         with httpx.Client(base_url=url, timeout=10) as client:
             while time.monotonic() - opened < 5:
-                for path in ("/v1/stats", f"/v1/artifacts/{keys[0]}"):
-                    t0 = time.perf_counter()
-                    try:
-                        got = client.get(path)
-                        if got.status_code != 200:
-                            errors.append(str(got.status_code))
-                    except httpx.TransportError as exc:
-                        errors.append(type(exc).__name__)
-                    times.append(time.perf_counter() - t0)
+                timed_gets(client, ("/v1/stats", f"/v1/artifacts/{keys[0]}"), times, errors)
                 peak = max(peak, rss_mib(proc.pid))
         while time.monotonic() - opened < 13:  # past the 10 s deadline
             peak = max(peak, rss_mib(proc.pid))

@@ -1,30 +1,46 @@
-"""Prometheus metrics, one registry per app (tests run several apps)."""
+"""Prometheus metrics, one registry per app (tests run several apps).
+
+Where the server's workers share a folder (``service.workers``: `graphcache
+serve --workers N`), every counter and histogram is kept in this worker's
+file there and read as the sum over every worker's: ``render`` and
+``totals`` are the server's. Figures that are one worker's (the entries
+it remembers as verified) carry its ``pid`` label there."""
 
 from __future__ import annotations
 
 import threading
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, values
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
+
+from service import workers
 
 
 class SizeHistogram(Collector):
     """A Prometheus histogram of byte sizes that takes a batch's sizes in one
     call: prometheus_client's ``observe`` is about 1 us each, 0.1 ms for a
     start-up batch of 100 entries. Exposed as any histogram is
-    (``_bucket{le=...}``, ``_count``, ``_sum``)."""
+    (``_bucket{le=...}``, ``_count``, ``_sum``), and kept as
+    prometheus_client keeps a Histogram's values, so that a server of
+    several workers sums it as it sums theirs."""
 
     def __init__(self, name: str, documentation: str, buckets: Iterable[int], registry: CollectorRegistry) -> None:
         self.name = name
         self.documentation = documentation
         self.bounds = sorted(float(b) for b in buckets)
-        self._counts = [0] * (len(self.bounds) + 1)  # the last: above every bound (+Inf)
-        self._sum = 0.0
+        # The last: above every bound (+Inf); counts per bucket, not cumulative, as Histogram keeps them.
+        self._counts = [
+            values.ValueClass("histogram", name, f"{name}_bucket", ("le",), (floatToGoString(b),), documentation)
+            for b in [*self.bounds, float("inf")]
+        ]
+        self._sum = values.ValueClass("histogram", name, f"{name}_sum", (), (), documentation)
         self._lock = threading.Lock()
         registry.register(self)
 
@@ -33,16 +49,21 @@ class SizeHistogram(Collector):
 
     def observe_many(self, sizes: Iterable[float]) -> None:
         bounds = self.bounds
-        places = [(bisect_left(bounds, size), size) for size in sizes]
-        with self._lock:
-            for place, size in places:
-                self._counts[place] += 1
-                self._sum += size
+        added: dict[int, int] = {}
+        total = 0.0
+        for size in sizes:
+            place = bisect_left(bounds, size)
+            added[place] = added.get(place, 0) + 1
+            total += size
+        with self._lock:  # a collect sees a batch whole
+            for place, count in added.items():
+                self._counts[place].inc(count)
+            self._sum.inc(total)
 
     def collect(self) -> Iterator[HistogramMetricFamily]:
         with self._lock:
-            counts, total = list(self._counts), self._sum
-        cumulative, running = [], 0
+            counts, total = [c.get() for c in self._counts], self._sum.get()
+        cumulative, running = [], 0.0
         for bound, count in zip([*self.bounds, float("inf")], counts, strict=True):
             running += count
             cumulative.append((floatToGoString(bound), running))
@@ -52,9 +73,37 @@ class SizeHistogram(Collector):
         yield HistogramMetricFamily(self.name, self.documentation)
 
 
+@dataclass(frozen=True)
+class Totals:
+    """Every sample of the metrics at one moment: the server's, summed over
+    its workers where they share a folder (``scope`` says which)."""
+
+    samples: dict[str, tuple[tuple[dict[str, str], float], ...]]
+    scope: str  # "server": every worker's; "process": this process's alone
+
+    def value(self, name: str, **labels: str) -> float:
+        """The sample ``name`` with exactly ``labels`` (0 when absent)."""
+        return next((v for have, v in self.samples.get(name, ()) if have == labels), 0.0)
+
+    def by(self, name: str, label: str) -> dict[str, float]:
+        """The samples ``name``, by the value of their ``label``."""
+        return {have[label]: v for have, v in self.samples.get(name, ()) if label in have}
+
+    def sum(self, name: str) -> float:
+        return sum(v for _, v in self.samples.get(name, ()))
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self.server = workers.shared()
+        # What is exposed and read: the server's sum over its workers' files
+        # when they share a folder (this registry's values are this worker's
+        # file then), else this registry itself.
+        self.exposed = self.registry
+        if self.server is not None:
+            self.exposed = CollectorRegistry()
+            MultiProcessCollector(self.exposed, path=str(self.server.folder))
         r = self.registry
         self.requests = Counter(
             "graphcache_requests_total",
@@ -101,58 +150,79 @@ class Metrics:
             registry=r,
         )
         self.store_errors = Counter("graphcache_store_errors_total", "store operations that failed", registry=r)
+        self.bookkeeping_errors = Counter(
+            "graphcache_store_bookkeeping_errors_total",
+            "access-time updates a read could not write (a full disk); the reads were served",
+            registry=r,
+        )
+        self.send_timeouts = Counter(
+            "graphcache_send_timeouts_total",
+            "connections closed because the client did not drain its answer within GRAPHCACHE_SEND_TIMEOUT",
+            registry=r,
+        )
         self.verified_cache = Gauge(
-            "graphcache_verified_entries", "entries whose file identity is remembered as verified", registry=r
+            "graphcache_verified_entries",
+            "entries whose file identity is remembered as verified (each worker remembers its own)",
+            registry=r,
+            multiprocess_mode="liveall",  # one series per running worker, its pid as a label
         )
-        self._server: _Count | None = None
-        self._server_info: dict[str, Any] = {}
+        self._server_info: dict[str, Any] | None = None
 
-    def watch_store(self, unwritable: Callable[[], str | None], bookkeeping_errors: Callable[[], int]) -> None:
-        """Gauges read at each scrape: whether the store takes writes (0 on a
-        full disk) and how many read bookkeeping writes it could not make."""
-        writable = Gauge(
-            "graphcache_store_writable",
-            "1 when an upload would be stored now, 0 when the store is out of space (healthz says why)",
-            registry=self.registry,
-        )
-        writable.set_function(lambda: 0.0 if unwritable() else 1.0)
-        self.registry.register(
-            _Count(
-                "graphcache_store_bookkeeping_errors",
-                "access-time updates a read could not write (a full disk); the reads were served",
-                bookkeeping_errors,
+    def watch_store(self, unwritable: Callable[[], str | None], store: Any) -> None:
+        """Read at each scrape: whether the store takes writes (0 on a full
+        disk); counted as they happen: the read bookkeeping writes ``store``
+        could not make (a DiskStore tells of each)."""
+        self.exposed.register(
+            _Gauge(
+                "graphcache_store_writable",
+                "1 when an upload would be stored now, 0 when the store is out of space (healthz says why)",
+                lambda: 0.0 if unwritable() else 1.0,
             )
         )
+        watchers = getattr(store, "bookkeeping_watchers", None)
+        if watchers is not None:
+            self.bookkeeping_errors.inc(int(getattr(store, "bookkeeping_errors", 0)))  # those before this app
+            watchers.append(self.bookkeeping_errors.inc)
 
     def watch_server(self, info: dict[str, Any]) -> None:
-        """Counters the server's protocol keeps (service.transport's
-        ``SERVER`` extension), read at each scrape."""
-        if self._server is None:
-            self._server = _Count(
-                "graphcache_send_timeouts",
-                "connections closed because the client did not drain its answer within GRAPHCACHE_SEND_TIMEOUT",
-                lambda: int(self._server_info.get("send_timeouts", 0)),
-            )
-            self.registry.register(self._server)
+        """The send timeouts the server's protocol counts (service.transport's
+        ``SERVER`` extension): those before this call at once, each later
+        one as it happens."""
+        if self._server_info is info:
+            return
         self._server_info = info
+        self.send_timeouts.inc(int(info.get("send_timeouts", 0)))
+        info["on_send_timeout"] = self.send_timeouts.inc
+
+    def totals(self) -> Totals:
+        """Every sample now: the server's where its workers share a folder."""
+        if self.server is not None:
+            workers.forget_dead(self.server.folder)
+        samples: dict[str, list[tuple[dict[str, str], float]]] = {}
+        for metric in self.exposed.collect():
+            for sample in metric.samples:
+                samples.setdefault(sample.name, []).append((dict(sample.labels), float(sample.value)))
+        return Totals({k: tuple(v) for k, v in samples.items()}, "process" if self.server is None else "server")
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        if self.server is not None:
+            workers.forget_dead(self.server.folder)
+        return generate_latest(self.exposed)
 
 
-class _Count(Collector):
-    """A counter whose value another part keeps (read at each scrape)."""
+class _Gauge(Collector):
+    """A gauge read at each scrape from what another part knows (the same from every worker)."""
 
-    def __init__(self, name: str, documentation: str, count: Callable[[], int]) -> None:
+    def __init__(self, name: str, documentation: str, read: Callable[[], float]) -> None:
         self.name = name
         self.documentation = documentation
-        self.count = count
+        self.read = read
 
-    def collect(self) -> Iterator[CounterMetricFamily]:
-        yield CounterMetricFamily(self.name, self.documentation, value=self.count())
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily(self.name, self.documentation, value=self.read())
 
-    def describe(self) -> Iterator[CounterMetricFamily]:
-        yield CounterMetricFamily(self.name, "")
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily(self.name, "")
 
 
 KNOWN_ROUTES = (

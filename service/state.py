@@ -45,7 +45,7 @@ class State:
         # (unless GRAPHCACHE_REQUIRE_SIGNED=0), not only what is uploaded.
         keys = settings.verify_keys if settings.require_signed else ()
         self.reader = ArtifactReader(store, self.metrics, quarantine, settings.hot_cache_bytes, keys)
-        self.metrics.watch_store(self.unwritable, lambda: int(getattr(store, "bookkeeping_errors", 0)))
+        self.metrics.watch_store(self.unwritable, store)
         sweep = getattr(store, "sweep_orphans", None)
         if sweep is not None:
             # Value files a crash left behind (a write killed before it was

@@ -81,7 +81,9 @@ ARRIVING_PER_LIMIT = 4
 STALLED_PER_LIMIT = 4
 SEND_LOWAT = 128 * 1024  # unsent bytes of an answer the kernel holds per connection (TCP_NOTSENT_LOWAT)
 NOTSENT_LOWAT: int | None = getattr(socket, "TCP_NOTSENT_LOWAT", None)  # Linux, macOS
-SERVER = "graphcache.server"  # how this server runs: {"limit_concurrency": N or None, "send_timeouts": count}
+# How this server runs: {"limit_concurrency": N or None, "send_timeouts": count}, and
+# "on_send_timeout", which the app's metrics set to be told of each.
+SERVER = "graphcache.server"
 log = logging.getLogger("graphcache.service")
 PIECES = "graphcache.response.body_pieces"
 _CYCLE_STATE = (
@@ -259,7 +261,10 @@ class GraphcacheHttpProtocol(HttpToolsProtocol):
             f"{self.client[0]}:{self.client[1]}" if self.client else "a connection",
             self.send_timeout,
         )
-        self._server_info()["send_timeouts"] += 1
+        info = self._server_info()
+        info["send_timeouts"] += 1
+        if (counted := info.get("on_send_timeout")) is not None:
+            counted()  # the app's metrics, summed over the server's workers
         self.transport.abort()  # what is unsent is dropped; connection_lost frees the request
 
     def _stalled(self) -> set[object]:

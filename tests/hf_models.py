@@ -313,28 +313,7 @@ def served(
     ops.warm(manifest.load(out), GraphCache(store, compiler, shape_classes="pow2"))
     builds = getattr(compiler, "builds", 0)
     cache = GraphCache(store, compiler, shape_classes="pow2")
-    found = []
-    for case, runs in cases(lengths, encoder=name in ENCODERS).items():
-        if only is not None and case not in only:
-            continue
-        model.set_attn_implementation("sdpa")
-        want = [generate(model, p, new_tokens, beams) for p, beams in runs]
-        model.set_attn_implementation(route)
-        gt.reset()
-        gt.configure(cache, device="cpu", on_miss="torch")
-        with gt.patch() if route == "sdpa" else _nothing():
-            got = [generate(model, p, new_tokens, beams) for p, beams in runs]
-        stats = gt.stats()
-        model.set_attn_implementation("sdpa")
-        gt.reset()
-        equal = all(same(w, g) for w, g in zip(want, got, strict=True))
-        tie = False
-        gap = None
-        if not equal and name not in ENCODERS:
-            gaps = [tie_gap(model, p, w, g) for (p, beams), w, g in zip(runs, want, got, strict=True) if beams == 1]
-            gap = max((t for t in gaps if t is not None), default=None)
-            tie = len(gaps) == len(runs) and (gap is None or gap < TIE)
-        found.append(Case(case, stats["calls"], stats["hits"], equal, dict(stats["fallbacks"]), tie, gap))
+    found = serve_cases(model, cache, lengths, new_tokens, route, only=only)
     return found, getattr(compiler, "builds", 0) - builds
 
 
@@ -371,8 +350,25 @@ def measure(
         ops.warm(manifest.load(path), cache)
     if also:
         ops.warm(list(also), cache)
+    return serve_cases(model, cache, lengths, new_tokens, attn, baseline, only)
+
+
+def serve_cases(
+    model: Any,
+    cache: GraphCache,
+    lengths: Lengths,
+    new_tokens: int,
+    attn: str,
+    baseline: str = "sdpa",
+    only: Sequence[str] | None = None,
+) -> list[Case]:
+    """Serve ``cases`` (those named in ``only``) through ``attn`` from
+    ``cache``, each against ``baseline`` (unpatched): one Case each, the
+    drop-in's counters and whether the tokens (an encoder's hidden states)
+    agree, or differ only at a near tie."""
+    encoder = model.config.model_type in ENCODERS
     found = []
-    for case, runs in cases(lengths).items():
+    for case, runs in cases(lengths, encoder=encoder).items():
         if only is not None and case not in only:
             continue
         model.set_attn_implementation(baseline)
@@ -385,10 +381,12 @@ def measure(
         stats = gt.stats()
         model.set_attn_implementation(baseline)
         gt.reset()
-        equal = all(torch.equal(w, g) for w, g in zip(want, got, strict=True))
-        ties = [tie_gap(model, p, w, g) for (p, beams), w, g in zip(runs, want, got, strict=True) if beams == 1]
-        gap = max((t for t in ties if t is not None), default=None)
-        tie = not equal and len(ties) == len(runs) and (gap is None or gap < TIE)
+        equal = all(same(w, g) for w, g in zip(want, got, strict=True))
+        tie, gap = False, None
+        if not equal and not encoder:
+            gaps = [tie_gap(model, p, w, g) for (p, beams), w, g in zip(runs, want, got, strict=True) if beams == 1]
+            gap = max((t for t in gaps if t is not None), default=None)
+            tie = len(gaps) == len(runs) and (gap is None or gap < TIE)
         found.append(Case(case, stats["calls"], stats["hits"], equal, dict(stats["fallbacks"]), tie, gap))
     return found
 

@@ -321,6 +321,12 @@ def serve_one_worker(env: dict[str, str], *args: str, tree: Any = None) -> Any:
     127.0.0.1 port with ``env`` added to the environment and ``args`` after
     the command (``tree``: serve that checkout's code, a baseline worktree);
     yields its URL and process, stopped at the end."""
+    return serve_workers(env, *args, workers=1, tree=tree)
+
+
+def serve_workers(env: dict[str, str], *args: str, workers: int, tree: Any = None) -> Any:
+    """``serve_one_worker`` with ``--workers N``: one server of N worker
+    processes sharing the port, as `graphcache serve --workers N` runs it."""
     import contextlib
     import os
     import subprocess
@@ -331,7 +337,7 @@ def serve_one_worker(env: dict[str, str], *args: str, tree: Any = None) -> Any:
     def running() -> Any:
         root = Path(tree) if tree is not None else Path(__file__).resolve().parents[1]
         port = free_port()
-        cmd = [sys.executable, "-m", "graphcache", "serve", "--port", str(port), "--workers", "1"]
+        cmd = [sys.executable, "-m", "graphcache", "serve", "--port", str(port), "--workers", str(workers)]
         cmd += ["--log-level", "critical", *args]
         env_all = {**os.environ, **({"PYTHONPATH": str(root)} if tree is not None else {}), **env}
         proc = subprocess.Popen(cmd, env=env_all, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -90,3 +90,32 @@ def test_bench_without_gpu_needs_a_target(server):
 def test_bench_bad_spec_argument_names_the_field(server):
     out = cli("bench", "--spec", "batch=1,heads_q=8,seq_q=128,head_dim=63", "--target", str(TARGET))
     assert out.returncode == 1 and "head_dim=63" in out.stderr
+
+
+def test_bench_with_the_reference_compiler_runs_every_sample_in_a_fresh_process(tmp_path):
+    """As on a GPU: a fresh process per cold and per warm sample, its start
+    (importing torch) reported apart as init, so the reference's figures are
+    what a worker starting up pays, not a warmed-up process's."""
+    pytest.importorskip("torch", reason="the reference compiler runs torch's SDPA")
+    out_json = tmp_path / "r.json"
+    out = cli(
+        "--cache-dir",
+        str(tmp_path / "c"),
+        "bench",
+        "--spec",
+        "batch=1,heads_q=4,seq_q=64,head_dim=64,mask=causal,dtype=bfloat16,layout=bhsd",
+        "--compiler",
+        "reference",
+        "--repeat",
+        "2",
+        "--json",
+        str(out_json),
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "medians of 2 fresh processes each" in out.stdout, out.stdout
+    assert "in this process" not in out.stdout
+    row = json.loads(out_json.read_text())["specs"][0]
+    pids = row["cold"]["pids"] + row["warm"]["pids"]
+    assert len(set(pids)) == 4, pids  # one process per sample
+    assert row["cold"]["init"] > 0 and row["warm"]["init"] > 0  # each process imported torch itself
+    assert set(row["warm"]["phases"]) == {"fetch", "verify", "load+run"}

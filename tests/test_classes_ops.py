@@ -163,3 +163,33 @@ def test_check_reads_each_class_once_however_many_exact_specs_it_serves(tmp_path
         ]
     blob = len(server_store.get(key_for(CLASS_128, TARGET)) or b"")
     assert served == [blob], f"one download of the class ({blob} bytes) for its 8 exact specs"
+
+
+def test_explain_compares_an_exact_spec_with_the_class_that_would_serve_it_never_with_its_shapes(tmp_path):
+    """A user's exact spec is never 'different' from a stored class by the
+    ``shapes`` field it does not write: explain compares the class fields
+    and, for sizes, whether the stored class covers the call within the slack."""
+    from tests.fakes import OTHER_TARGET
+
+    store = DiskStore(tmp_path / "s")
+    prefill_128 = GraphSpec(batch=1, heads_q=8, seq_q=128, head_dim=64, mask="causal", shapes="class")
+    for klass, target in ((prefill_128, TARGET), (prefill_128.replace(seq_q=512, seq_kv=512), OTHER_TARGET)):
+        store.put(key_for(klass, target), make_artifact(klass, target).encode())
+    asked = GraphSpec(batch=1, heads_q=8, seq_q=300, head_dim=64, mask="causal")
+    result = ops.explain(asked, TARGET, store, shape_classes="pow2", class_slack=4)
+    assert not result.present and result.serving is None
+    every = [d for c in result.nearest for d in c.differences]
+    assert not any("shapes" in d for d in every), every
+    by_size = {c.spec.seq_q: c.differences for c in result.nearest}
+    # Its own class (512) on another GPU: only the target differs.
+    assert by_size[512] and all(d.startswith("target.") for d in by_size[512]), by_size[512]
+    # A smaller class on this GPU: too short for the call, said in the call's numbers.
+    assert by_size[128] == [
+        "spec.seq_q: stored up to 128, asked 300 (class 512)",
+        "spec.seq_kv: stored up to 128, asked 300 (class 512)",
+    ]
+    # Under the exact policy no class serves: the policy is the difference, not a field.
+    exact = ops.explain(asked.replace(seq_q=100, seq_kv=100), TARGET, store, shape_classes="exact")
+    assert {c.spec.seq_q: c.differences for c in exact.nearest}[128] == [
+        "policy: GRAPHCACHE_SHAPE_CLASSES is exact here; a stored length class serves only under pow2"
+    ]

@@ -4,6 +4,7 @@ target no GPU worker ever asks for."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -106,3 +107,24 @@ def test_warm_check_prefetch_and_bench_walk_with_the_reference_compiler(tmp_path
         assert "measured the reference compiler" in bench.stdout and "not cuDNN" in bench.stdout
     gpu_check = cli("warm", str(manifest), "--check", "--store", str(tmp_path / "served"))
     assert gpu_check.returncode == 2 and "--check needs --target" in gpu_check.stderr
+
+
+def test_explain_takes_the_compiler_and_compares_with_the_class_on_the_no_gpu_walk(tmp_path):
+    """The README's tiny example warmed with the reference compiler, then
+    explained as a user without a GPU types it: --compiler, no --target."""
+    example = Path(__file__).parent.parent / "docs" / "examples" / "tiny.yaml"
+    folder = ("--cache-dir", str(tmp_path / "c"))
+    warm = cli(*folder, "warm", str(example), "--compiler", "reference")
+    assert warm.returncode == 0, warm.stderr
+    asked = tmp_path / "spec.yaml"
+    asked.write_text("batch: 1\nheads_q: 4\nhead_dim: 64\ndtype: bfloat16\nlayout: bhsd\nmask: causal\nseq_q: 100\n")
+    present = cli(*folder, "explain", str(asked), "--compiler", "reference")
+    assert present.returncode == 0, present.stdout + present.stderr
+    assert "served by its class's graph" in present.stdout and "reference-sm00-cudnn0.0.0-fe0.0.0" in present.stdout
+    asked.write_text(asked.read_text().replace("seq_q: 100", "seq_q: 300"))
+    missing = cli(*folder, "explain", str(asked), "--compiler", "reference")
+    assert missing.returncode == 1, missing.stdout + missing.stderr
+    assert "spec.seq_q: stored up to 128, asked 300 (class 512)" in missing.stdout
+    assert "shapes" not in missing.stdout, missing.stdout
+    gpu = cli(*folder, "explain", str(asked))
+    assert gpu.returncode == 2 and "--target" in gpu.stderr and "--compiler reference" in gpu.stderr

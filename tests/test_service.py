@@ -263,6 +263,7 @@ def test_health_metrics_stats_and_docs(client):
     assert 'graphcache_uploads_total{result="created"} 1.0' in metrics
     stats = client.get("/v1/stats").json()
     assert (stats["hits"], stats["misses"], stats["uploads"]) == (1, 1, 1)
+    assert (stats["counters"], stats["workers"]) == ("process", 1)  # one process: the server's figures
     assert client.get("/docs").status_code == 200
     schema = client.get("/openapi.json").json()
     assert "/v1/artifacts/{key}" in schema["paths"] and "/v1/resolve" in schema["paths"]

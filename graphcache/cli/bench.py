@@ -96,7 +96,7 @@ def bench_cmd(
             bar.update(task, description=text)
 
         if choice == "reference":
-            report = bench.bench_reference(specs, store, repeat, progress=progress)
+            report = bench.bench_reference(specs, store, location, repeat, progress=progress)
         elif gpu:
             report = bench.bench_gpu(specs, store, location, repeat, memory=not no_memory, progress=progress)
         else:
@@ -144,14 +144,13 @@ def _print_bench(report: dict[str, Any]) -> None:
                 mem_text,
             )
         console.print(table)
-        if report.get("compiler") == "reference":
-            console.print(f"target {report['target']}; medians of {report['repeat']} samples in this process")
-            console.print(Text(report["note"], "yellow"))
-            return
+        init = "torch" if report.get("compiler") == "reference" else "torch, CUDA context, cuDNN handle"
         console.print(
             f"target {report['target']}; medians of {report['repeat']} fresh processes each; "
-            "process init (torch, CUDA context, cuDNN handle) excluded from both sides"
+            f"process init ({init}) excluded from both sides"
         )
+        if report.get("compiler") == "reference":
+            console.print(Text(report["note"], "yellow"))
         return
     table = Table("spec", "key", "size", "fetch ms", "verify ms", "total ms")
     for r in report["specs"]:
@@ -163,4 +162,5 @@ def _print_bench(report: dict[str, Any]) -> None:
             r["summary"], r["key"][:12], human_size(r["bytes"]), ms(p["fetch"]), ms(p["verify"]), ms(r["warm"]["total"])
         )
     console.print(table)
+    console.print(f"target {report['target']}; medians of {report['repeat']} fetches each, in this process")
     console.print(Text(report["note"], "yellow"))

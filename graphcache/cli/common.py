@@ -30,6 +30,7 @@ from graphcache.key import is_key
 from graphcache.settings import Settings
 from graphcache.spec import GraphSpec
 from graphcache.stores import Store, disk_folder, open_store
+from graphcache.target import Target
 
 
 def _pipe_width() -> int | None:
@@ -152,6 +153,21 @@ def compiler_choice(ctx: Context, name: str | None) -> str:
 def chosen_compiler(ctx: Context, name: str | None) -> Compiler:
     """A new compiler of the ``compiler_choice`` (CompilerNameError for a name that names none)."""
     return compiler_named(compiler_choice(ctx, name), "--compiler" if name else "GRAPHCACHE_COMPILER")
+
+
+def named_target(ctx: Context, target: str | None, compiler_name: str | None, verb: str) -> Target:
+    """The target a verb that needs no GPU works on: --target, else the
+    compiler's own where it is not cudnn (the reference compiler's, no GPU
+    asked). Raises click.UsageError for cudnn without --target: the serving
+    GPUs' target counts there, not whatever this machine has."""
+    if target:
+        return Target.parse(target)
+    if compiler_choice(ctx, compiler_name) != "cudnn":
+        return chosen_compiler(ctx, compiler_name).target()
+    raise click.UsageError(
+        f"{verb} needs --target (the serving GPUs' target, e.g. from 'graphcache doctor'), "
+        "or --compiler reference for the reference compiler's"
+    )
 
 
 def resolve_key(store: Store, text: str) -> str:

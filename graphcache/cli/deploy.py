@@ -16,7 +16,6 @@ from rich.text import Text
 from graphcache.cli.common import (
     Context,
     chosen_compiler,
-    compiler_choice,
     compiler_option,
     console,
     err_console,
@@ -24,6 +23,7 @@ from graphcache.cli.common import (
     human_size,
     load_specs,
     main,
+    named_target,
     pass_ctx,
     progress_bar,
     server_store,
@@ -80,15 +80,7 @@ def warm_cmd(
     store = server_store(ctx, server)
     policy = ctx.settings.shape_classes
     if check_only:
-        if target:
-            tgt = Target.parse(target)
-        elif compiler_choice(ctx, compiler_name) != "cudnn":
-            tgt = chosen_compiler(ctx, compiler_name).target()  # reference: its own target, no GPU asked
-        else:
-            raise click.UsageError(
-                "--check needs --target (the serving GPUs' target, e.g. from 'graphcache doctor'), "
-                "or --compiler reference for the reference compiler's"
-            )
+        tgt = named_target(ctx, target, compiler_name, "--check")
         with progress_bar(f"checking {tgt}") as bar:
             task = bar.add_task("check", total=len(specs))
             rows = ops.check(
@@ -248,20 +240,26 @@ def prefetch_cmd(
 
 @main.command("explain")
 @click.argument("spec_file")
-@click.option("--target", required=True, help="Target text the key was asked for.")
+@click.option(
+    "--target",
+    default=None,
+    help="Target text the key was asked for (default: the --compiler's where it is not cudnn).",
+)
+@compiler_option
 @click.option("--server", default=None, help="Service URL (default: $GRAPHCACHE_SERVER, else the local store).")
 @click.option("--name", default=None, help="Only this family of a manifest.")
 @store_options
 @pass_ctx
-def explain_cmd(ctx: Context, spec_file: str, target: str, server: str | None, name: str | None) -> None:
-    """Why SPEC_FILE misses on TARGET: the nearest stored entries and the fields that differ.
+def explain_cmd(
+    ctx: Context, spec_file: str, target: str | None, compiler_name: str | None, server: str | None, name: str | None
+) -> None:
+    """Why SPEC_FILE misses on TARGET: the class that would serve it, or the nearest stored entries.
 
-    SPEC_FILE is a flat spec file or a manifest (every spec, or those of its
+    Each stored class is compared as the class that would serve the spec;
+    other entries field by field. SPEC_FILE is a flat spec file or a manifest (every spec, or those of its
     family --name). Exits 1 when any spec is missing."""
-    from graphcache.target import Target
-
     specs, _ = load_specs(spec_file, name)
-    tgt = Target.parse(target)
+    tgt = named_target(ctx, target, compiler_name, "explain")
     store = server_store(ctx, server, read_only=True)
     missing = 0
     for index, spec in enumerate(specs):

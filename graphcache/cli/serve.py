@@ -49,6 +49,7 @@ def serve_cmd(
     import uvicorn
 
     from service.server import uvicorn_options
+    from service.workers import counted_together
 
     if workers is None:
         # One event loop is one core: a single worker left the second core
@@ -66,15 +67,18 @@ def serve_cmd(
         ctx.settings.cache_dir.mkdir(parents=True, exist_ok=True)
     where = ctx.location or ctx.settings.store or str(ctx.settings.cache_dir)
     err_console.print(f"graphcache serving {where} on http://{host}:{port} ({workers} worker(s)); docs at /docs")
-    uvicorn.run(
-        "service.app:create_app_from_env",
-        factory=True,
-        **uvicorn_options(
-            host=host,
-            port=port,
-            workers=workers,
-            log_level=log_level,
-            limit_concurrency=limit_concurrency,
-            timeout_keep_alive=timeout_keep_alive,
-        ),
-    )
+    # Several workers count in one folder (service.workers), so that the
+    # status page, /v1/stats and /metrics are the server's, whichever answers.
+    with counted_together(workers):
+        uvicorn.run(
+            "service.app:create_app_from_env",
+            factory=True,
+            **uvicorn_options(
+                host=host,
+                port=port,
+                workers=workers,
+                log_level=log_level,
+                limit_concurrency=limit_concurrency,
+                timeout_keep_alive=timeout_keep_alive,
+            ),
+        )

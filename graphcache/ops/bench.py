@@ -1,10 +1,12 @@
 """``graphcache bench``: cold build against warm start, phase by phase.
 
-With a GPU, every sample is a fresh process (graphcache.ops.benchrun): cold
-builds from nothing and runs once; warm fetches from the server or the local
-store, verifies, deserializes and runs once. Medians of ``repeat`` samples.
-Without a GPU it measures what it can (fetch and verify of the artifacts
-named by ``target``) and says that the GPU phases need a GPU.
+Every cold and warm sample is a fresh process (graphcache.ops.benchrun):
+cold builds from nothing and runs once; warm fetches from the server or the
+local store, verifies, deserializes and runs once. Medians of ``repeat``
+samples. The reference compiler (no GPU) is measured the same way, its
+figures said to be the reference's. Without a GPU, with the cudnn compiler, bench
+measures what it can (fetch and verify of the artifacts named by
+``target``, in this process) and says that the GPU phases need a GPU.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ def _median_phases(samples: list[dict[str, Any]]) -> dict[str, Any]:
         "total": statistics.median(s["total"] for s in samples),
         "init": statistics.median(s["init"] for s in samples),
         "samples": len(samples),
+        "pids": [s["pid"] for s in samples if "pid" in s],  # the fresh process of each sample
     }
 
 
@@ -152,7 +155,7 @@ def bench_fetch(
 
 
 REFERENCE_NOTE = (
-    "measured the reference compiler (torch SDPA on this machine's CPU, in this process), not cuDNN: "
+    "measured the reference compiler (torch SDPA on this machine's CPU), not cuDNN: "
     "these figures say nothing about cuDNN's build or load times; run bench on a GPU host for those"
 )
 
@@ -160,47 +163,29 @@ REFERENCE_NOTE = (
 def bench_reference(
     specs: list[GraphSpec],
     store: Store,
+    location: str,
     repeat: int,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Cold (build, load, first run) against warm (fetch, verify, load, first
-    run) with the reference compiler, medians of ``repeat`` samples in this
-    process; missing artifacts are built and stored first."""
+    run) with the reference compiler, as on a GPU: every sample a fresh
+    process (graphcache.ops.benchrun), medians of ``repeat``; ``location``
+    names ``store`` for those processes. Missing artifacts are built and
+    stored first."""
     from graphcache.cache import GraphCache
     from graphcache.compilers.reference import ReferenceCompiler
-    from graphcache.reference.dense import random_inputs
 
     compiler = ReferenceCompiler()
     target = compiler.target()
     cache = GraphCache(store, compiler, shape_classes="exact")
     rows = []
-    for spec, key, row in _rows(specs, target, progress):
+    for spec, _key, row in _rows(specs, target, progress):
         try:
             cache.get(spec)  # the warm side needs the artifact stored
-            inputs = random_inputs(spec, "cpu")
             cold, warm = [], []
             for _ in range(repeat):
-                t0 = time.perf_counter()
-                artifact = compiler.build(spec, target)
-                t1 = time.perf_counter()
-                compiler.load(artifact).execute(**inputs)
-                t2 = time.perf_counter()
-                cold.append({"phases": {"build": t1 - t0, "load+run": t2 - t1}, "total": t2 - t0, "init": 0.0})
-                data = store.get(key)
-                t3 = time.perf_counter()
-                if data is None:
-                    raise GraphCacheError(f"missing: {spec.summary()} vanished from {store!r}")
-                stored = Artifact.decode(data, expected_key=key)
-                t4 = time.perf_counter()
-                compiler.load(stored).execute(**inputs)
-                t5 = time.perf_counter()
-                warm.append(
-                    {
-                        "phases": {"fetch": t3 - t2, "verify": t4 - t3, "load+run": t5 - t4},
-                        "total": t5 - t2,
-                        "init": 0.0,
-                    }
-                )
+                cold.append(_fresh("cold", spec, "--compiler", "reference"))
+                warm.append(_fresh("warm", spec, location, "--compiler", "reference"))
             row["cold"], row["warm"] = _median_phases(cold), _median_phases(warm)
             row["speedup"] = row["cold"]["total"] / row["warm"]["total"]
             row["dialect"] = "reference"

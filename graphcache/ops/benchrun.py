@@ -1,21 +1,26 @@
 """One measurement in a fresh process, for ``graphcache bench``.
 
-    python -m graphcache.ops.benchrun cold SPEC_JSON
-    python -m graphcache.ops.benchrun warm SPEC_JSON STORE_LOCATION
+    python -m graphcache.ops.benchrun cold SPEC_JSON [--compiler reference]
+    python -m graphcache.ops.benchrun warm SPEC_JSON STORE_LOCATION [--compiler reference]
     python -m graphcache.ops.benchrun memory SPEC_JSON
 
-Prints one JSON line of seconds per phase (and bytes for ``memory``). A
-fresh process is what a worker starting up is: no graph, no plan cache,
-nothing compiled in this process before. ``init`` (importing torch and
-cudnn, creating the CUDA context and the cuDNN handle) is paid by cold and
-warm alike and reported apart.
+Prints one JSON line of seconds per phase (and bytes for ``memory``), with
+the process's pid. A fresh process is what a worker starting up is: no
+graph, no plan cache, nothing compiled or run in this process before.
+``init`` (importing torch and cudnn, creating the CUDA context and the
+cuDNN handle; for the reference compiler importing torch) is paid by cold
+and warm alike and reported apart. The reference compiler's samples (no
+GPU: torch SDPA on the CPU) are fresh processes as cuDNN's are, so its
+first call's own start-up lands on both sides, never on cold alone.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from graphcache.artifact import Artifact
@@ -132,18 +137,73 @@ def memory(spec: GraphSpec) -> dict[str, Any]:
     }
 
 
+def _reference_init() -> tuple[Any, Any, float]:
+    start = time.perf_counter()
+    import torch
+
+    from graphcache.compilers.reference import ReferenceCompiler
+
+    return torch, ReferenceCompiler(), time.perf_counter() - start
+
+
+def reference_cold(spec: GraphSpec) -> dict[str, Any]:
+    """The reference compiler's build, then load and first run, on the CPU."""
+    from graphcache.reference.dense import random_inputs
+
+    _, compiler, init = _reference_init()
+    inputs = random_inputs(spec, "cpu")
+    t0 = time.perf_counter()
+    artifact = compiler.build(spec, compiler.target())
+    t1 = time.perf_counter()
+    compiler.load(artifact).execute(**inputs)
+    t2 = time.perf_counter()
+    return {"init": init, "phases": {"build": t1 - t0, "load+run": t2 - t1}, "total": t2 - t0, "dialect": "reference"}
+
+
+def reference_warm(spec: GraphSpec, location: str) -> dict[str, Any]:
+    """Fetch and verify the reference artifact, then load and first run."""
+    from graphcache.reference.dense import random_inputs
+    from graphcache.stores import open_store
+
+    _, compiler, init = _reference_init()
+    store = open_store(Settings.from_env(), location)
+    key = key_for(spec, compiler.target())
+    inputs = random_inputs(spec, "cpu")
+    t0 = time.perf_counter()
+    data = store.get(key)
+    t1 = time.perf_counter()
+    if data is None:
+        raise SystemExit(f"no artifact for {spec.summary()} in {location}: warm it first")
+    artifact = Artifact.decode(data, expected_key=key)
+    t2 = time.perf_counter()
+    compiler.load(artifact).execute(**inputs)
+    t3 = time.perf_counter()
+    phases = {"fetch": t1 - t0, "verify": t2 - t1, "load+run": t3 - t2}
+    return {"init": init, "phases": phases, "total": t3 - t0, "bytes": len(data)}
+
+
+MODES: dict[str, dict[str, Callable[..., dict[str, Any]]]] = {
+    "cudnn": {"cold": cold, "warm": warm, "memory": memory},
+    "reference": {"cold": reference_cold, "warm": reference_warm},
+}
+
+
 def main(argv: list[str]) -> None:
-    mode, spec_json = argv[0], argv[1]
+    args = list(argv)
+    compiler = "cudnn"
+    if "--compiler" in args:
+        at = args.index("--compiler")
+        compiler = args[at + 1] if at + 1 < len(args) else ""
+        del args[at : at + 2]
+    if compiler not in MODES:
+        raise SystemExit(f"unknown compiler {compiler!r}: {' or '.join(MODES)}")
+    mode, spec_json = args[0], args[1]
     spec = GraphSpec.from_dict(json.loads(spec_json))
-    if mode == "cold":
-        result = cold(spec)
-    elif mode == "warm":
-        result = warm(spec, argv[2])
-    elif mode == "memory":
-        result = memory(spec)
-    else:
-        raise SystemExit(f"unknown mode {mode!r}: cold, warm or memory")
-    print(json.dumps(result))
+    run = MODES[compiler].get(mode)
+    if run is None:
+        raise SystemExit(f"unknown mode {mode!r} for {compiler}: {', '.join(MODES[compiler])}")
+    result = run(spec, *args[2:3]) if mode == "warm" else run(spec)
+    print(json.dumps({**result, "pid": os.getpid()}))
 
 
 if __name__ == "__main__":

@@ -11,11 +11,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from graphcache.cache import GraphCache
-from graphcache.classindex import ClassIndex, check_slack, slack_from_env
+from graphcache.classindex import ClassIndex, check_slack, differences, slack_from_env
 from graphcache.errors import CorruptArtifact, GraphCacheError, SpecError, TargetError, UnsupportedSpec
 from graphcache.key import key_for
 from graphcache.spec import GraphSpec
-from graphcache.spec.classes import check_policy, class_of, policy_from_env
+from graphcache.spec.classes import ENV_VAR as SHAPES_VAR
+from graphcache.spec.classes import check_policy, class_of, has_class, policy_from_env
 from graphcache.stores import stored_header, stored_headers
 from graphcache.stores.base import Store
 from graphcache.target import Target
@@ -253,7 +254,8 @@ def explain(
     entry of ``store``).
     """
     key = key_for(spec, target)
-    found = class_of(spec, policy_from_env() if shape_classes is None else check_policy(shape_classes, "shape_classes"))
+    policy = policy_from_env() if shape_classes is None else check_policy(shape_classes, "shape_classes")
+    found = class_of(spec, policy)
     klass = found if found != spec else None
     class_key = key_for(klass, target) if klass is not None else ""
     served = klass is not None and _serves(store, class_key)
@@ -263,9 +265,9 @@ def explain(
         )
     listed = list(headers if headers is not None else stored_headers(store))
     not_serving: list[str] = []
+    slack = slack_from_env() if class_slack is None else check_slack(class_slack)
     if klass is not None:
         index = ClassIndex.listed(listed, target)
-        slack = slack_from_env() if class_slack is None else check_slack(class_slack)
         chosen, not_serving = index.why(spec, klass, target, slack)
         if chosen != klass:
             return Explanation(
@@ -282,11 +284,14 @@ def explain(
             stored_target = Target.from_dict(header["target"])
         except (SpecError, TargetError, KeyError, TypeError):
             continue
-        diffs = [
-            f"spec.{name}: stored {value!r}, asked {wanted_spec[name]!r}"
-            for name, value in _all_fields(stored).items()
-            if value != wanted_spec[name]
-        ]
+        if stored.is_class and has_class(spec):
+            # Compared as the class that would serve the call, not field by
+            # field with a spec whose ``shapes`` the user never wrote.
+            diffs = differences(stored, spec, class_of(spec, "pow2"), slack)
+            if klass is None:  # the exact policy: no class serves, whatever its sizes
+                diffs.insert(0, f"policy: {SHAPES_VAR} is exact here; a stored length class serves only under pow2")
+        else:
+            diffs = _field_differences(stored, spec, wanted_spec)
         diffs += [
             f"target.{name}: stored {value!r}, asked {wanted_target[name]!r}"
             for name, value in stored_target.to_dict().items()
@@ -297,6 +302,21 @@ def explain(
         candidates.append(Candidate(header.get("key", "?"), str(stored_target), stored, diffs))
     candidates.sort(key=lambda c: (len(c.differences), c.key))
     return Explanation(key, False, candidates[:top], scanned, klass, class_key, not_serving=not_serving)
+
+
+def _field_differences(stored: GraphSpec, spec: GraphSpec, wanted: dict[str, Any]) -> list[str]:
+    """Each field of ``stored`` that differs from the asked ``spec`` (its
+    fields ``wanted``); a stored class against an exact spec no class serves
+    says why rather than naming a ``shapes`` the user did not write."""
+    diffs = []
+    for name, value in _all_fields(stored).items():
+        if value == wanted[name]:
+            continue
+        if name == "shapes" and stored.is_class and not spec.is_class:
+            diffs.append("stored a length class: a spec like this one (ragged, paged or with dropout) has no class")
+            continue
+        diffs.append(f"spec.{name}: stored {value!r}, asked {wanted[name]!r}")
+    return diffs
 
 
 def _all_fields(spec: GraphSpec) -> dict[str, Any]:

@@ -62,6 +62,11 @@ def diagnose(spec: GraphSpec | None = None) -> dict[str, Any]:
             else "torch is not installed: pip install 'graphcache[gpu]'"
         )
         rows.append(("GPU", f"none ({seen})"))
+        # A cuDNN target is a GPU's (its name, SMs, cuDNN): none to print here.
+        rows.append(
+            ("target", f"none here: {'no CUDA device visible to torch' if torch else 'torch is not installed'}")
+        )
+    rows.append(("reference target", _reference_target(torch is not None)))
     rows.extend(_sdpa_backends(torch, spec, gpu))
     if gpu and cudnn is not None:
         verdict.append("This machine can build, serve and load cuDNN graphs (graphcache warm / build).")
@@ -72,12 +77,28 @@ def diagnose(spec: GraphSpec | None = None) -> dict[str, Any]:
             "No GPU: this machine can serve the cache, check coverage (warm --check --target T) "
             "and fetch artifacts for another target, but cannot build or run cuDNN graphs."
         )
+        verdict.append(
+            "No cuDNN target here: a target (GPU-smXY-mpN-cudnnX.Y.Z-feX.Y.Z) names a GPU, its multiprocessor "
+            "count and its cuDNN; run graphcache doctor on a serving GPU host and pass what it prints as --target. "
+            "The reference target above is the one --compiler reference builds for and checks on this machine."
+        )
     if torch is not None and not gpu:
         verdict.append(
             "torch SDPA runs here on the CPU, as the fallback and as the reference compiler's plans "
             "(graphcache warm --compiler reference: README, 'Try it without a GPU'); its choice is in the rows above."
         )
     return {"rows": rows, "verdict": verdict}
+
+
+def _reference_target(torch: bool) -> str:
+    """The reference compiler's target row: what --compiler reference builds for on any machine."""
+    from graphcache.compilers.reference import TARGET
+
+    if torch:
+        return f"{TARGET} (what --compiler reference builds for, here on the CPU; no GPU has it)"
+    return (
+        f"{TARGET} (--compiler reference: warm --check, prefetch and explain need nothing more; its builds need torch)"
+    )
 
 
 def _sdpa_backends(torch: Any, spec: GraphSpec, gpu: bool) -> list[tuple[str, str]]:

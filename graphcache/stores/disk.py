@@ -6,7 +6,7 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,7 @@ class DiskStore:
         self._reserve = Reserve(self.path)
         self._full_need: int | None = None  # the size of the last put refused for room, until there is room
         self.bookkeeping_errors = 0  # access-time updates that failed (a full disk): reads went on
+        self.bookkeeping_watchers: list[Callable[[], object]] = []  # told of each (a server's counters)
         self._swept_at = 0.0
         # Why the index is open read-only (a disk too full to open it the
         # ordinary way), or None; every write tries the ordinary open first.
@@ -144,6 +145,8 @@ class DiskStore:
             # not be written (a full disk, a read-only folder); LRU order is
             # a little off for this key.
             self.bookkeeping_errors += 1
+            for told in self.bookkeeping_watchers:
+                told()
             log.debug("access time of %s not recorded: %s", key[:12], exc)
 
     def put(self, key: str, data: bytes, *, pin: bool = False) -> bool:

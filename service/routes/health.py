@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import time
+from typing import Any
 
 import anyio
 from fastapi import FastAPI, Response
@@ -10,6 +12,7 @@ from fastapi import FastAPI, Response
 from graphcache.errors import StoreError
 from graphcache.stores import Store
 from service.errors import ServiceError, error_response, json_response
+from service.metrics import Totals
 from service.models import Health, error_responses
 from service.state import State
 
@@ -42,42 +45,42 @@ def add_routes(app: FastAPI, state: State) -> None:
         responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "metrics"}},
     )
     async def metrics() -> Response:
-        return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
+        body = await anyio.to_thread.run_sync(state.metrics.render)  # every worker's file, where they share them
+        return Response(body, media_type="text/plain; version=0.0.4")
 
-    @app.get("/v1/stats", summary="Counters as JSON")
+    @app.get("/v1/stats", summary="Counters as JSON: the server's, summed over its workers")
     async def stats() -> Response:
-        reg = state.metrics.registry
+        totals = await anyio.to_thread.run_sync(state.metrics.totals)
+        return json_response(200, {"store": repr(state.store), **scope(state, totals.scope), **counters(totals)})
 
-        def value(name: str, **labels: str) -> int:
-            return int(reg.get_sample_value(name, labels) or 0)
 
-        rejected = {
-            s.labels["reason"]: int(s.value)
-            for m in state.metrics.rejected.collect()
-            for s in m.samples
-            if s.name.endswith("_total")
-        }
-        return json_response(
-            200,
-            {
-                "store": repr(state.store),
-                "uptime_seconds": round(time.time() - state.started, 1),
-                "hits": value("graphcache_hits_total"),
-                "misses": value("graphcache_misses_total"),
-                "bytes_served": value("graphcache_bytes_served_total"),
-                "served_build_seconds": round(reg.get_sample_value("graphcache_served_build_seconds_total") or 0.0, 3),
-                "uploads": value("graphcache_uploads_total", result="created"),
-                "uploads_identical": value("graphcache_uploads_total", result="identical"),
-                "uploads_rejected": rejected,
-                "quarantined": sum(
-                    int(s.value)
-                    for m in state.metrics.quarantined.collect()
-                    for s in m.samples
-                    if s.name.endswith("_total")
-                ),
-                "builds": value("graphcache_builds_total", result="built"),
-            },
-        )
+def counters(totals: Totals) -> dict[str, Any]:
+    """The counters /v1/stats reports (and the status page shows)."""
+    return {
+        "hits": int(totals.value("graphcache_hits_total")),
+        "misses": int(totals.value("graphcache_misses_total")),
+        "bytes_served": int(totals.value("graphcache_bytes_served_total")),
+        "served_build_seconds": round(totals.value("graphcache_served_build_seconds_total"), 3),
+        "uploads": int(totals.value("graphcache_uploads_total", result="created")),
+        "uploads_identical": int(totals.value("graphcache_uploads_total", result="identical")),
+        "uploads_rejected": {k: int(v) for k, v in totals.by("graphcache_uploads_rejected_total", "reason").items()},
+        "quarantined": int(totals.sum("graphcache_quarantined_total")),
+        "builds": int(totals.value("graphcache_builds_total", result="built")),
+    }
+
+
+def scope(state: State, counted: str) -> dict[str, Any]:
+    """Whose figures these are: ``counters`` "server" (every worker's,
+    ``workers`` of them where known) or "process" (this process's alone),
+    the server's uptime, and the worker that answered."""
+    server = state.metrics.server
+    now = time.time()
+    return {
+        "counters": counted,
+        "workers": server.workers if server is not None else 1,
+        "uptime_seconds": round(now - (server.started if server is not None else state.started), 1),
+        "worker": {"pid": os.getpid(), "uptime_seconds": round(now - state.started, 1)},
+    }
 
 
 def _ping(store: Store) -> None:

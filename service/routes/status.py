@@ -15,7 +15,6 @@ from __future__ import annotations
 import html
 import os
 import re
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +28,7 @@ from graphcache.stores.space import free_bytes, human
 from graphcache.target import Target
 from service.errors import ServiceError
 from service.models import error_responses
+from service.routes.health import counters, scope
 from service.state import State
 
 MANIFEST_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*\.(yaml|yml|json)$")
@@ -105,7 +105,8 @@ async def _page(state: State, manifest_text: str | None, source: str | None) -> 
         except GraphCacheError as exc:
             problem = str(exc)
     store = await state.store_call(_store_facts, state, bounded=False)
-    page = _render(state, store, holdings, _counters(state), coverage, source, problem)
+    figures = await state.store_call(_counters, state, bounded=False)  # reads every worker's file
+    page = _render(state, store, holdings, figures, coverage, source, problem)
     return Response(page, media_type="text/html; charset=utf-8", headers={"cache-control": "no-store"})
 
 
@@ -190,23 +191,29 @@ def _store_facts(state: State) -> dict[str, Any]:
     }
 
 
-def _counters(state: State) -> dict[str, float]:
-    reg = state.metrics.registry
-
-    def total(name: str, **labels: str) -> float:
-        return float(reg.get_sample_value(name, labels) or 0)
-
-    quarantined = sum(
-        s.value for m in state.metrics.quarantined.collect() for s in m.samples if s.name.endswith("_total")
-    )
+def _counters(state: State) -> dict[str, Any]:
+    totals = state.metrics.totals()
+    figures = counters(totals)
     return {
-        "hits": total("graphcache_hits_total"),
-        "misses": total("graphcache_misses_total"),
-        "uploads": total("graphcache_uploads_total", result="created"),
-        "quarantined": quarantined,
-        "gpu_seconds_saved": total("graphcache_served_build_seconds_total"),
-        "uptime": time.time() - state.started,
+        "hits": figures["hits"],
+        "misses": figures["misses"],
+        "uploads": figures["uploads"],
+        "quarantined": figures["quarantined"],
+        "gpu_seconds_saved": totals.value("graphcache_served_build_seconds_total"),
+        **scope(state, totals.scope),
     }
+
+
+def _whose(counters: dict[str, Any]) -> str:
+    if counters["counters"] == "server":
+        return f"this server, {counters['workers']} worker processes (this page from pid {counters['worker']['pid']})"
+    return "this server process"
+
+
+def _counted_by(counters: dict[str, Any]) -> str:
+    if counters["counters"] == "server":
+        return f"every figure here is summed over the {counters['workers']} workers of this server"
+    return "every figure here is this server process's own"
 
 
 def _size(n: int | None) -> str:
@@ -217,7 +224,7 @@ def _render(
     state: State,
     store: dict[str, Any],
     holdings: Holdings,
-    counters: dict[str, float],
+    counters: dict[str, Any],
     coverage: list[tuple[str, int, int]] | None,
     source: str | None,
     problem: str | None,
@@ -233,7 +240,7 @@ def _render(
         "<meta name=viewport content='width=device-width, initial-scale=1'>",
         f"<title>graphcache status</title><style>{STYLE}</style></head><body>",
         "<h1>graphcache</h1>",
-        f"<p class=muted>this server process, up {counters['uptime'] / 60:.0f} min; "
+        f"<p class=muted id=scope>{e(_whose(counters))}, up {counters['uptime_seconds'] / 60:.0f} min; "
         "figures as of this page's load (reload to refresh)</p>",
         "<h2>Store</h2><table>",
         f"<tr><th>kind</th><td id=store-kind>{e(store['kind'])}</td></tr>",
@@ -264,8 +271,8 @@ def _render(
         f"<tr><th>uploads</th><td class=n>{counters['uploads']:.0f}</td></tr>",
         f"<tr><th>quarantined</th><td class=n>{counters['quarantined']:.0f}</td></tr>",
         f"<tr><th>GPU seconds saved</th><td class=n>{counters['gpu_seconds_saved']:.1f}</td></tr>",
-        "</table><p class=muted>the build seconds of every artifact served; with several workers "
-        "(graphcache serve --workers), this worker's share</p>",
+        f"</table><p class=muted>GPU seconds saved: the build seconds of every artifact served; "
+        f"{e(_counted_by(counters))}</p>",
         "<h2>Manifest coverage</h2>",
     ]
     if problem is not None:
