@@ -20,6 +20,10 @@ lists for the model's config (--max-batch B --max-seq 1024, on the same
 route) beside the recording, where a recording falls short (a model it
 refuses, T5, keeps the recording alone). CPU only; nothing here times anything.
 
+``--record-max-batch N`` records the b=1 prompts alone (no batch, no beams)
+widened as ``graphcache record --max-batch N`` widens them, and serves the
+same cases: how far a batch-1 recording carries (issue 32, item 4).
+
 ``--from-config`` is issue 32's measure instead: no recording; each model is
 warmed ONLY from ``graphcache manifest CONFIG --max-batch 8 --max-seq 1024
 --route R`` (the model traced from its config, as the CLI runs it), then
@@ -127,6 +131,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--new-tokens", type=int, default=8)
     parser.add_argument("--manifest", type=int, metavar="B", help="also warm the config's manifest up to batch B")
     parser.add_argument("--from-config", action="store_true", help="warm only from the traced manifest (issue 32)")
+    parser.add_argument(
+        "--record-max-batch",
+        type=int,
+        metavar="N",
+        help="record batch-1 prompts only, widened to batch classes up to N (graphcache record --max-batch N)",
+    )
     args = parser.parse_args(argv)
     if args.from_config:
         models = args.models or [*ARCHITECTURES, "llama", "bart", "mistral", "t5"]
@@ -139,8 +149,20 @@ def main(argv: list[str] | None = None) -> int:
                 where = Path(folder) / f"{name}-{attn}"
                 where.mkdir()
                 also = config_specs(name, attn, args.manifest)
-                cases = measure(name, ReferenceCompiler(), where, Lengths(), args.new_tokens, attn, also)
-                rows.append((name + (" + manifest" if also else ""), attn, cases))
+                cases = measure(
+                    name,
+                    ReferenceCompiler(),
+                    where,
+                    Lengths(),
+                    args.new_tokens,
+                    attn,
+                    also,
+                    max_batch=args.record_max_batch,
+                )
+                label = name + (" + manifest" if also else "")
+                if args.record_max_batch:
+                    label += f" (b=1 recording, --max-batch {args.record_max_batch})"
+                rows.append((label, attn, cases))
                 print(f"# {name} / {attn}: done", file=sys.stderr, flush=True)
     names = [c.name for c in rows[0][2]]
     print("| model | attention | " + " | ".join(names) + " |")

@@ -327,22 +327,26 @@ def measure(
     also: Sequence[GraphSpec] = (),
     baseline: str = "sdpa",
     only: Sequence[str] | None = None,
+    max_batch: int | None = None,
 ) -> list[Case]:
     """Record, warm and serve ``name`` through ``attn`` ("graphcache", or
     "sdpa" under graphcache.torch.patch()); see the module docs. ``also``
     is warmed beside the recording (a manifest of the model's config, what
     the "coverage" issue adds where a recording falls short). One Case per
     entry of ``cases`` (or of those named in ``only``); tokens are compared
-    with ``baseline``'s (gpt-oss: "eager", transformers' sdpa refuses sinks)."""
+    with ``baseline``'s (gpt-oss: "eager", transformers' sdpa refuses sinks).
+    With ``max_batch``, the recording is of batch-1 prompts alone, widened
+    as ``graphcache record --max-batch`` widens it (issue 32, item 4)."""
     model = build(name, attn)
     gt.reset()
     path = folder / f"{name}-{attn}.yaml"
     try:
-        with gt.record(path, shape_classes="pow2"):
+        with gt.record(path, shape_classes="pow2", max_batch=max_batch):
             for p in lengths.record:
                 generate(model, (p,), new_tokens)
-            generate(model, lengths.record_batch, new_tokens)
-            generate(model, (lengths.record[0],), new_tokens, beams=2)
+            if max_batch is None:
+                generate(model, lengths.record_batch, new_tokens)
+                generate(model, (lengths.record[0],), new_tokens, beams=2)
     except ManifestError:  # no call could be a graph (T5's position bias before bias graphs): nothing to warm
         pass
     cache = GraphCache(DiskStore(folder / f"{name}-{attn}-store"), compiler, shape_classes="pow2")

@@ -71,8 +71,8 @@ def test_a_stack_of_two_kinds_of_layers_is_cut_to_a_prefix_that_calls_as_the_who
     # Gemma 3: five sliding-window layers, then a full one, then two more sliding ones.
     layers = ["sliding_attention"] * 5 + ["full_attention"] + ["sliding_attention"] * 2
     config = data("gemma3_text", num_hidden_layers=8, layer_types=layers)
-    cut = trace(config, "gemma3", Sizes(2, 256), "graphcache")
-    whole = trace(config, "gemma3", Sizes(2, 256), "graphcache", cut=False)
+    cut = trace(config, "gemma3", Sizes(2, 128), "graphcache")
+    whole = trace(config, "gemma3", Sizes(2, 128), "graphcache", cut=False)
     assert "(layers: 6 of 8)" in cut.layers and "(layers: 8 of 8)" in whole.layers
     assert cut.specs.users.keys() == whole.specs.users.keys()
     sites = {u.split(":")[0] for us in cut.specs.users.values() for u in us}
