@@ -67,20 +67,27 @@ def cold(spec: GraphSpec) -> dict[str, Any]:
     }
 
 
-def warm(spec: GraphSpec, location: str) -> dict[str, Any]:
-    """Fetch, verify, deserialize, first execute."""
+def _fetched(spec: GraphSpec, location: str, compiler: Any, device: str) -> tuple[bytes, str, dict[str, Any], float]:
+    """The spec's stored bytes for ``compiler``'s target, their key, inputs on
+    ``device``, and the seconds the fetch took (the store opened untimed)."""
     from graphcache.reference.dense import random_inputs
     from graphcache.stores import open_store
 
-    torch, compiler, init = _init()
     store = open_store(Settings.from_env(), location)
     key = key_for(spec, compiler.target())
-    inputs = random_inputs(spec, "cuda")
+    inputs = random_inputs(spec, device)
     t0 = time.perf_counter()
     data = store.get(key)
     fetch = time.perf_counter() - t0
     if data is None:
         raise SystemExit(f"no artifact for {spec.summary()} in {location}: warm it first")
+    return data, key, inputs, fetch
+
+
+def warm(spec: GraphSpec, location: str) -> dict[str, Any]:
+    """Fetch, verify, deserialize, first execute."""
+    torch, compiler, init = _init()
+    data, key, inputs, fetch = _fetched(spec, location, compiler, "cuda")
     t0 = time.perf_counter()
     artifact = Artifact.decode(data, expected_key=key)
     verify = time.perf_counter() - t0
@@ -162,24 +169,15 @@ def reference_cold(spec: GraphSpec) -> dict[str, Any]:
 
 def reference_warm(spec: GraphSpec, location: str) -> dict[str, Any]:
     """Fetch and verify the reference artifact, then load and first run."""
-    from graphcache.reference.dense import random_inputs
-    from graphcache.stores import open_store
-
     _, compiler, init = _reference_init()
-    store = open_store(Settings.from_env(), location)
-    key = key_for(spec, compiler.target())
-    inputs = random_inputs(spec, "cpu")
-    t0 = time.perf_counter()
-    data = store.get(key)
+    data, key, inputs, fetch = _fetched(spec, location, compiler, "cpu")
     t1 = time.perf_counter()
-    if data is None:
-        raise SystemExit(f"no artifact for {spec.summary()} in {location}: warm it first")
     artifact = Artifact.decode(data, expected_key=key)
     t2 = time.perf_counter()
     compiler.load(artifact).execute(**inputs)
     t3 = time.perf_counter()
-    phases = {"fetch": t1 - t0, "verify": t2 - t1, "load+run": t3 - t2}
-    return {"init": init, "phases": phases, "total": t3 - t0, "bytes": len(data)}
+    phases = {"fetch": fetch, "verify": t2 - t1, "load+run": t3 - t2}
+    return {"init": init, "phases": phases, "total": sum(phases.values()), "bytes": len(data)}
 
 
 MODES: dict[str, dict[str, Callable[..., dict[str, Any]]]] = {
