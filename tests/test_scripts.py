@@ -12,17 +12,19 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def run_script(name: str, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """scripts/NAME with ``args`` from the checkout's root; fails the test unless it exits 0."""
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / name), *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out
+
+
 @pytest.mark.torch
 def test_bench_torch_dropin_runs_and_reports_every_case():
     pytest.importorskip("torch", reason="the drop-in benchmark needs torch")
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "bench_torch_dropin.py"), "--calls", "50", "--rounds", "1"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
+    out = run_script("bench_torch_dropin.py", "--calls", "50", "--rounds", "1", timeout=300)
     for case in ("hit bhsd", "hit bshd", "op (custom op) bhsd", "fallback bhsd fp32", "class decode kv129-256"):
         assert case in out.stdout, out.stdout
     assert "class run: graphs 2, call shapes served 384" in out.stdout, out.stdout
@@ -34,14 +36,7 @@ def test_bench_torch_dropin_runs_and_reports_every_case():
 @pytest.mark.torch
 def test_bench_varlen_runs_and_reports_every_case():
     pytest.importorskip("torch", reason="the varlen benchmark needs torch")
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "bench_varlen.py"), "--calls", "20", "--rounds", "1"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
+    out = run_script("bench_varlen.py", "--calls", "20", "--rounds", "1", timeout=300)
     for kind in ("offsets", "hit", "memo"):
         for case in ("paged decode n20", "ragged prefill n5"):
             assert f"{kind} {case}" in out.stdout, out.stdout
@@ -49,13 +44,6 @@ def test_bench_varlen_runs_and_reports_every_case():
 
 
 def test_the_hardening_probe_of_held_bodies_runs_and_reports_the_put():
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "hardening_probe.py"), "--only", "held", "--held", "20"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
+    out = run_script("hardening_probe.py", "--only", "held", "--held", "20", timeout=120)
     for framing in ("Content-Length: 1048576", "chunked"):
         assert f"20 held POST / bodies ({framing}), no token: authenticated PUT 201, GET 200, batch 200" in out.stdout
