@@ -66,6 +66,10 @@ def pip_setup() -> list[str]:
         if conf.exists() and "PIP_CONFIG_FILE" not in setup:
             setup["PIP_CONFIG_FILE"] = str(conf)
     setup.setdefault("PIP_CACHE_DIR", str(home / ".cache" / "pip"))
+    # The walk names PyTorch's CPU index; where a machine cannot reach it
+    # (its wheels come from elsewhere), one retry, not pip's five, before
+    # pip goes on to the machine's own sources.
+    setup.setdefault("PIP_RETRIES", "1")
     return [f"{name}={value}" for name, value in sorted(setup.items())]
 
 
