@@ -342,10 +342,23 @@ def _explain(ctx: Context, spec: Any, tgt: Any, store: Any) -> bool:
     help="Also write every call's graphs for each batch class up to N (beams included: batch x beams), "
     "unpadded and padded, so a batch-1 recording serves padded batches.",
 )
+@click.option(
+    "--max-seq",
+    default=None,
+    type=click.IntRange(1, 1 << 24),
+    help="Also write every call's graphs for each length class up to N, so a run at one resolution or prompt "
+    "length serves longer ones (queries and keys grow together where they were equal).",
+)
 @click.argument("script", type=click.Path(exists=True, dir_okay=False))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def record_cmd(
-    output: str, dtype: str | None, shape_classes: str | None, max_batch: int | None, script: str, args: tuple[str, ...]
+    output: str,
+    dtype: str | None,
+    shape_classes: str | None,
+    max_batch: int | None,
+    max_seq: int | None,
+    script: str,
+    args: tuple[str, ...],
 ) -> None:
     """Run SCRIPT [ARGS...] as python would, and write the manifest of its SDPA calls.
 
@@ -362,7 +375,7 @@ def record_cmd(
             f"graphcache record needs torch ({exc}): pip install torch (a CPU build is enough)"
         ) from exc
     try:
-        recorder = run_script(script, args, output, dtype, shape_classes, max_batch)
+        recorder = run_script(script, args, output, dtype, shape_classes, max_batch, max_seq)
     except SystemExit as exc:
         status = exc.code
         if not isinstance(status, int):
