@@ -298,28 +298,37 @@ class Runner:
 
     def _vision_tower(self, name: str, sub: Any, what: str, sizes: Sizes, probe: bool) -> None:
         """The tower through the model's ``get_image_features`` (its
-        projector too, and the grid or sizes it reads), else the module
-        holding its config; then prompts holding an image."""
+        projector too, and the grid or sizes it reads), then prompts holding
+        an image; where that fails, the module holding its config alone."""
         fn = getattr(self.model, "get_image_features", None)
         module = next((m for m in self.model.modules() if getattr(m, "config", None) is sub), None)
-        call = fn if fn is not None else module
-        if call is None:
+        calls = [c for c in (fn, module) if c is not None]
+        if not calls:
             self.notes[name] = f"{what}: no module of the model holds this config"
             return
-        signature = call.forward if isinstance(call, torch.nn.Module) else call
         for size in self._image_sizes(sizes, sub, name):
-            at = f"{what} at {size[0]}x{size[1]}"
+            at, key = f"{what} at {size[0]}x{size[1]}", f"{name} {size}"
             per_image = None
             for b in [2] if probe else batches(sizes.max_batch):
                 self.phase(f"{name} (images)")
-                try:
-                    kwargs = media.image_call(signature, sub, size, b, self.model.dtype)
-                except ValueError as exc:
-                    self.notes[f"{name} {size}"] = f"{at}: {exc}"
+                errors = []
+                for call in calls:
+                    signature = call.forward if isinstance(call, torch.nn.Module) else call
+                    try:
+                        kwargs = media.image_call(signature, sub, size, b, self.model.dtype)
+                    except ValueError as exc:
+                        errors.append(str(exc))
+                        continue
+                    if not self._failed(key, at, partial(call, **kwargs)):
+                        break
+                    errors.append(self.notes.pop(key).split(": ", 1)[-1])
+                else:
+                    self.notes[key] = f"{at}: {'; '.join(errors)}"
                     break
-                if self._failed(f"{name} {size}", at, partial(call, **kwargs)):
-                    break
-                per_image = media.tokens_per_image(self.result, b)
+                if call is fn:
+                    per_image = media.tokens_per_image(self.result, b)
+                else:  # the tower ran alone: no image features for a prompt
+                    self.notes[f"{key} prompt"] = f"{at}: get_image_features: {errors[0]}; the tower traced alone"
             if per_image is not None and self.kind == "decoder":
                 self._prompts_with_images(name, sub, at, size, per_image, sizes, probe)
 
