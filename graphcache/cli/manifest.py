@@ -156,8 +156,8 @@ def manifest_cmd(
     up. Each entry's comment names the layers and phases that call it;
     calls no graph serves are named by feature. Needs no GPU.
     """
+    data = read(config)  # a folder without a config.json is named here
     file = locate(config)
-    data = read(file)
     diffusers = "_class_name" in data
     _check_options(diffusers, method, max_seq, image_sizes, resolutions, frames, text_len, guidance)
     command = (
@@ -183,7 +183,7 @@ def manifest_cmd(
         kind, how, missing = model.model_type, list[str](), list(specs.missing)
     else:
         sizes = (max_batch, max_seq, image_sizes, resolutions, frames, text_len, guidance, beams)
-        specs, kind, how, missing = _traced(data, file, sizes, route, dtype, decode, chunk)
+        specs, kind, how, missing = _traced(data, config, file.parent, sizes, route, dtype, decode, chunk)
     count = len(specs.users)
     estimate = count * seconds_per_build
     header = [
@@ -237,14 +237,15 @@ def _check_options(
 
 
 def _traced(
-    data: dict, config: Path, sizes: tuple, route: str, dtype: str, decode: bool, chunk: int | None
+    data: dict, config: str, folder: Path, sizes: tuple, route: str, dtype: str, decode: bool, chunk: int | None
 ) -> tuple[ModelSpecs, str, list[str], list[str]]:
+    """The trace of CONFIG (``folder`` holds its config.json: a pipeline's VAE is looked for beside it)."""
     max_batch, max_seq, image_sizes, resolutions, frames, text_len, guidance, beams = sizes
     if "_class_name" in data:
         from graphcache.models import diffusion  # imports diffusers when it traces: its error names the extra
 
         pictures = diffusion.Sizes(max_batch, resolutions, frames, text_len, guidance)
-        traced = diffusion.trace(data, str(config), pictures, route, dtype, config.parent)
+        traced = diffusion.trace(data, config, pictures, route, dtype, folder)
     else:
         from graphcache.models.build import libraries
 
@@ -253,7 +254,7 @@ def _traced(
         from graphcache.models.trace import trace
 
         wanted = scenarios.Sizes(max_batch, max_seq or 0, chunk, decode, beams, image_sizes)
-        traced = trace(data, str(config), wanted, route, dtype)
+        traced = trace(data, config, wanted, route, dtype)
     how = [
         f"traced: {'an' if traced.kind[0] in 'aeiou' else 'a'} {traced.kind} on the meta device through route {route}, {traced.calls} attention call(s) "
         f"in {traced.seconds:.1f} s; {traced.layers}",

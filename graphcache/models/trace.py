@@ -77,6 +77,9 @@ def trace(
                 f"{source}: model_type {config.model_type!r} is {'an' if kind[0] in 'aeiou' else 'a'} {kind}: "
                 f"pass --max-seq N, the most {what} it takes"
             )
+        towers = [name for name in getattr(config, "sub_configs", {}) or {} if "vision" in name]
+        if sizes.image_sizes and kind != "vision encoder" and not towers:
+            raise ManifestError(f"{source}: --image-size: model_type {config.model_type!r} takes no images")
         runner = scenarios.Runner(model, kind, phase)
         return kind, lambda probe: _scenarios(runner, sizes, probe), runner.notes
 
