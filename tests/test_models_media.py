@@ -8,6 +8,7 @@ Serving from these manifests is tests/test_media_models.py's."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -25,6 +26,9 @@ from graphcache.models.trace import trace  # noqa: E402
 from tests.clirun import cli  # noqa: E402
 
 diffusion = pytest.importorskip("graphcache.models.diffusion")
+needs_diffusers = pytest.mark.skipif(
+    importlib.util.find_spec("diffusers") is None, reason="needs diffusers (the dev extra; graphcache[diffusers])"
+)
 
 TINY = Path(__file__).parent.parent / "docs" / "examples" / "configs" / "tiny"
 
@@ -78,6 +82,7 @@ def test_a_vision_language_model_is_traced_with_its_vision_tower_and_images_in_i
     ]
 
 
+@needs_diffusers
 def test_a_unet_is_traced_at_each_resolution_with_the_guidance_pair_and_77_prompt_tokens():
     unet = diffusion.trace(data("sd-unet"), "unet", diffusion.Sizes(2, ((128, 128), (192, 192))))
     assert {s.batch for s in unet.specs.users} == {1, 2, 4}  # 2 images, each a conditional and an unconditional row
@@ -91,6 +96,7 @@ def test_a_unet_is_traced_at_each_resolution_with_the_guidance_pair_and_77_promp
     assert "down_blocks.0.attentions.0.transformer_blocks.0.attn2: denoise 192x192, guidance pair" in phases(unet)
 
 
+@needs_diffusers
 def test_a_flux_transformer_attends_over_its_512_prompt_tokens_and_the_image_together(tmp_path):
     flux = diffusion.trace(data("flux"), "flux", diffusion.Sizes(1, ((128, 128),), guidance=False))
     # 128 px: 16 x 16 latents packed 2 x 2, 64 image tokens, after 512 prompt tokens: 576 (class 1024).
@@ -124,6 +130,7 @@ def test_what_a_model_cannot_take_is_refused_in_one_line_naming_the_option(args,
     assert run.stderr.strip().count("\n") <= 1 and named in run.stderr, run.stderr
 
 
+@needs_diffusers
 def test_a_diffusers_class_the_trace_cannot_feed_and_a_missing_diffusers_are_named():
     autoencoder = {"_class_name": "AutoencoderKL", "_diffusers_version": "0.42.1"}
     with pytest.raises(ManifestError, match="does not know the inputs of diffusers' AutoencoderKL") as refused:
@@ -134,6 +141,7 @@ def test_a_diffusers_class_the_trace_cannot_feed_and_a_missing_diffusers_are_nam
     assert "pip install 'graphcache[diffusers]'" in hidden.stderr
 
 
+@needs_diffusers
 def test_a_pipeline_folder_traces_its_denoiser_at_its_vaes_scale(tmp_path):
     (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": "StableDiffusion3Pipeline"}))
     (tmp_path / "transformer").mkdir()
