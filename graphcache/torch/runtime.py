@@ -73,6 +73,7 @@ class Runtime:
             self._misses = 0
             self._raised = 0  # calls that raised NotFound (on_miss=error)
             self._fallbacks: Counter[str] = Counter()
+            self._copied: Counter[tuple[str, str]] = Counter()  # (tensor, reason): copies on served calls
             self.failures = Failures()  # (graph, call shape) pairs whose execute raised (guard.py)
             self.recorders: list[Any] = []
 
@@ -208,6 +209,8 @@ class Runtime:
         with self._count_lock:
             if plan.graph is not None:
                 self._hits += 1
+                if plan.copies:  # a tensor no graph reads where it lies (derive): copied, served
+                    self._copied.update((role, reason) for role, _, reason in plan.copies)
                 self._larger += plan.larger
                 self._declared += plan.declared
                 self._real += plan.real
@@ -306,9 +309,8 @@ class Runtime:
         views = callable(getattr(graph, "run_views", None)) and not (
             spec.dropout or spec.padding or spec.generate_stats
         )
-        return Plan(
-            spec, graph, "", "", derived.copy_q, views, work(serving), work(spec), larger, derived.bias, derived.copy_kv
-        )
+        copies, expanded = derived.copies, derived.expanded
+        return Plan(spec, graph, "", "", copies, views, work(serving), work(spec), larger, derived.bias, expanded)
 
     def _load(self, cache: GraphCache, spec: GraphSpec) -> tuple[LoadedGraph | None, str, str]:
         """Load ``spec``'s graph, or say why not. Misses follow on_miss."""
@@ -355,6 +357,8 @@ class Runtime:
                 "declared_to_real": round(self._declared / self._real, 3) if self._real else 0.0,
                 "misses": self._misses,
                 "fallbacks": fallbacks,
+                "copies": sum(self._copied.values()),
+                "copied": _by_tensor(self._copied),
                 "execute_failures": self.failures.count,
                 "graphs_loaded": len(self._graphs),
                 "shapes_served": len(self._served),
@@ -365,6 +369,10 @@ class Runtime:
 # What derive() takes as a plain tensor (a Parameter is one, with its grad flag).
 _PLAIN = frozenset({torch.Tensor, torch.nn.Parameter})
 _AUTOGRAD = Plan(None, None, "autograd", "an input requires grad: cuDNN graphs here are forward-only")
+
+
+def _by_tensor(copied: Counter[tuple[str, str]]) -> dict[str, dict[str, int]]:
+    return {role: {why: n for (r, why), n in sorted(copied.items()) if r == role} for role, _ in sorted(copied)}
 
 
 def _mask_key(mask: Any) -> tuple[Any, ...]:
@@ -379,9 +387,9 @@ def _derive(args: tuple[Any, ...]) -> Derived:
 
 
 def _derived(plan: Plan) -> Derived:
-    """What a call shape's plan was made from (its spec, q copy and bias)."""
+    """What a call shape's plan was made from (its spec, copies, bias, expanded heads)."""
     assert plan.spec is not None
-    return Derived(plan.spec, plan.copy_q, plan.bias)
+    return Derived(plan.spec, plan.copies, plan.bias, plan.expanded)
 
 
 # The one per process. The SDPA drop-in (patching.py) and varlen_attn
