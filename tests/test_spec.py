@@ -61,7 +61,7 @@ def test_spec_is_immutable():
         ({"layout": "bsdh"}, "layout", "d (the head dim) last"),
         ({"layout": "[3]bshd"}, "layout", "write bshd"),
         ({"layout": "bs[1]hd"}, "layout", "N >= 2"),
-        ({"layout": "b[+2]shd"}, "layout", "before h or d"),
+        ({"layout": "bs[+0]hd"}, "layout", "N >= 1"),
         ({"layout_q": "bshd[2]"}, "layout_q", "head dim must be innermost"),
         ({"layout_o": "bs[3]hd"}, "layout_o", "o is the graph's own output"),
         ({"layout": "thd", "layout_v": "bshd"}, "layout_v", "remove it"),

@@ -72,7 +72,7 @@ def test_a_new_layout_is_a_new_key_and_a_class_keeps_it():
     [
         ({"layout": "bsd"}, "layout", "each of b, h, s, d once"),
         ({"layout": "bshd[3]"}, "layout", "head dim must be innermost"),
-        ({"layout_v": "b[+1]shd"}, "layout_v", "before h or d"),
+        ({"layout_v": "b[+0]shd"}, "layout_v", "N >= 1"),
         ({"layout_o": "bs[3]hd"}, "layout_o", "use bshd"),
     ],
 )

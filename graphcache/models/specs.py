@@ -14,8 +14,10 @@ of each family through ``graphcache.torch.record``):
 - a decoder's self-attention: prefill causal with as many queries as keys
   (``bhsd`` with ``layout_q: bshd``: the cache's k/v contiguous per head, q
   its projection's transposed view, as transformers' sdpa hands them over
-  and graphcache.torch.derive reads them), decode one query over the cache
-  (mask none; ``bhsd``: a one-token q fits k's layout). A sliding window in reach (more keys
+  and graphcache.torch.derive reads them; a model's own q layout where
+  ``Attention.q_layout`` names one: Phi-3 and Whisper contiguous, GPT-2 a
+  view of its fused c_attn), decode one query over the cache (mask none;
+  ``bhsd``: a one-token q fits k's layout, but GPT-2's above batch 1). A sliding window in reach (more keys
   than the window) and a padded batch (batch > 1) arrive as a mask tensor on
   route ``sdpa``, served by bias graphs (``bias: b1ss``); on route
   ``graphcache`` (graphcache.hf) they are ragged graphs with bottom-right
@@ -54,6 +56,18 @@ ROUTES = ("sdpa", "graphcache")
 # A prompt's q against the KV cache: q its projection's transposed view, k/v the cache.
 ON_CACHE: dict[str, str] = {"layout": "bhsd", "layout_q": "bshd"}
 Layouts = str | dict[str, str]  # a layout, or the spec's layout fields
+
+
+def on_cache(a: Attention, decode: bool = False, batch: int = 2) -> Layouts:
+    """The layouts of ``a``'s calls against the KV cache (k/v bhsd): a
+    prompt's q (``ON_CACHE``, or the model's own ``q_layout``), a decode
+    step's (k's layout, which a one-token q fits, or its ``q_decode_layout``
+    above batch 1: at batch 1 torch's view gives the one-token q the strides
+    of a contiguous tensor, GPT-2's included)."""
+    q = (a.q_decode_layout if batch > 1 else None) if decode else (a.q_layout or "bshd")
+    return {"layout": "bhsd", "layout_q": q} if q else "bhsd"
+
+
 DEFAULT_ROUTE = "sdpa"
 # The cold-build estimate's default: ~0.4 s per cuDNN SDPA build, reported in
 # sglang#4650 (docs/benchmarks.md, "Graphs per workload"); cited, not measured here.
@@ -130,11 +144,13 @@ def specs_for(
                 keys = lengths(attention.fixed_kv)[-1:] if attention.fixed_kv else lengths(max_seq)
                 for kv in keys:
                     if decode:
-                        maker.call(attention, batch, 1, kv, "bhsd", "decode", not attention.fixed_kv)
+                        maker.call(
+                            attention, batch, 1, kv, on_cache(attention, True, batch), "decode", not attention.fixed_kv
+                        )
                     for q in lengths(longest):
-                        maker.call(attention, batch, q, kv, ON_CACHE, "prefill", not attention.fixed_kv)
+                        maker.call(attention, batch, q, kv, on_cache(attention), "prefill", not attention.fixed_kv)
             else:
-                prefill: Layouts = attention.layout or ("bshd" if model.encoder_decoder else ON_CACHE)
+                prefill = attention.layout or ("bshd" if model.encoder_decoder else on_cache(attention))
                 padded = not model.encoder_decoder  # a decoder's own inputs are not padded in an encoder-decoder
                 for s in lengths(longest):
                     maker.call(attention, batch, s, s, prefill, "prefill", padded)
@@ -144,12 +160,20 @@ def specs_for(
                     # A sliding layer's cache holds its window (transformers' sliding cache layers).
                     reach = min(longest, attention.window) if attention.window else longest
                     for kv in lengths(reach):
-                        maker.call(attention, batch, 1, kv, "bhsd", "decode", padded, min(kv, reach))
+                        maker.call(
+                            attention, batch, 1, kv, on_cache(attention, True, batch), "decode", padded, min(kv, reach)
+                        )
                 for q in lengths(chunk) if chunk else []:
                     for kv in lengths(longest):
                         if kv > q:
                             maker.call(
-                                attention, batch, q, kv, ON_CACHE, f"chunked prefill (chunks up to {chunk})", padded
+                                attention,
+                                batch,
+                                q,
+                                kv,
+                                on_cache(attention),
+                                f"chunked prefill (chunks up to {chunk})",
+                                padded,
                             )
     return out
 

@@ -11,11 +11,12 @@ between two letters, for a view into a fused projection:
 - ``[N]``: the block inside it is one of N side by side. timm's ViT makes q,
   k and v with ``reshape(B, N, 3, H, D).permute(2, 0, 3, 1, 4)``: each is
   ``bs[3]hd``; GPT-NeoX's ``view(b, s, h, 3 * d)`` split is ``bsh[3]d``.
-- ``[+N]``: the block inside it (of h heads, or of d channels) is followed by
-  N more of its rows: gpt_bigcode's fused ``c_attn`` output holds q's heads
-  and then one key and one value head in each token's row, so its q is
-  ``bs[+2]hd``. Only before ``h`` or ``d`` (sizes a spec fixes); ``[+N]``
-  that is a whole multiple is written ``[N]``, so each layout has one text.
+- ``[+N]``: the block inside it is followed by N more rows of the dim after
+  the token: gpt_bigcode's fused ``c_attn`` output holds q's heads and then
+  one key and one value head in each token's row, so its q is ``bs[+2]hd``.
+  ``[+N]`` that is a whole multiple of the block is written ``[M]``, so each
+  layout has one text at given sizes (before ``b`` or ``s``, whose sizes
+  vary, a call whose rows happen to be a whole multiple gets a spec of its own).
 
 The strides follow from the text and the sizes, so a layout does not depend
 on the batch or the lengths: calls of one layout share a length class.
@@ -130,8 +131,6 @@ def parse(text: str) -> Layout:
     if not tail:
         raise ValueError(f"{text!r}: a group after d is not a layout (the head dim must be innermost)")
     if plus:
-        if tail[0] not in "hd":
-            raise ValueError(f"{text!r}: [+N] extends heads or the head dim only (write it before h or d)")
         if n < 1:
             raise ValueError(f"{text!r}: [+N] needs N >= 1")
         return Layout(order, len(head), "+", n)
@@ -286,13 +285,19 @@ class NoLayout(ValueError):
 
 @dataclass(frozen=True)
 class Fit:
-    """A layout a tensor fits; ``exact`` when the strides of its size-1 batch
-    and sequence dims (which any layout fits) are the layout's too: the
-    tensor's producer laid it out so, and a larger batch or sequence of the
-    same call would fit it alone."""
+    """A layout a tensor fits. Its dims of size 1 fit any layout; ``batch``
+    and ``seq`` say whether the strides of a size-1 batch or sequence dim
+    are this layout's too (True where that dim is larger): the tensor's
+    producer laid it out so, and the same call with more sequences (or
+    tokens) would fit this layout alone."""
 
     text: str
-    exact: bool
+    batch: bool
+    seq: bool
+
+    @property
+    def exact(self) -> bool:
+        return self.batch and self.seq
 
 
 @lru_cache(maxsize=4096)
@@ -334,8 +339,6 @@ def read(shape: tuple[int, ...], stride: tuple[int, ...]) -> tuple[Fit, ...]:
 def _fit(
     order: str, gap: int | None, kind: str, size: dict[str, int], st: dict[str, int], active: list[str]
 ) -> Fit | None:
-    if gap is not None and kind == "+" and order[gap] not in "hd":
-        return None
     n = 0
     if gap is not None:
         # The block inside the token, and the first dim outside it that says how wide its slot is.
@@ -358,10 +361,10 @@ def _fit(
     computed = dict(zip("bhsd", layout.strides(tuple(size[c] for c in "bhsd")), strict=True))
     if any(computed[x] != st[x] for x in active):
         return None
-    exact = all(computed[x] == st[x] for x in "bs" if size[x] == 1)
-    if gap is not None and not exact and all(size[x] == 1 for x in order[:gap]):
+    batch, seq = (size[x] != 1 or computed[x] == st[x] for x in "bs")
+    if gap is not None and not (batch and seq) and all(size[x] == 1 for x in order[:gap]):
         return None  # a group only the size-1 dims outside it would carry, and they do not
-    return Fit(layout.text, exact)
+    return Fit(layout.text, batch, seq)
 
 
 def rank(text: str) -> tuple[int, str]:

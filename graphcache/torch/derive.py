@@ -5,11 +5,11 @@ each of q, k and v gets the layout its strides say (``read``), so a view of
 a fused projection (timm's ViT, ModernBERT's v), a sequence-first tensor
 (``nn.MultiheadAttention``) or a transposed projection beside a contiguous
 KV cache (Hugging Face's prefill) is read where it lies. Where a tensor fits
-several layouts (dims of size 1), k takes one q and v fit too (so a call
-whose three tensors share a layout keeps the spec it always had), then the
-one its size-1 batch and sequence strides say (a batch-1 call maps to the
-layout its batch-4 call has), then bshd, bhsd, the rest; q and v take k's
-where they fit it. k and v expanded over heads with stride 0 (Falcon's and
+several layouts (dims of size 1), each takes the one its size-1 batch
+stride says (so a batch-1 call maps to the layout its batch-4 call has),
+then for k one q and v fit too (a call whose three tensors share a layout
+keeps the spec it always had), for q and v k's, then the one a size-1
+sequence stride says, then bshd, bhsd, the rest. k and v expanded over heads with stride 0 (Falcon's and
 gpt_bigcode's multi-query attention) are one real head: the spec has
 ``heads_kv=1`` and the graph reads the first head. A tensor no layout
 expresses, or cuDNN does not take (a head dim that is not contiguous, a
@@ -74,7 +74,9 @@ _COPY_INTO = {"k": ("v", "q"), "v": ("k", "q"), "q": ("k", "v")}
 
 
 def _best(fits: tuple[spec_layouts.Fit, ...], first: Any) -> str:
-    return min(fits, key=lambda f: (not first(f.text), not f.exact, spec_layouts.rank(f.text))).text
+    """The batch stride's word first (what ``record --max-batch`` widens),
+    then ``first``, then the sequence stride's, then the fixed order."""
+    return min(fits, key=lambda f: (not f.batch, not first(f.text), not f.seq, spec_layouts.rank(f.text))).text
 
 
 def choose(
