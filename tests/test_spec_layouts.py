@@ -147,3 +147,14 @@ def test_the_json_schema_takes_layout_texts():
     for text in ("bshd", "bhsd", "thd", "sbhd", "bs[3]hd", "bs[+2]hd"):
         assert re.match(schema["layout"]["pattern"], text), text
     assert re.match(schema["layout_q"]["pattern"], "bsh[3]d")
+
+
+def test_the_manifest_docs_layouts_example_expands_to_the_layouts_it_names():
+    from pathlib import Path
+
+    import yaml
+
+    text = (Path(__file__).parent.parent / "docs" / "manifests.md").read_text()
+    block = text.split("### Tensor layouts", 1)[1].split("```yaml", 1)[1].split("```", 1)[0]
+    found = {(s.layout, s.layout_q) for s in manifest.expand(yaml.safe_load(block))}
+    assert found == {("bs[3]hd", None), ("bhsd", "bshd"), ("sbhd", None)}

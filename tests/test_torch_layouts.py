@@ -186,3 +186,16 @@ def test_stride_0_heads_are_one_head_and_what_no_graph_reads_is_copied_and_count
     assert stats["hits"] == 2 and stats["fallbacks"] == {}
     assert stats["copies"] == 1 and stats["copied"] == {"v": {"head_dim_stride": 1}}
     assert math.isclose(spec.attn_scale, 32**-0.5)
+
+
+def test_record_writes_each_tensors_layout_and_names_the_copies(tmp_path):
+    g = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(2, 9, 8, 32, generator=g).to(BF16).transpose(1, 2) for _ in range(2))
+    v = torch.randn(2, 8, 32, 9, generator=g).to(BF16).transpose(2, 3)  # the head dim strided
+    path = tmp_path / "m.yaml"
+    with torch.no_grad(), gt.record(path, shape_classes="exact") as recorder:
+        F.scaled_dot_product_attention(q, k, v)
+    (spec,) = manifest.load(path)
+    assert (spec.layout, spec.layout_v) == ("bshd", None), "v is recorded in the layout it is copied into"
+    assert recorder.copied == {("v", "head_dim_stride"): 1}
+    assert "#   v head_dim_stride: 1 call(s)" in path.read_text()

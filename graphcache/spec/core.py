@@ -233,6 +233,7 @@ class GraphSpec:
             "seq_kv": {**size, "type": ["integer", "null"]},
             "head_dim_v": {**dim, "type": ["integer", "null"]},
             "dtype": {"enum": list(DTYPES)},
+            "layout": {},  # its place among the fields; spec_layouts.json_schema_props says what it is
             "mask": {"enum": list(MASKS)},
             "window_left": optional,
             "window_right": optional,

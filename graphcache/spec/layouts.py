@@ -244,6 +244,15 @@ def extent(spec: Any, role: str) -> int:
     return slot(spec, role) + 1 + sum((n - 1) * s for n, s in zip(shape, st, strict=True))
 
 
+def shown(spec: Any, name: str) -> str:
+    """A field's value as ``explain`` says it: a layout field left at its
+    default names the layout it stands for."""
+    value = getattr(spec, name)
+    if name in FIELDS and value is None and spec.layout != "thd":
+        return f"{of(spec, name[-1])!r} (the default)"
+    return repr(value)
+
+
 def summary_part(spec: Any) -> list[str]:
     """``bshd``, or k's layout and the tensors that differ: ``bhsd q:bshd``."""
     if spec.layout == "thd":

@@ -61,14 +61,16 @@ class Plan:
         assert self.graph is not None and self.spec is not None
         # No view is made per call on the views path: the memo key (shapes,
         # strides, dtypes, devices) has already matched these tensors to the spec.
-        if self.copies or self.expanded:  # two flag reads on every other call's hit path, as before
-            q, k, v = self.reads(q, k, v)
         if self.bias is None:
+            if self.copies or self.expanded:  # two flag reads on every other call's hit path, as before
+                q, k, v = self.reads(q, k, v)
             if self.views:
                 return self.graph.run_views(q, k, v)  # type: ignore[attr-defined]
             return run_views(self.graph, q, k, v)
         bias, hidden = self.bias(mask)
-        q = self.bias.fold(q)
+        q = self.bias.fold(q)  # derive read q's layout off the folded query
+        if self.copies or self.expanded:
+            q, k, v = self.reads(q, k, v)
         if self.views:
             out = self.graph.run_views(q, k, v, bias)  # type: ignore[attr-defined]
         else:
