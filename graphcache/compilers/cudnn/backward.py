@@ -99,7 +99,7 @@ class CudnnBackwardGraph(CudnnGraph):
         if self.spec.is_class:
             _check_real(spec, given, extra, self.device)
         else:
-            check_backward(spec, {**given, **extra}, device_type="cuda")
+            check_backward(spec, {**given, **extra}, device_type=self.device.type)
         if q.device != self.device:
             raise ExecutionError(f"q is on {q.device}; this graph was loaded on {self.device}: move the tensors")
         graph: Any = self  # override's helpers read what they read of a forward class graph (ClassGraph)
