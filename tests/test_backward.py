@@ -17,9 +17,9 @@ torch = pytest.importorskip("torch", reason="backward graphs run on torch tensor
 
 import graphcache.torch as gt  # noqa: E402
 from graphcache import GraphCache, GraphSpec, NotFound, Target  # noqa: E402
-from graphcache.errors import UnsupportedCall  # noqa: E402
 from graphcache.compilers.reference import ReferenceBackwardGraph  # noqa: E402
 from graphcache.compilers.torch_backward import TorchSdpaBackwardGraph  # noqa: E402
+from graphcache.errors import UnsupportedCall  # noqa: E402
 from graphcache.reference.backward import backward_inputs, gradient_errors, gradients  # noqa: E402
 from graphcache.reference.measure import TOLERANCE, relative_error  # noqa: E402
 from graphcache.stores import DiskStore  # noqa: E402
@@ -37,6 +37,7 @@ def float64_gradients(spec: GraphSpec, inputs: dict) -> tuple:
     """dQ, dK, dV (b, h, s, d) by autograd of torch's SDPA in float64, the
     mask written out: causal top-left (is_causal), bottom-right (tril with
     the offset), padding (keys past the length hidden, rows past it dropped)."""
+
     def bhsd(t):  # noqa: ANN001, ANN202
         return (t.transpose(1, 2) if spec.layout == "bshd" else t).double()
 
@@ -126,7 +127,9 @@ def test_a_class_backward_graph_serves_smaller_shapes(store):
 
 def test_the_torch_fallback_serves_a_backward_spec_no_compiler_can(store):
     spec = back(mask="causal")
-    graph = GraphCache(store, None, torch_fallback=True).load(spec, target=Target.parse("h200-sm90-cudnn9.28.0-fe1.32.0"))
+    graph = GraphCache(store, None, torch_fallback=True).load(
+        spec, target=Target.parse("h200-sm90-cudnn9.28.0-fe1.32.0")
+    )
     assert type(graph) is TorchSdpaBackwardGraph and graph.backend == "torch"
     inputs = backward_inputs(spec, "cpu", seed=4)
     assert max(gradient_errors(spec, graph.execute(**inputs), inputs).values()) <= TOLERANCE["float16"]

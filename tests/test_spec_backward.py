@@ -46,7 +46,13 @@ def test_a_backward_spec_is_its_forward_with_kind_backward_and_a_key_of_its_own(
     assert back.summary() == "b2 h8/2 s128 d64 bf16 bshd causal backward"
     # Its UID map adds the gradient roles (the stats stay at 5: an input now).
     roles = UidMap.default().for_spec(back).to_dict()
-    assert {r: roles[r] for r in ("stats", "dO", "dQ", "dK", "dV")} == {"stats": 5, "dO": 19, "dQ": 20, "dK": 21, "dV": 22}
+    assert {r: roles[r] for r in ("stats", "dO", "dQ", "dK", "dV")} == {
+        "stats": 5,
+        "dO": 19,
+        "dQ": 20,
+        "dK": 21,
+        "dV": 22,
+    }
     assert "dQ" not in UidMap.default().for_spec(forward).to_dict()
 
 
@@ -93,7 +99,9 @@ def test_a_manifest_family_lists_forward_and_backward(tmp_path):
         "    dtype: bfloat16\n    mask: causal\n    generate_stats: true\n    kind: [forward, backward]\n"
     )
     forward, back = manifest.load(path)
-    assert (forward.kind, forward.generate_stats) == ("forward", True) and back == GraphSpec(**BACKWARD, kind="backward")
+    assert (forward.kind, forward.generate_stats) == ("forward", True) and back == GraphSpec(
+        **BACKWARD, kind="backward"
+    )
     path.write_text(path.read_text().replace("kind: [forward, backward]", "kind: backwards"))
     with pytest.raises(ManifestError, match=r"graphs\[0\] \(train\): field 'kind'.*allowed: forward"):
         manifest.load(path)
