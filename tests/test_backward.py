@@ -236,3 +236,19 @@ def test_a_graph_that_raises_at_execute_is_not_tried_again_for_that_shape(store,
     # The class graph raised, then the call's exact graph (built: on_miss=build) raised too; never again.
     assert len(calls) == 2 and gt.stats()["execute_failures"] == 2
     assert gt.stats()["backward"]["fallbacks"] == {"execute_failed": 3}
+
+
+def test_the_pages_example_serves_a_backward_call_as_torch_computes_it(tmp_path):
+    """docs/backward.md's example, run as written (the reference compiler's
+    plan is torch's own backward: the same bits)."""
+    import subprocess
+    import sys
+
+    from tests.docs_examples import ROOT, example
+
+    block = example("backward-serve")
+    env = {"PYTHONPATH": str(ROOT), "HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", block.text], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, f"{block.where}\n{out.stderr[-3000:]}"
+    error, stats = out.stdout.splitlines()[-2:]
+    assert float(error) <= TOLERANCE["bfloat16"] and stats == str({"calls": 1, "hits": 1, "misses": 0, "fallbacks": {}})

@@ -6,50 +6,36 @@ warmed cache serving ``sdpa_backward``; ``graphcache manifest --backward``."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from graphcache import GraphCache, manifest, ops
 from graphcache.stores import DiskStore
 from tests.clirun import cli
+from tests.docs_examples import ROOT, example
 
 torch = pytest.importorskip("torch", reason="record runs the script with torch")
 
-TRAIN = """
-import sys
-import torch
-import torch.nn.functional as F
-
-torch.manual_seed(0)
-
-
-class Attention(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.q, self.k, self.v = torch.nn.Linear(64, 64), torch.nn.Linear(64, 32), torch.nn.Linear(64, 32)
-
-    def forward(self, x):
-        b, s, _ = x.shape
-        q = self.q(x).view(b, s, 4, 16).transpose(1, 2)
-        k, v = (p(x).view(b, s, 2, 16).transpose(1, 2) for p in (self.k, self.v))
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True).transpose(1, 2).reshape(b, s, 64)
-
-
-model = Attention()
-x = torch.randn(2, int(sys.argv[1]), 64)
-model(x).square().mean().backward()  # a training step
-with torch.no_grad():
-    model(x[:1, :5])  # and an evaluation call
-"""
-
 
 def test_record_backward_warm_check_explain_and_serve_a_training_step(tmp_path):
-    script = tmp_path / "train.py"
-    script.write_text(TRAIN)
-    path = tmp_path / "train.yaml"
-    run = cli("record", "-o", str(path), "--dtype", "bfloat16", "--backward", str(script), "20")
-    assert run.returncode == 0, run.stderr
+    """docs/backward.md's training script, recorded and warmed as the page writes it."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "train.py").write_text(example("backward-train").text)
+    env = {**os.environ, "GRAPHCACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    block = example("backward-record")
+    run = subprocess.run(
+        ["bash", "-e", "-c", block.text], cwd=work, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert run.returncode == 0, f"{block.where}\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
     assert "2 spec(s) from 2 SDPA call(s), 4 graph(s) under shape classes pow2; 2 backward spec(s)" in run.stdout
+    assert "4 built" in run.stdout and "4/4 present" in run.stdout, run.stdout
+    path = work / "train.yaml"
     specs = manifest.load(path)
     assert sorted((s.kind, s.generate_stats, s.batch) for s in specs) == [
         ("backward", False, 1), ("backward", False, 2),  # each call's backward
@@ -59,10 +45,6 @@ def test_record_backward_warm_check_explain_and_serve_a_training_step(tmp_path):
     assert all(s.is_class and (s.seq_q, s.heads_kv, s.mask) == (128, 2, "causal") for s in specs)
     assert "(graphcache record --backward): 2 backward spec(s)" in path.read_text()
     folder = ("--cache-dir", str(tmp_path / "cache"))
-    warm = cli(*folder, "warm", str(path), "--compiler", "reference")
-    assert warm.returncode == 0 and "4 built" in warm.stdout, warm.stdout + warm.stderr
-    check = cli(*folder, "warm", str(path), "--check", "--compiler", "reference")
-    assert check.returncode == 0 and "4/4 present" in check.stdout, check.stdout
     asked = tmp_path / "spec.json"
     fields = dict(batch=2, heads_q=4, heads_kv=2, seq_q=100, head_dim=16, dtype="bfloat16", mask="causal")
     asked.write_text(json.dumps({**fields, "kind": "backward"}))
