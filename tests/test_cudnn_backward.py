@@ -241,3 +241,58 @@ def test_a_bound_class_graph_serves_an_exact_shape_and_refuses_one_outside():
 
     with pytest.raises(ExecutionError, match="outside the class"):
         graph.bind(exact.replace(seq_q=300))
+
+
+# -- on a GPU (skipped, with the reason, where there is none) -------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"dtype": "float16", "mask": "causal"},
+        {"dtype": "bfloat16", "layout": "bhsd", "heads_kv": 8},
+        {"dtype": "bfloat16", "mask": "causal", "padding": True},
+        {"dtype": "bfloat16", "mask": "causal", "shapes": "class"},
+    ],
+    ids=["fp16-gqa-causal", "bf16-bhsd", "padded", "class"],
+)
+def test_on_a_gpu_a_backward_plan_builds_round_trips_and_matches_the_references_gradients(tmp_path, fields):
+    from graphcache import GraphCache
+    from graphcache.compilers.cudnn import CudnnCompiler
+    from graphcache.reference.backward import backward_inputs, gradient_errors
+    from graphcache.stores import DiskStore
+
+    spec = back(**fields)
+    cache = GraphCache(DiskStore(tmp_path / "store"), CudnnCompiler(), shape_classes="exact")
+    artifact = cache.get(spec)  # built, serialized, loaded back and checked against autograd of the reference
+    assert set(artifact.runtime["gradient_errors"]) == {"dq", "dk", "dv"} and artifact.canary is not None
+    graph = cache.load(spec)  # deserialized again, its canary re-checked
+    real = spec.at(spec.batch, 77, 77) if spec.is_class else spec
+    inputs = backward_inputs(real, "cuda", seed=9)
+    errors = gradient_errors(real, graph.execute(**inputs), inputs)
+    assert max(errors.values()) <= (5e-3 if spec.dtype == "float16" else 2e-2), errors
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_sdpa_backward_serves_what_torchs_cudnn_forward_left(tmp_path):
+    import graphcache.torch as gt
+    from graphcache import GraphCache
+    from graphcache.compilers.cudnn import CudnnCompiler
+    from graphcache.stores import DiskStore
+    from graphcache.torch.backward import sdpa_backward
+
+    gt.reset()
+    try:
+        gt.configure(GraphCache(DiskStore(tmp_path / "store"), CudnnCompiler()), on_miss="build")
+        q, k, v = (torch.randn(2, 200, 8, 64, device="cuda", dtype=torch.bfloat16).transpose(1, 2) for _ in range(3))
+        out, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, True, False)[:2]
+        grad_out = torch.randn_like(out)
+        dq, dk, dv = sdpa_backward(grad_out, q, k, v, out, lse, is_causal=True)
+        leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+        torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=True).backward(grad_out.double())
+        for ours, leaf in zip((dq, dk, dv), leaves, strict=True):
+            assert ((ours.double() - leaf.grad).norm() / leaf.grad.norm()).item() <= 2e-2
+        assert gt.stats()["backward"]["hits"] == 1
+    finally:
+        gt.reset()

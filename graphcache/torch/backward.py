@@ -109,7 +109,8 @@ def sdpa_backward(
     except (AttributeError, RuntimeError):  # not tensors, nested tensors
         memo_key = None
     if memo_key is None or not all(type(t) in _PLAIN for t in tensors):
-        plan = _plan_of(tensors, is_causal, scale, enable_gqa)
+        with RUNTIME._lock:  # a subclass never shares a plain call's memo entry
+            plan = _plan_of(tensors, is_causal, scale, enable_gqa)
     elif torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         plan = _DOUBLE
     else:
