@@ -42,16 +42,21 @@ class TorchSdpaBackwardGraph(TorchSdpaGraph):
         seq_len_q: Any = None,
         seq_len_kv: Any = None,
         bias: Any = None,
-        **unused: Any,
+        dq: Any = None,
+        dk: Any = None,
+        dv: Any = None,
     ) -> tuple[Any, Any, Any]:
         """``(dq, dk, dv)`` in the spec's storage layout and q's dtype, from
         q, k, v, the forward's ``o`` and ``stats``, and the output gradient
-        ``d_o`` (o's layout). Raises ExecutionError for tensors the spec does
-        not take (``reference.backward.check_backward``)."""
+        ``d_o`` (o's layout); written into ``dq``/``dk``/``dv`` where given.
+        Raises ExecutionError for tensors the spec does not take
+        (``reference.backward.check_backward``)."""
         spec = real_spec(self.spec, q, k) if self.spec.is_class else self.spec
         given = {"q": q, "k": k, "v": v, "o": o, "d_o": d_o, "stats": stats}
         check_backward(spec, {**given, "seq_len_q": seq_len_q, "seq_len_kv": seq_len_kv, "bias": bias})
-        return torch_gradients(spec, q, k, v, d_o, seq_len_q, seq_len_kv, bias)
+        grads = torch_gradients(spec, q, k, v, d_o, seq_len_q, seq_len_kv, bias)
+        a, b, c = (g if out is None else out.copy_(g) for g, out in zip(grads, (dq, dk, dv), strict=True))
+        return a, b, c
 
     def run_views(self, q: Any, k: Any, v: Any, bias: Any = None) -> Any:
         raise NotImplementedError("a backward graph runs through execute(q, k, v, o=, d_o=, stats=)")
