@@ -26,6 +26,12 @@ from graphcache.spec import GraphSpec
 from graphcache.torch.bias import BiasFrom
 from graphcache.torch.derive import packed
 
+# Tensors copied for a graph to read, by (tensor, reason): counted where the
+# copy is made, so a hit that copies nothing pays nothing for the count
+# (the runtime's stats()["copies"]; Runtime.reset clears it).
+COPIED: Counter[tuple[str, str]] = Counter()
+_COPIED_LOCK = threading.Lock()
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -52,6 +58,8 @@ class Plan:
             given = {"q": q, "k": k, "v": v}
             for role, layout, _ in self.copies:
                 given[role] = packed(given[role], layout)
+            with _COPIED_LOCK:
+                COPIED.update((role, reason) for role, _, reason in self.copies)
             q, k, v = given["q"], given["k"], given["v"]
         return q, k, v
 

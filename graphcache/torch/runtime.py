@@ -32,7 +32,7 @@ from graphcache.spec.classes import class_of
 from graphcache.torch.derive import Derived, derive_args
 from graphcache.torch.guard import Failures, exact_graph, failed_plan, graph_of
 from graphcache.torch.onmiss import ON_MISS, ON_MISS_VAR, on_miss_from_env
-from graphcache.torch.plan import BackwardCalls, Plan
+from graphcache.torch.plan import COPIED, BackwardCalls, Plan
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ class Runtime:
             self._misses = 0
             self._raised = 0  # calls that raised NotFound (on_miss=error)
             self._fallbacks: Counter[str] = Counter()
-            self._copied: Counter[tuple[str, str]] = Counter()  # (tensor, reason): copies on served calls
+            COPIED.clear()  # (tensor, reason): tensors copied for a graph to read (plan.py counts them)
             self.failures = Failures()  # (graph, call shape) pairs whose execute raised (guard.py)
             self.recorders: list[Any] = []
             self.backward = BackwardCalls()  # graphcache.torch.backward's memo and counters
@@ -211,8 +211,6 @@ class Runtime:
         with self._count_lock:
             if plan.graph is not None:
                 self._hits += 1
-                if plan.copies:  # a tensor no graph reads where it lies (derive): copied, served
-                    self._copied.update((role, reason) for role, _, reason in plan.copies)
                 self._larger += plan.larger
                 self._declared += plan.declared
                 self._real += plan.real
@@ -359,8 +357,8 @@ class Runtime:
                 "declared_to_real": round(self._declared / self._real, 3) if self._real else 0.0,
                 "misses": self._misses,
                 "fallbacks": fallbacks,
-                "copies": sum(self._copied.values()),
-                "copied": _by_tensor(self._copied),
+                "copies": sum(COPIED.values()),
+                "copied": _by_tensor(COPIED),
                 "execute_failures": self.failures.count,
                 "graphs_loaded": len(self._graphs),
                 "shapes_served": len(self._served),
