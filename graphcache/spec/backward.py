@@ -87,7 +87,11 @@ def role_of(role: str) -> str:
 
 def backward_of(spec: Any) -> Any:
     """The backward spec of a forward spec: the same graph with ``kind``
-    backward. Raises SpecError (naming the field) where there is none."""
+    backward, in k's layout where q, v or o differ from it (a backward call
+    packs its tensors into the spec's one layout: graphcache.torch.backward).
+    Raises SpecError (naming the field) where there is none."""
+    if spec.layout in ("bshd", "bhsd"):
+        spec = spec.replace(layout_q=None, layout_v=None, layout_o=None)
     return spec.replace(kind="backward")
 
 
