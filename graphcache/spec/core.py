@@ -11,6 +11,7 @@ from typing import Any
 
 from graphcache.errors import SpecError
 from graphcache.spec import bias as spec_bias
+from graphcache.spec import bounds as spec_bounds
 from graphcache.spec import ragged as spec_ragged
 from graphcache.spec import sinks as spec_sinks
 
@@ -84,6 +85,7 @@ class GraphSpec:
     sinks: bool = False
 
     def __post_init__(self) -> None:
+        spec_bounds.check(self)  # single values, within cuDNN's sizes: every message below quotes them whole
         for name in ("batch", "heads_q", "seq_q", "head_dim"):
             _positive_int(name, getattr(self, name))
         spec_ragged.prepare(self)  # paged: seq_kv defaults to the block table's reach
