@@ -64,7 +64,9 @@ def counters(totals: Totals) -> dict[str, Any]:
         "uploads": int(totals.value("graphcache_uploads_total", result="created")),
         "uploads_identical": int(totals.value("graphcache_uploads_total", result="identical")),
         # Reasons that happened (/metrics declares every one at 0 from the start).
-        "uploads_rejected": {k: int(v) for k, v in totals.by("graphcache_uploads_rejected_total", "reason").items() if v},
+        "uploads_rejected": {
+            k: int(v) for k, v in totals.by("graphcache_uploads_rejected_total", "reason").items() if v
+        },
         "quarantined": int(totals.sum("graphcache_quarantined_total")),
         "builds": int(totals.value("graphcache_builds_total", result="built")),
     }
