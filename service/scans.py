@@ -12,9 +12,10 @@ every thread, and /healthz answered 503 for 170 s. Here:
   it), told to stop when its time is up or its client goes away (the thread
   looks at a ``Stop`` between entries and gives up);
 - the status page's holdings and store facts come from a snapshot taken at
-  most every ``SNAPSHOT_AGE`` seconds, one refresh at a time: the first
-  page after that starts a refresh and every page until it ends is
-  answered from the snapshot before (or, with none yet, waits for it).
+  most every ``SNAPSHOT_AGE`` seconds (and at most a quarter of the time:
+  a snapshot that took 3 s to read is served 12 s), one refresh at a time:
+  the first page after that starts a refresh and every page until it ends
+  is answered from the snapshot before (or, with none yet, waits for it).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ T = TypeVar("T")
 SCAN_THREADS = 2  # whole-store reads running at once (per worker)
 SCAN_DEADLINE = 60.0  # seconds one may take, its wait for a thread included
 SNAPSHOT_AGE = 5.0  # seconds the status page's holdings are served before they are read again
+SNAPSHOT_SHARE = 4  # ... and at least this many times the last read's own time (a read takes at most 1/4 of the time)
 
 
 class Stopped(Exception):
@@ -92,6 +94,9 @@ def holdings(store: Store, unwritable: Callable[[], str | None], stop: Stop) -> 
     scan of headers, or the store's own listing), and the store's facts."""
     found = Holdings(taken=time.time())
     is_pinned = getattr(store, "pinned", None)
+    pinned_keys = getattr(store, "pinned_keys", None)
+    if pinned_keys is not None:  # one query, not one per entry
+        is_pinned = pinned_keys().__contains__
 
     def corrupt(_key: str) -> None:
         found.corrupt += 1
@@ -134,6 +139,7 @@ class Scans:
         self._limiter: anyio.CapacityLimiter | None = None
         self._snapshot: Holdings | None = None
         self._taken = 0.0  # monotonic time of the snapshot
+        self._age = 0.0  # how long it is served, past SNAPSHOT_AGE (SNAPSHOT_SHARE x its read's time)
         self._refreshed: anyio.Event | None = None  # set when the refresh under way ends
         self._error: ServiceError | None = None  # why the last refresh failed
 
@@ -187,7 +193,7 @@ class Scans:
     async def snapshot(self) -> Holdings:
         """The status page's holdings: at most SNAPSHOT_AGE seconds old, or,
         while a refresh is under way, the snapshot before it."""
-        if self._snapshot is not None and time.monotonic() - self._taken < SNAPSHOT_AGE:
+        if self._snapshot is not None and time.monotonic() - self._taken < max(SNAPSHOT_AGE, self._age):
             return self._snapshot
         if self._refreshed is None:
             self._refreshed = anyio.Event()
@@ -204,9 +210,13 @@ class Scans:
 
     async def _refresh(self) -> None:
         done = self._refreshed
+        began = time.monotonic()
         try:
             self._snapshot = await self.run(holdings, self.store, self.unwritable)
             self._taken = time.monotonic()
+            # A large store is read less often: its reads take at most a
+            # quarter of the time, however many pages are asked for.
+            self._age = SNAPSHOT_SHARE * (self._taken - began)
             self._error = None
         except ServiceError as exc:
             self._error = exc

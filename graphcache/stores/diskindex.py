@@ -73,6 +73,11 @@ class IndexChanges:
         rows = self._cache._sql(query, (key,)).fetchall()  # noqa: SLF001
         return bool(rows) and rows[0][0] == PINNED
 
+    def pinned_keys(self) -> set[str]:
+        """Every pinned key, in one query (a listing asks it once, not per entry)."""
+        rows = self._cache._sql("SELECT key FROM Cache WHERE tag = ? AND raw = 1", (PINNED,)).fetchall()  # noqa: SLF001
+        return {row[0] for row in rows}
+
     def _set_tag(self, key: str, tag: str | None) -> bool:
         # The tag alone: rewriting the value would need its size in free
         # space again (a pin on a full disk).

@@ -201,7 +201,7 @@ def _render(
         "<h1>graphcache</h1>",
         f"<p class=muted id=scope>{e(_whose(counters))}, up {counters['uptime_seconds'] / 60:.0f} min; "
         f"counters as of this page's load, the store's figures as of {_clock(holdings.taken)} "
-        f"(read at most every {SNAPSHOT_AGE:g} s; reload to refresh)</p>",
+        f"(read again at most every {SNAPSHOT_AGE:g} s, less often on a large store; reload to refresh)</p>",
         "<h2>Store</h2><table>",
         f"<tr><th>kind</th><td id=store-kind>{e(store['kind'])}</td></tr>",
         f"<tr><th>where</th><td>{e(store['where'])}</td></tr>",
