@@ -6,8 +6,10 @@ purge and a manifest's coverage read the whole store. Once they ran in the
 the client's departure: 64 status-page GETs on a 20,000-entry store held
 every thread, and /healthz answered 503 for 170 s. Here:
 
-- they run in threads of their own (``SCAN_THREADS`` at once, the rest
-  wait without holding a thread), never the store pool;
+- they run in threads of their own (``SCAN_THREADS``; the rest wait
+  without holding a thread), never the store pool, at a lower CPU priority
+  than the server's other threads (``SCAN_NICE``): on a busy host the event
+  loop and the store calls are scheduled first;
 - each is bounded in time (``SCAN_DEADLINE``: a 503 with Retry-After past
   it), told to stop when its time is up or its client goes away (the thread
   looks at a ``Stop`` between entries and gives up);
@@ -20,10 +22,14 @@ every thread, and /healthz answered 503 for 170 s. Here:
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -38,6 +44,7 @@ log = logging.getLogger("graphcache.service")
 T = TypeVar("T")
 
 SCAN_THREADS = 2  # whole-store reads running at once (per worker)
+SCAN_NICE = 10  # added to the scan threads' nice value (Linux: per thread)
 SCAN_DEADLINE = 60.0  # seconds one may take, its wait for a thread included
 SNAPSHOT_AGE = 5.0  # seconds the status page's holdings are served before they are read again
 SNAPSHOT_SHARE = 4  # ... and at least this many times the last read's own time (a read takes at most 1/4 of the time)
@@ -136,7 +143,7 @@ class Scans:
     def __init__(self, store: Store, unwritable: Callable[[], str | None]) -> None:
         self.store = store
         self.unwritable = unwritable
-        self._limiter: anyio.CapacityLimiter | None = None
+        self._pool: ThreadPoolExecutor | None = None
         self._snapshot: Holdings | None = None
         self._taken = 0.0  # monotonic time of the snapshot
         self._age = 0.0  # how long it is served, past SNAPSHOT_AGE (SNAPSHOT_SHARE x its read's time)
@@ -148,8 +155,6 @@ class Scans:
         (waiting for a thread included): 503 ``busy`` with Retry-After past
         it. ``watch``: the request (a Starlette Request) whose client going
         away stops it too (then ServiceError 499, which no one reads)."""
-        if self._limiter is None:
-            self._limiter = anyio.CapacityLimiter(SCAN_THREADS)
         stop = Stop(SCAN_DEADLINE)
         result: list[T] = []
         failed: list[Exception] = []  # raised outside the task group, not as an ExceptionGroup
@@ -158,11 +163,7 @@ class Scans:
                 tasks.start_soon(_watch, watch, stop, tasks.cancel_scope)
             try:
                 with anyio.fail_after(SCAN_DEADLINE):
-                    result.append(
-                        await anyio.to_thread.run_sync(
-                            _call, fn, args, stop, limiter=self._limiter, abandon_on_cancel=True
-                        )
-                    )
+                    result.append(await self._in_thread(_call, fn, args, stop))
             except TimeoutError:
                 stop.set("its deadline passed")
             except Stopped:
@@ -186,9 +187,15 @@ class Scans:
     async def whole(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` in a scan thread, to its end (purge: a write cut
         halfway would leave a retired target half there)."""
-        if self._limiter is None:
-            self._limiter = anyio.CapacityLimiter(SCAN_THREADS)
-        return await anyio.to_thread.run_sync(fn, *args, limiter=self._limiter)
+        return await self._in_thread(fn, *args)
+
+    async def _in_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` in one of the scan threads (a call cancelled while it
+        runs is left to end there: its Stop tells it to)."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(SCAN_THREADS, thread_name_prefix="graphcache-scan", initializer=_nice)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, functools.partial(fn, *args))
 
     async def snapshot(self) -> Holdings:
         """The status page's holdings: at most SNAPSHOT_AGE seconds old, or,
@@ -227,6 +234,15 @@ class Scans:
             self._refreshed = None
             assert done is not None
             done.set()
+
+
+def _nice() -> None:
+    """A scan thread's CPU priority lowered (Linux applies it to the calling
+    thread alone); where that is refused, it runs at the server's own."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, 0) + SCAN_NICE)
+    except (OSError, AttributeError):
+        pass
 
 
 def _call(fn: Callable[..., T], args: tuple[Any, ...], stop: Stop) -> T:
