@@ -54,10 +54,13 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None, 
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Any) -> AsyncIterator[None]:
-        async with anyio.create_task_group() as tasks:
-            tasks.start_soon(state.housekeeping)
-            yield
-            tasks.cancel_scope.cancel()
+        try:
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(state.housekeeping)
+                yield
+                tasks.cancel_scope.cancel()
+        finally:
+            state.scans.close()
 
     app = GraphcacheApp(
         title="graphcache",

@@ -197,6 +197,12 @@ class Scans:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, functools.partial(fn, *args))
 
+    def close(self) -> None:
+        """No more scans: waiting ones are dropped (one under way ends at its Stop)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
     async def snapshot(self) -> Holdings:
         """The status page's holdings: at most SNAPSHOT_AGE seconds old, or,
         while a refresh is under way, the snapshot before it."""
