@@ -347,7 +347,11 @@ def serve_workers(env: dict[str, str], *args: str, workers: int, tree: Any = Non
             yield url, proc
         finally:
             proc.terminate()
-            proc.wait(15)
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:  # a server busy past its grace (a baseline tree's probe)
+                proc.kill()
+                proc.wait(15)
 
     return running()
 
