@@ -230,10 +230,13 @@ class ArtifactReader:
         try:
             if aside is not None and self.quarantine is not None:
                 aside(key, private_folder(self.quarantine, "quarantine"), _aside_name(key, exc.reason))
-            else:
-                self.store.delete(key)
+                return
         except (OSError, StoreError) as err:
-            log.error("could not set aside unreadable entry %s: %s", key, err)
+            log.error("could not move unreadable entry %s into quarantine, removing it: %s", key, err)
+        try:
+            self.store.delete(key)
+        except (OSError, StoreError) as err:
+            log.error("could not remove unreadable entry %s: %s", key, err)
 
 
 def _aside_name(key: str, reason: str) -> str:
