@@ -57,6 +57,11 @@ for _name in ("maxlist", "maxtuple", "maxdict", "maxset", "maxfrozenset", "maxde
     setattr(_REPR, _name, 4)
 
 
+def is_int(value: Any) -> bool:
+    """An integer, not a bool (which Python counts as one)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def shown(value: Any) -> str:
     """A bounded text of ``value`` for an error message: at most about
     ``SHOWN`` characters, however large or deeply shared the value is (its

@@ -32,7 +32,7 @@ from graphcache.spec.classes import class_of
 from graphcache.torch.derive import Derived, derive_args
 from graphcache.torch.guard import Failures, exact_graph, failed_plan, graph_of
 from graphcache.torch.onmiss import ON_MISS, ON_MISS_VAR, on_miss_from_env
-from graphcache.torch.plan import Plan
+from graphcache.torch.plan import BackwardCalls, Plan
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +75,7 @@ class Runtime:
             self._fallbacks: Counter[str] = Counter()
             self.failures = Failures()  # (graph, call shape) pairs whose execute raised (guard.py)
             self.recorders: list[Any] = []
+            self.backward = BackwardCalls()  # graphcache.torch.backward's memo and counters
 
     def configure(self, cache: GraphCache | None = None, *, device: Any = None, on_miss: str | None = None) -> None:
         """Use ``cache`` for tensors on ``device`` (default: the cuDNN
@@ -97,6 +98,7 @@ class Runtime:
             self._classless.clear()
             self._served.clear()
             self._missed.clear()
+            self.backward.memo.clear()
             self._cache = cache
             self._device = where
             self._on_miss = on_miss
@@ -359,6 +361,7 @@ class Runtime:
                 "graphs_loaded": len(self._graphs),
                 "shapes_served": len(self._served),
                 "missed_specs": [{"spec": s.to_dict(), "calls": n} for s, n in self._missed.items()],
+                "backward": self.backward.stats(),  # sdpa_backward's calls, apart from these
             }
 
 
