@@ -177,11 +177,16 @@ class RedisStore:
         need = 2 * _allocated(size) + kept
         if need <= limit:
             return None
-        return (
-            f"redis at {self._safe_url()} cannot take an upload of {size} bytes: it needs about {need} bytes "
-            f"(twice the upload while it takes it in, plus {kept} it cannot evict under maxmemory-policy "
-            f"{policy}) and its maxmemory is {limit}; raise maxmemory, or lower GRAPHCACHE_MAX_UPLOAD"
+        why = (
+            f"redis at {self._safe_url()} is out of memory for an upload of {size} bytes: it needs about {need} "
+            f"bytes (twice the upload while it takes it in, plus {kept} it cannot evict under maxmemory-policy "
+            f"{policy}) and its maxmemory is {limit}"
         )
+        if 2 * _allocated(size) + overhead > limit:  # too large for this Redis, however empty
+            return f"{why}; raise maxmemory, or lower GRAPHCACHE_MAX_UPLOAD"
+        # Full of what it may not evict: unwritable (healthz says so) until room is made.
+        self._refused, self._refused_need = why, size
+        return f"{why}; raise its maxmemory, unpin entries (graphcache pin KEY --off) or purge a retired target"
 
     def _pinned_share(self, dataset: int) -> int:
         """The dataset bytes of keys without a TTL (pinned), estimated from
@@ -203,7 +208,7 @@ class RedisStore:
         except StoreUnavailable:
             return self._refused
         limit = int(memory.get("maxmemory") or 0)
-        if limit == 0 or int(memory.get("used_memory") or 0) + self._refused_need <= limit:
+        if limit == 0 or int(memory.get("used_memory") or 0) + 2 * _allocated(self._refused_need) <= limit:
             self._refused = None
         return self._refused
 
