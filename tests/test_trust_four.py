@@ -177,22 +177,23 @@ def test_the_cli_refuses_a_manifest_bomb_in_one_line(tmp_path):
 # -- 13: spec dimensions are bounded ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("field", "value", "bound"),
-    [("batch", 10**30, "2147483647"), ("seq_q", 2**63, "2147483647"), ("window_left", 10**40, "2147483646")],
-)
-def test_dimensions_nothing_can_run_are_refused_naming_the_field_and_the_bound(tmp_path, field, value, bound):
+def test_dimensions_nothing_can_run_are_refused_naming_the_field_and_the_bound(tmp_path):
     """Finding 13: /v1/resolve answered 200 and `graphcache key` printed a key."""
-    body = {"batch": 1, "heads_q": 8, "seq_q": 128, "head_dim": 64, "mask": "sliding_window", "window_left": 4}
-    body[field] = value
-    path = tmp_path / "spec.json"
-    path.write_text(json.dumps(body))
-    done = cli("key", str(path), "--target", str(TARGET), timeout=60)
-    assert done.returncode == 1 and field in done.stderr and bound in done.stderr, done.stderr
+    cases = [("batch", 10**30, "2147483647"), ("seq_q", 2**63, "2147483647"), ("window_left", 10**40, "2147483646")]
+    bodies = []
+    for field, value, bound in cases:
+        body = {"batch": 1, "heads_q": 8, "seq_q": 128, "head_dim": 64, "mask": "sliding_window", "window_left": 4}
+        body[field] = value
+        bodies.append(body)
+        path = tmp_path / f"{field}.json"
+        path.write_text(json.dumps(body))
+        done = cli("key", str(path), "--target", str(TARGET), timeout=60)
+        assert done.returncode == 1 and field in done.stderr and bound in done.stderr, done.stderr
     with serve_one_worker({"GRAPHCACHE_DIR": str(tmp_path / "store")}) as (url, _):
-        answer = httpx.post(f"{url}/v1/resolve", json={"spec": body, "target": str(TARGET)}, timeout=10)
-    assert answer.status_code == 422, answer.text
-    assert f"spec.{field}" in answer.json()["detail"] and bound in answer.json()["detail"]
+        for (field, _, bound), body in zip(cases, bodies, strict=True):
+            answer = httpx.post(f"{url}/v1/resolve", json={"spec": body, "target": str(TARGET)}, timeout=10)
+            assert answer.status_code == 422, answer.text
+            assert f"spec.{field}" in answer.json()["detail"] and bound in answer.json()["detail"]
 
 
 # -- 2: the status page cannot take health and uploads down -----------------------------------------------
