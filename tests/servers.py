@@ -82,6 +82,7 @@ class RedisServer:
                 return self
             except redis.ConnectionError:
                 if time.monotonic() > deadline:
+                    self.stop()  # not left running when the caller's `with` never began
                     raise RuntimeError("redis-server did not start") from None
                 time.sleep(0.05)
 
