@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -135,6 +136,9 @@ class GraphCache:
             self._stats.bump("store_errors")
             log.warning("store unavailable, treating %s as a miss: %s", key[:12], exc)
             return None
+        except CorruptArtifact as exc:  # a value the store cannot read (UnreadableEntry): dropped like corrupt bytes
+            self._dropped(key, exc)
+            return None
         if data is None:
             return None
         return self._decoded(key, data)
@@ -151,17 +155,17 @@ class GraphCache:
             if self.require_signed:
                 artifact.verify_signature(self.verify_keys)
         except CorruptArtifact as exc:
-            self._stats.bump("corrupt")
-            log.warning("entry %s failed verification here (%s), dropped locally: %s", key, exc.reason, exc)
-            discard = getattr(self.store, "discard", self.store.delete)
-            try:
-                discard(key)
-            except GraphCacheError:
-                pass
+            self._dropped(key, exc)
             return None
         if artifact.spec.is_class and not artifact.unsupported:
             self._classes.add(artifact.spec, artifact.target)  # what prefetch, warm and remote hits bring
         return artifact
+
+    def _dropped(self, key: str, exc: CorruptArtifact) -> None:
+        self._stats.bump("corrupt")
+        log.warning("entry %s failed verification here (%s), dropped locally: %s", key, exc.reason, exc)
+        with contextlib.suppress(GraphCacheError):
+            getattr(self.store, "discard", self.store.delete)(key)
 
     def index(self) -> ClassIndex:
         """The class specs the local store holds: read from it at the first
@@ -347,10 +351,10 @@ class GraphCache:
         except (NoGpu, UnsupportedGpu, UnsupportedSpec, NotSerializable, PlanRejected, BuildError) as exc:
             if not (self.torch_fallback and fallback):
                 raise
-            from graphcache.compilers.torch_sdpa import TorchSdpaGraph
+            from graphcache.compilers.torch_backward import fallback_graph
 
             self._stats.bump("fallbacks")
-            return TorchSdpaGraph(spec, reason=str(exc))
+            return fallback_graph(spec, reason=str(exc))
 
     def _reject(self, spec: GraphSpec, target: Target | None, exc: PlanRejected) -> None:
         key = self.key(spec, target)

@@ -76,7 +76,7 @@ def warm_cmd(
     from graphcache.ops import manifest as manifest_mod
     from graphcache.target import Target
 
-    specs = manifest_mod.load(manifest)
+    specs = manifest_mod.load(manifest, max_specs=ctx.settings.max_specs)
     store = server_store(ctx, server)
     policy = ctx.settings.shape_classes
     if check_only:
@@ -176,7 +176,7 @@ def prefetch_cmd(
     from graphcache.stores import HttpStore, TieredStore
     from graphcache.target import Target
 
-    specs = manifest_mod.load(manifest)
+    specs = manifest_mod.load(manifest, max_specs=ctx.settings.max_specs)
     url = server or ctx.settings.server
     if not url:
         raise click.UsageError("prefetch fetches from a server: give --server URL or set GRAPHCACHE_SERVER")
@@ -349,17 +349,15 @@ def _explain(ctx: Context, spec: Any, tgt: Any, store: Any) -> bool:
     help="Also write every call's graphs for each length class up to N, so a run at one resolution or prompt "
     "length serves longer ones (queries and keys grow together where they were equal).",
 )
+@click.option(
+    "--backward",
+    is_flag=True,
+    help="Record a training step: every call's backward graph too (kind: backward), and a call that needs "
+    "gradients as the forward that writes the stats its backward reads.",
+)
 @click.argument("script", type=click.Path(exists=True, dir_okay=False))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def record_cmd(
-    output: str,
-    dtype: str | None,
-    shape_classes: str | None,
-    max_batch: int | None,
-    max_seq: int | None,
-    script: str,
-    args: tuple[str, ...],
-) -> None:
+def record_cmd(output: str, script: str, args: tuple[str, ...], **options: Any) -> None:
     """Run SCRIPT [ARGS...] as python would, and write the manifest of its SDPA calls.
 
     Every torch scaled_dot_product_attention call the script makes (directly,
@@ -375,7 +373,7 @@ def record_cmd(
             f"graphcache record needs torch ({exc}): pip install torch (a CPU build is enough)"
         ) from exc
     try:
-        recorder = run_script(script, args, output, dtype, shape_classes, max_batch, max_seq)
+        recorder = run_script(script, args, output, **options)  # dtype, shape_classes, max_batch, max_seq, backward
     except SystemExit as exc:
         status = exc.code
         if not isinstance(status, int):
@@ -393,8 +391,10 @@ def record_cmd(
             f", {graphs} graph(s) under shape classes {recorder.shape_classes}"
             if recorder.shape_classes != "exact"
             else ""
-        ),
+        )
+        + (f"; {len(recorder.backwards)} backward spec(s)" if recorder.training else ""),
         highlight=False,
     )
-    for (code, message), count in sorted(recorder.ineligible.items()):
-        console.print(f"  not a cuDNN graph ({code}, {count} call(s)): {message}", highlight=False)
+    for what, reasons in (("not a cuDNN graph", recorder.ineligible), ("no backward graph", recorder.no_backward)):
+        for (code, message), count in sorted(reasons.items()):
+            console.print(f"  {what} ({code}, {count} call(s)): {message}", highlight=False)

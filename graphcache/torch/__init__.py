@@ -62,9 +62,12 @@ __all__ = [
 def stats() -> dict[str, Any]:
     """This process's drop-in counters: ``calls``, ``hits``, ``misses``,
     ``fallbacks`` (calls that ran torch's SDPA or varlen kernel, by reason:
-    miss, mask, dtype, head_dim, not_4d, layout, device, autograd,
+    miss, mask, dtype, head_dim, not_4d, device, autograd,
     unsupported, no_gpu, execute_failed, and for varlen_attn num_splits,
-    window, page_size, ...), ``execute_failures`` (the (graph, call shape)
+    window, page_size, layout, ...), ``copies`` and ``copied`` (tensors of served
+    calls copied into a layout a graph reads, by tensor and reason:
+    head_dim_stride, broadcast, overlap, strides; graphcache.torch.derive),
+    ``execute_failures`` (the (graph, call shape)
     pairs whose execute raised: graphcache.torch.guard), ``graphs_loaded``,
     ``shapes_served`` (the distinct call shapes the loaded graphs served:
     under length classes, many per graph) and ``missed_specs``. SDPA and

@@ -13,6 +13,8 @@ serves a call whose learned mask, or sink, requires grad.
 
 from __future__ import annotations
 
+import threading
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +26,12 @@ from graphcache.spec import GraphSpec
 from graphcache.torch.bias import BiasFrom
 from graphcache.torch.derive import packed
 
+# Tensors copied for a graph to read, by (tensor, reason): counted where the
+# copy is made, so a hit that copies nothing pays nothing for the count
+# (the runtime's stats()["copies"]; Runtime.reset clears it).
+COPIED: Counter[tuple[str, str]] = Counter()
+_COPIED_LOCK = threading.Lock()
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -33,13 +41,27 @@ class Plan:
     graph: LoadedGraph | None
     reason: str  # "" when graph is set
     message: str = ""
-    copy_q: bool = False
+    copies: tuple[tuple[str, str, str], ...] = ()  # (role, layout, reason): copied per call (derive)
     views: bool = False  # the graph takes torch's (b, h, s, d) views as they are (run_views)
     declared: int = 0  # batch x seq_q x seq_kv the serving graph declares ...
     real: int = 0  # ... and this call shape's
     larger: bool = False  # served by a stored class larger than the call's own (GraphCache.serving_class)
     bias: BiasFrom | None = None  # how a call's attn_mask becomes the graph's bias (graphcache.torch.bias)
-    copy_kv: bool = False  # k and v are copied into the spec's layout too (graphcache.torch.derive)
+    expanded: bool = False  # k and v expanded over heads (stride 0): the graph reads their first head
+
+    def reads(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The tensors the graph reads: the call's, with k and v's first head
+        where they are expanded, and a packed copy of each tensor ``copies`` names."""
+        if self.expanded:
+            k, v = k[:, :1], v[:, :1]
+        if self.copies:
+            given = {"q": q, "k": k, "v": v}
+            for role, layout, _ in self.copies:
+                given[role] = packed(given[role], layout)
+            with _COPIED_LOCK:
+                COPIED.update((role, reason) for role, _, reason in self.copies)
+            q, k, v = given["q"], given["k"], given["v"]
+        return q, k, v
 
     def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any = None) -> torch.Tensor:
         """Execute the graph on (b, h, s, d) tensors; returns (b, h, s, d).
@@ -49,16 +71,16 @@ class Plan:
         assert self.graph is not None and self.spec is not None
         # No view is made per call on the views path: the memo key (shapes,
         # strides, dtypes, devices) has already matched these tensors to the spec.
-        if self.copy_q:
-            q = packed(q, self.spec.layout)
-        if self.copy_kv:
-            k, v = packed(k, self.spec.layout), packed(v, self.spec.layout)
         if self.bias is None:
+            if self.copies or self.expanded:  # two flag reads on every other call's hit path, as before
+                q, k, v = self.reads(q, k, v)
             if self.views:
                 return self.graph.run_views(q, k, v)  # type: ignore[attr-defined]
             return run_views(self.graph, q, k, v)
         bias, hidden = self.bias(mask)
-        q = self.bias.fold(q)
+        q = self.bias.fold(q)  # derive read q's layout off the folded query
+        if self.copies or self.expanded:
+            q, k, v = self.reads(q, k, v)
         if self.views:
             out = self.graph.run_views(q, k, v, bias)  # type: ignore[attr-defined]
         else:
@@ -72,3 +94,39 @@ def needs_grad(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extra: Any = N
     record the autograd graph. (An ``or`` chain: about one attribute read
     per tensor, where a generator over them cost 0.2 us more on the hit.)"""
     return q.requires_grad or k.requires_grad or v.requires_grad or (extra is not None and extra.requires_grad)
+
+
+class BackwardCalls:
+    """What ``graphcache.torch.backward.sdpa_backward`` keeps in the runtime:
+    its memo (a call shape's plan) and its counters, apart from the forward's:
+    ``calls``, ``hits``, ``misses`` (calls whose graph was not cached) and
+    ``fallbacks`` by reason (calls it answered with UnsupportedCall, which the
+    caller ran another way; a miss among them as ``miss``)."""
+
+    def __init__(self) -> None:
+        self.memo: dict[tuple[Any, ...], Any] = {}
+        self.hits = 0
+        self.misses = 0
+        self.raised = 0  # calls that raised NotFound (on_miss=error)
+        self.fallbacks: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def count(self, reason: str = "") -> None:
+        """One call: a hit where ``reason`` is empty, else a fallback for
+        ``reason`` (``miss`` counts a miss too; ``raised``, a miss that raised
+        NotFound under on_miss=error, is a miss and no fallback)."""
+        with self._lock:
+            if not reason:
+                self.hits += 1
+            elif reason == "raised":
+                self.raised += 1
+                self.misses += 1
+            else:
+                self.fallbacks[reason] += 1
+                self.misses += reason == "miss"
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            fallbacks = dict(self.fallbacks)
+            calls = self.hits + sum(fallbacks.values()) + self.raised
+            return {"calls": calls, "hits": self.hits, "misses": self.misses, "fallbacks": fallbacks}

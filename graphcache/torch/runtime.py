@@ -32,7 +32,7 @@ from graphcache.spec.classes import class_of
 from graphcache.torch.derive import Derived, derive_args
 from graphcache.torch.guard import Failures, exact_graph, failed_plan, graph_of
 from graphcache.torch.onmiss import ON_MISS, ON_MISS_VAR, on_miss_from_env
-from graphcache.torch.plan import Plan
+from graphcache.torch.plan import COPIED, BackwardCalls, Plan
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +73,10 @@ class Runtime:
             self._misses = 0
             self._raised = 0  # calls that raised NotFound (on_miss=error)
             self._fallbacks: Counter[str] = Counter()
+            COPIED.clear()  # (tensor, reason): tensors copied for a graph to read (plan.py counts them)
             self.failures = Failures()  # (graph, call shape) pairs whose execute raised (guard.py)
             self.recorders: list[Any] = []
+            self.backward = BackwardCalls()  # graphcache.torch.backward's memo and counters
 
     def configure(self, cache: GraphCache | None = None, *, device: Any = None, on_miss: str | None = None) -> None:
         """Use ``cache`` for tensors on ``device`` (default: the cuDNN
@@ -97,6 +99,7 @@ class Runtime:
             self._classless.clear()
             self._served.clear()
             self._missed.clear()
+            self.backward.memo.clear()
             self._cache = cache
             self._device = where
             self._on_miss = on_miss
@@ -306,9 +309,8 @@ class Runtime:
         views = callable(getattr(graph, "run_views", None)) and not (
             spec.dropout or spec.padding or spec.generate_stats
         )
-        return Plan(
-            spec, graph, "", "", derived.copy_q, views, work(serving), work(spec), larger, derived.bias, derived.copy_kv
-        )
+        copies, expanded = derived.copies, derived.expanded
+        return Plan(spec, graph, "", "", copies, views, work(serving), work(spec), larger, derived.bias, expanded)
 
     def _load(self, cache: GraphCache, spec: GraphSpec) -> tuple[LoadedGraph | None, str, str]:
         """Load ``spec``'s graph, or say why not. Misses follow on_miss."""
@@ -355,16 +357,23 @@ class Runtime:
                 "declared_to_real": round(self._declared / self._real, 3) if self._real else 0.0,
                 "misses": self._misses,
                 "fallbacks": fallbacks,
+                "copies": sum(COPIED.values()),
+                "copied": _by_tensor(COPIED),
                 "execute_failures": self.failures.count,
                 "graphs_loaded": len(self._graphs),
                 "shapes_served": len(self._served),
                 "missed_specs": [{"spec": s.to_dict(), "calls": n} for s, n in self._missed.items()],
+                "backward": self.backward.stats(),  # sdpa_backward's calls, apart from these
             }
 
 
 # What derive() takes as a plain tensor (a Parameter is one, with its grad flag).
 _PLAIN = frozenset({torch.Tensor, torch.nn.Parameter})
 _AUTOGRAD = Plan(None, None, "autograd", "an input requires grad: cuDNN graphs here are forward-only")
+
+
+def _by_tensor(copied: Counter[tuple[str, str]]) -> dict[str, dict[str, int]]:
+    return {role: {why: n for (r, why), n in sorted(copied.items()) if r == role} for role, _ in sorted(copied)}
 
 
 def _mask_key(mask: Any) -> tuple[Any, ...]:
@@ -379,9 +388,9 @@ def _derive(args: tuple[Any, ...]) -> Derived:
 
 
 def _derived(plan: Plan) -> Derived:
-    """What a call shape's plan was made from (its spec, q copy and bias)."""
+    """What a call shape's plan was made from (its spec, copies, bias, expanded heads)."""
     assert plan.spec is not None
-    return Derived(plan.spec, plan.copy_q, plan.bias)
+    return Derived(plan.spec, plan.copies, plan.bias, plan.expanded)
 
 
 # The one per process. The SDPA drop-in (patching.py) and varlen_attn
