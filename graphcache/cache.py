@@ -12,6 +12,7 @@ from typing import Any
 from graphcache.artifact import Artifact
 from graphcache.classindex import ClassIndex, check_slack, local_headers, slack_from_env, work
 from graphcache.compilers.base import LoadedGraph
+from graphcache.compilers.cudnn.releases import refused
 from graphcache.compilers.named import Named, resolve
 from graphcache.counters import PrefetchReport, Stats
 from graphcache.errors import (
@@ -202,6 +203,9 @@ class GraphCache:
         it was stored, or another caller or replica built it)."""
         target = self.target(target)
         key = key_for(spec, target, self.uids)
+        if (refusal := refused(spec, target)) is not None:  # a known-bad window (release table): no stored plan
+            self._stats.bump("unsupported")
+            raise refusal
         artifact = self._fetch(key)
         if artifact is not None:
             self._stats.bump("hits")

@@ -88,15 +88,23 @@ def warm_cmd(
             )
         table = Table("spec", "key", "status", "served by")
         for row in rows:
+            status = Text("present", "green") if row.present else Text("missing", "red")
             table.add_row(
                 row.spec.summary(),
                 row.key[:12],
-                Text("present", "green") if row.present else Text("missing", "red"),
+                Text("refused", "yellow") if row.refused else status,
                 f"class {row.served_by.summary()}" if row.served_by else "",
             )
         console.print(table)
-        missing = sum(not r.present for r in rows)
-        console.print(f"{len(rows) - missing}/{len(rows)} present for {tgt} in {store!r}")
+        for row in rows:
+            if row.refused:  # served by torch at every door, never a graph: not missing
+                console.print(f"refused: {row.refused}", highlight=False)
+        missing = sum(not r.present and not r.refused for r in rows)
+        refusals = sum(bool(r.refused) for r in rows)
+        console.print(
+            f"{len(rows) - missing - refusals}/{len(rows)} present for {tgt} in {store!r}"
+            + (f", {refusals} refused (a known-bad window)" if refusals else "")
+        )
         if json_out:
             Path(json_out).write_text(
                 json.dumps(
@@ -108,6 +116,7 @@ def warm_cmd(
                                 "key": r.key,
                                 "present": r.present,
                                 "served_by": r.served_by.to_dict() if r.served_by else None,
+                                "refused": r.refused or None,
                             }
                             for r in rows
                         ],
@@ -132,7 +141,7 @@ def warm_cmd(
         task = bar.add_task("warm", total=len({class_of(s, policy) for s in specs}))  # one row per class
         built_rows = ops.warm(specs, cache, jobs=jobs, pin=not no_pin, progress=lambda: bar.advance(task))
     table = Table("spec", "key", "status", "detail")
-    colour = {"present": "green", "built": "cyan", "unsupported": "yellow", "failed": "red"}
+    colour = {"present": "green", "built": "cyan", "unsupported": "yellow", "refused": "yellow", "failed": "red"}
     for built in built_rows:
         table.add_row(built.spec.summary(), built.key[:12], Text(built.status, colour[built.status]), built.detail)
     console.print(table)
@@ -280,6 +289,9 @@ def _explain(ctx: Context, spec: Any, tgt: Any, store: Any) -> bool:
     result = ops.explain(
         spec, tgt, store, shape_classes=ctx.settings.shape_classes, class_slack=ctx.settings.class_slack
     )
+    if result.refused:  # a known-bad window: torch serves it at every door, whatever is stored
+        console.print(f"refused: {result.refused}", highlight=False)
+        return True
     if result.klass is not None:
         state = "stored" if result.class_present else "not stored (or refused on this target)"
         console.print(
