@@ -1,0 +1,127 @@
+"""Which door a call came through, what happened there, and the two rules
+every door shares: a call PyTorch hands from one of graphcache's doors to
+another is counted once, and nothing is built, canaried or fetched while a
+CUDA stream captures.
+
+The doors: ``sdpa`` (``graphcache.torch.scaled_dot_product_attention``, what
+``patch()`` puts in ``torch.nn.functional``), ``aten`` and ``aten_backward``
+(the kernels ``graphcache.torch.install()`` registers for
+``aten::_scaled_dot_product_cudnn_attention`` and its backward), ``varlen``
+(``graphcache.torch.varlen_attn``) and ``hf`` (graphcache.hf's backend).
+
+A call the ``sdpa`` door gives to torch (a miss, an input that needs grad)
+may reach the ``aten`` door: PyTorch's SDPA picks cuDNN on H100 / H200 /
+B200 and calls the aten op, whose kernel is graphcache's once installed.
+That door then decides (it can serve a call that needs grad: it has a
+backward) and counts it; the ``sdpa`` door counts it as ``relayed`` only, so
+``stats()["calls"]`` counts every call once, at the door that decided it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+# torch's own SDPA, captured at import: a fallback must never call a patched
+# F.scaled_dot_product_attention (ours, or another library's).
+TORCH_SDPA: Callable[..., Any] = torch._C._nn.scaled_dot_product_attention
+
+
+class Relay(threading.local):
+    """Per thread: whether the ``sdpa`` door is inside torch's SDPA (``depth``)
+    and whether another door of graphcache took the call (``taken``)."""
+
+    depth = 0
+    taken = False
+
+
+RELAY = Relay()
+
+
+def relayed_sdpa(
+    query: Any,
+    key: Any,
+    value: Any,
+    attn_mask: Any,
+    dropout_p: float,
+    is_causal: bool,
+    scale: float | None,
+    enable_gqa: bool,
+) -> tuple[Any, bool]:
+    """torch's own SDPA for the ``sdpa`` door's fallback, and whether another
+    door of graphcache (the aten door) took the call on its way down."""
+    RELAY.depth += 1
+    RELAY.taken = False
+    try:
+        out = TORCH_SDPA(
+            query,
+            key,
+            value,
+            attn_mask=attn_mask,
+            dropout_p=dropout_p,
+            is_causal=is_causal,
+            scale=scale,
+            enable_gqa=enable_gqa,
+        )
+    finally:
+        RELAY.depth -= 1
+    taken, RELAY.taken = RELAY.taken, False
+    return out, taken
+
+
+def take() -> None:
+    """Called by a door torch reached from inside the ``sdpa`` door's
+    fallback: this door decides and counts the call, the ``sdpa`` door does not."""
+    if RELAY.depth:
+        RELAY.taken = True
+
+
+def capturing() -> bool:
+    """True while the current CUDA stream captures a graph: no build, no
+    canary, no store round trip may run then (a miss goes to torch, counted
+    as ``capture``). False where CUDA was never initialized (no capture can
+    have begun), which is also every CPU-only build of torch."""
+    return torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
+
+
+class Doors:
+    """Calls, hits, relayed calls and fallbacks by reason, per door. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._calls: Counter[str] = Counter()
+        self._hits: Counter[str] = Counter()
+        self._relayed: Counter[str] = Counter()
+        self._fallbacks: dict[str, Counter[str]] = {}
+
+    def count(self, door: str, hit: bool, reason: str = "") -> None:
+        """One call through ``door``: a hit, or a fallback for ``reason``."""
+        with self._lock:
+            self._calls[door] += 1
+            if hit:
+                self._hits[door] += 1
+            else:
+                self._fallbacks.setdefault(door, Counter())[reason] += 1
+
+    def relayed(self, door: str) -> None:
+        """One call ``door`` gave to torch that another door of graphcache decided."""
+        with self._lock:
+            self._calls[door] += 1
+            self._relayed[door] += 1
+
+    def as_dict(self) -> dict[str, dict[str, Any]]:
+        """``{door: {"calls", "hits", "relayed", "fallbacks": {reason: n}}}`` for each door a call came through."""
+        with self._lock:
+            return {
+                door: {
+                    "calls": calls,
+                    "hits": self._hits[door],
+                    "relayed": self._relayed[door],
+                    "fallbacks": dict(self._fallbacks.get(door, {})),
+                }
+                for door, calls in self._calls.items()
+            }
