@@ -1,6 +1,5 @@
 """Deploy verbs: warm (build and upload, or --check coverage), prefetch (fill
-a local store from a server), explain (why a spec misses) and record (a
-script's SDPA calls as a manifest)."""
+a local store from a server) and explain (why a spec misses)."""
 
 from __future__ import annotations
 
@@ -328,72 +327,3 @@ def _explain(ctx: Context, spec: Any, tgt: Any, store: Any) -> bool:
         for diff in cand.differences:
             console.print(f"  - {diff}")
     return False
-
-
-@main.command(
-    "record",
-    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
-)
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Manifest file to write.")
-@click.option(
-    "--dtype",
-    type=click.Choice(["float16", "bfloat16"]),
-    default=None,
-    help="Record every spec in this dtype (a float32 CPU run records what the GPU will run).",
-)
-@click.option(
-    "--shape-classes",
-    type=click.Choice(["pow2", "exact"]),
-    default=None,
-    help="Write the calls' length classes (pow2) or their exact specs (default: $GRAPHCACHE_SHAPE_CLASSES, else pow2).",
-)
-@click.option(
-    "--max-batch",
-    default=None,
-    type=click.IntRange(1, 65536),
-    help="Also write every call's graphs for each batch class up to N (beams included: batch x beams), "
-    "unpadded and padded, so a batch-1 recording serves padded batches.",
-)
-@click.argument("script", type=click.Path(exists=True, dir_okay=False))
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def record_cmd(
-    output: str, dtype: str | None, shape_classes: str | None, max_batch: int | None, script: str, args: tuple[str, ...]
-) -> None:
-    """Run SCRIPT [ARGS...] as python would, and write the manifest of its SDPA calls.
-
-    Every torch scaled_dot_product_attention call the script makes (directly,
-    through nn.MultiheadAttention, or a model library's "sdpa" attention) is
-    noted; the manifest is what 'graphcache warm' reads. Runs on a CPU host.
-    Under length classes (the default) it names one graph per class, with
-    the exact shapes each serves in comments.
-    """
-    try:
-        from graphcache.torch.recording import run_script
-    except ImportError as exc:
-        raise click.UsageError(
-            f"graphcache record needs torch ({exc}): pip install torch (a CPU build is enough)"
-        ) from exc
-    try:
-        recorder = run_script(script, args, output, dtype, shape_classes, max_batch)
-    except SystemExit as exc:
-        status = exc.code
-        if not isinstance(status, int):
-            # sys.exit("message"): python prints the message and exits 1.
-            err_console.print(str(status))
-            status = 1
-        err_console.print(
-            Text.assemble(("error:", "red"), f" {script} exited with status {status}; no manifest written")
-        )
-        sys.exit(status)
-    graphs = len(recorder.graphs())
-    console.print(
-        f"wrote {output}: {len(recorder.specs)} spec(s) from {recorder.calls()} SDPA call(s)"
-        + (
-            f", {graphs} graph(s) under shape classes {recorder.shape_classes}"
-            if recorder.shape_classes != "exact"
-            else ""
-        ),
-        highlight=False,
-    )
-    for (code, message), count in sorted(recorder.ineligible.items()):
-        console.print(f"  not a cuDNN graph ({code}, {count} call(s)): {message}", highlight=False)
