@@ -1,7 +1,8 @@
 """``graphcache run [--compiler ...] [--record FILE] -- COMMAND ...`` (issue 42,
 item 3): an unchanged program with graphcache at both doors, recorded, then
-served from the warmed cache on a second run; the program's status, its
-other processes and the environment's own sitecustomize pass through.
+served from the warmed cache on a second run (docs/two-doors.md's worker and
+commands, as written); the program's status and the environment's own
+sitecustomize pass through; a run's processes are summed.
 
 Runs the real CLI in subprocesses, as a user would, with the reference
 compiler's graphs on this CPU.
@@ -12,57 +13,52 @@ from __future__ import annotations
 import json
 import os
 import sys
-import textwrap
 
 import pytest
 
+from graphcache.ops import manifest
 from tests.clirun import cli
+from tests.docs_examples import example
+from tests.test_docs_examples import run, workdir
 
 pytest.importorskip("torch", reason="graphcache run serves torch programs")
 
-SCRIPT = textwrap.dedent(
-    """
-    import subprocess, sys
-    import torch
-    import torch.nn.functional as F
 
-    torch.manual_seed(0)
-    attn = torch.nn.MultiheadAttention(256, 4, batch_first=True, dtype=torch.bfloat16).eval()
-    with torch.no_grad():
-        for seq in (100, 200):
-            x = torch.randn(1, seq, 256, dtype=torch.bfloat16)
-            attn(x, x, x, need_weights=False)                                  # F.sdpa inside: patch()'s door
-            q = torch.randn(1, 8, seq, 64, dtype=torch.bfloat16)
-            k = v = torch.randn(1, 2, seq, 64, dtype=torch.bfloat16)
-            F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-            torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, False, 0.0, True, False)  # the aten door
-    # A second Python process of the program (a worker it starts) is served and recorded too.
-    subprocess.run([sys.executable, "-c", "import torch; q = torch.randn(1, 4, 64, 64, dtype=torch.bfloat16); "
-                    "torch.nn.functional.scaled_dot_product_attention(q, q, q)"], check=True)
-    print("script done")
-    """
-)
+def test_record_warm_and_a_second_run_serve_the_docs_unchanged_worker(tmp_path):
+    # docs/two-doors.md's worker and its three commands, as the page writes them.
+    work = workdir(tmp_path)
+    (work / "worker.py").write_text(example("run-worker").text)
+    launcher = example("run-launcher")
+    out = run(launcher, tmp_path, timeout=600)
+    assert "wrote worker.yaml" in out.stderr
+    total = json.loads((work / "run.json").read_text())["total"]
+    assert total["calls"] == 4 and total["hits"] / total["calls"] >= 0.95, total
+    assert total["doors"]["aten"]["hits"] == 2 and total["doors"]["sdpa"]["hits"] == 2
+    assert "4 served from cached graphs (100.0 %)" in out.stderr
+    recorded = manifest.load(work / "worker.yaml")
+    assert len(recorded) == 4  # two lengths' classes, at each door
 
 
-def test_record_warm_and_a_second_run_serves_the_unchanged_script(tmp_path):
-    script = tmp_path / "script.py"
-    script.write_text(SCRIPT)
-    env = {"GRAPHCACHE_DIR": str(tmp_path / "store")}
-    manifest, first, second = tmp_path / "m.yaml", tmp_path / "first.json", tmp_path / "second.json"
-    run = ("run", "--compiler", "reference")
-    recorded = cli(*run, "--record", str(manifest), "--stats", str(first), "--", sys.executable, str(script), env=env)
-    assert recorded.returncode == 0, recorded.stderr
-    assert "script done" in recorded.stdout and f"wrote {manifest}" in recorded.stderr
-    before = json.loads(first.read_text())["total"]
-    assert before["processes"] == 2 and before["calls"] == 7 and before["fallbacks"] == {"miss": 7}
-    assert set(before["doors"]) == {"sdpa", "aten"}
-    warmed = cli("warm", str(manifest), "--compiler", "reference", env=env)
-    assert warmed.returncode == 0, warmed.stdout + warmed.stderr
-    served = cli(*run, "--stats", str(second), "--", sys.executable, str(script), env=env)
-    assert served.returncode == 0, served.stderr
-    after = json.loads(second.read_text())["total"]
-    assert after["calls"] == 7 and after["hits"] / after["calls"] >= 0.95, after
-    assert after["doors"]["aten"]["hits"] == 2 and "served from cached graphs (100.0 %)" in served.stderr
+def test_the_processes_of_a_run_are_summed_and_their_recordings_make_one_manifest(tmp_path):
+    from graphcache.ops import launch
+
+    exact = {"batch": 1, "heads_q": 8, "seq_q": 100, "head_dim": 64, "dtype": "bfloat16"}
+    one = {
+        "pid": 1,
+        "stats": {"calls": 3, "hits": 1, "fallbacks": {"miss": 2}, "doors": {"sdpa": {"calls": 3, "hits": 1}}},
+        "recording": {"specs": [[exact, 3]], "ineligible": [["dtype", "float32", 1]]},
+    }
+    two = {
+        "pid": 2,
+        "stats": {"calls": 2, "hits": 2, "fallbacks": {}, "doors": {"aten": {"calls": 2, "hits": 2}}},
+        "recording": {"specs": [[{**exact, "seq_q": 200}, 2], [exact, 1]], "ineligible": []},
+    }
+    summed = launch.totals([one, two])
+    assert (summed["processes"], summed["calls"], summed["hits"], summed["fallbacks"]) == (2, 5, 3, {"miss": 2})
+    assert set(summed["doors"]) == {"sdpa", "aten"}
+    recorder = launch.write_manifest([one, two], tmp_path / "m.yaml", shape_classes="exact")
+    assert recorder.calls() == 7 and sorted(s.seq_q for s in manifest.load(tmp_path / "m.yaml")) == [100, 200]
+    assert "dtype: 1 call(s): float32" in (tmp_path / "m.yaml").read_text()
 
 
 def test_the_programs_status_passes_through_and_a_failed_run_writes_no_manifest(tmp_path):

@@ -20,7 +20,9 @@ from graphcache.errors import KnownBad
 from graphcache.ops import deploy
 from graphcache.stores import DiskStore
 from tests.clirun import cli
+from tests.docs_examples import example
 from tests.fakes import FakeCompiler, make_artifact, spec
+from tests.test_docs_examples import run
 
 B200 = "b200-sm100-cudnn9.20.0-fe1.32.0"
 B200_MP = "b200-sm100-mp148-cudnn9.20.0-fe1.32.0"
@@ -135,3 +137,9 @@ def test_the_cli_refuses_a_b200_decode_spec_on_cudnn_9_20_and_serves_it_on_9_26(
     assert explained.returncode == 0 and "present:" in explained.stdout and "refused" not in explained.stdout
     checked = cli("warm", str(spec_file), "--check", "--target", B200_FIXED, "--store", str(store), env=env)
     assert checked.returncode == 0 and "1/1 present" in checked.stdout
+
+
+def test_the_two_doors_page_example_refuses_on_cudnn_9_20_and_looks_up_on_9_26(tmp_path):
+    out = run(example("known-bad"), tmp_path).stdout
+    assert "refused: b1 h32/4 s1/700" in out and "cudnn_decode_sm10x" in out and "pytorch#194927" in out
+    assert "missing: b1 h32/4 s1/700 d128 bf16 bshd none on b200-sm100-cudnn9.26.0-fe1.32.0" in out

@@ -27,6 +27,8 @@ from graphcache.ops import manifest as manifests  # noqa: E402
 from graphcache.reference.measure import TOLERANCE, lse_difference, relative_error  # noqa: E402
 from graphcache.stores import DiskStore  # noqa: E402
 from graphcache.torch import aten, doors  # noqa: E402
+from tests.docs_examples import example  # noqa: E402
+from tests.test_docs_examples import last_dict, run  # noqa: E402
 from tests.torch_standins import CpuGraphCompiler  # noqa: E402
 
 OP = torch.ops.aten._scaled_dot_product_cudnn_attention
@@ -349,3 +351,8 @@ def test_the_math_fallback_is_torchs_math():
     assert relative_error(out, want) <= TOLERANCE["bfloat16"]
     for mine, ref in zip(aten.aten_math.backward(grad, q, k, v, None, 0.0, True, 0.2), refs, strict=True):
         assert relative_error(mine, ref.grad) <= TOLERANCE["bfloat16"]
+
+
+def test_the_two_doors_page_example_serves_its_call_at_the_aten_door(tmp_path):
+    doors_seen = last_dict(run(example("two-doors"), tmp_path).stdout)
+    assert doors_seen == {"aten": {"calls": 1, "hits": 1, "relayed": 0, "fallbacks": {}}}

@@ -147,9 +147,9 @@ def backward(
                 log.warning("graphcache's SDPA backward raised, running torch's: %s: %s", type(exc).__name__, exc)
                 reason, message = "backward_failed", f"{type(exc).__name__}: {exc}"
             else:
-                RUNTIME.doors.count("aten_backward", True)
+                RUNTIME.count_door("aten_backward", hit=True)
                 return _like(grads[0], query), _like(grads[1], key), _like(grads[2], value)
-    RUNTIME.doors.count("aten_backward", False, reason)
+    RUNTIME.count_door("aten_backward", reason=reason)
     log.debug("aten backward runs torch's kernel (%s): %s", reason, message)
     if query.device.type == "cuda":
         result = torch.ops.aten._cudnn_attention_backward(

@@ -89,39 +89,38 @@ def capturing() -> bool:
 
 
 class Doors:
-    """Calls, hits, relayed calls and fallbacks by reason, per door. Thread-safe."""
+    """Calls, hits, relayed calls and fallbacks by reason, per door. Not
+    locked: the runtime's count lock guards it (``Runtime.count``,
+    ``Runtime.count_door`` and ``Runtime.stats`` hold it), so a hit pays one
+    lock for both its counters."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._calls: Counter[str] = Counter()
-        self._hits: Counter[str] = Counter()
-        self._relayed: Counter[str] = Counter()
+        self._calls: dict[str, int] = {}
+        self._hits: dict[str, int] = {}
+        self._relayed: dict[str, int] = {}
         self._fallbacks: dict[str, Counter[str]] = {}
 
     def count(self, door: str, hit: bool, reason: str = "") -> None:
         """One call through ``door``: a hit, or a fallback for ``reason``."""
-        with self._lock:
-            self._calls[door] += 1
-            if hit:
-                self._hits[door] += 1
-            else:
-                self._fallbacks.setdefault(door, Counter())[reason] += 1
+        self._calls[door] = self._calls.get(door, 0) + 1
+        if hit:
+            self._hits[door] = self._hits.get(door, 0) + 1
+        else:
+            self._fallbacks.setdefault(door, Counter())[reason] += 1
 
     def relayed(self, door: str) -> None:
         """One call ``door`` gave to torch that another door of graphcache decided."""
-        with self._lock:
-            self._calls[door] += 1
-            self._relayed[door] += 1
+        self._calls[door] = self._calls.get(door, 0) + 1
+        self._relayed[door] = self._relayed.get(door, 0) + 1
 
     def as_dict(self) -> dict[str, dict[str, Any]]:
         """``{door: {"calls", "hits", "relayed", "fallbacks": {reason: n}}}`` for each door a call came through."""
-        with self._lock:
-            return {
-                door: {
-                    "calls": calls,
-                    "hits": self._hits[door],
-                    "relayed": self._relayed[door],
-                    "fallbacks": dict(self._fallbacks.get(door, {})),
-                }
-                for door, calls in self._calls.items()
+        return {
+            door: {
+                "calls": calls,
+                "hits": self._hits.get(door, 0),
+                "relayed": self._relayed.get(door, 0),
+                "fallbacks": dict(self._fallbacks.get(door, {})),
             }
+            for door, calls in self._calls.items()
+        }

@@ -182,7 +182,7 @@ class Runtime:
             return out
         out, taken = relayed_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
         if taken:  # torch gave the call to graphcache's aten door, which decided and counted it (doors.py)
-            self.doors.relayed("sdpa")
+            self.count_door("sdpa", relayed=True)
             return out
         # Counted after torch ran: a call torch refused (bad shapes, dtypes,
         # devices) raised above and leaves no trace.
@@ -198,8 +198,8 @@ class Runtime:
         graphcache.hf's dense path and the aten door alike, so a hit a larger
         stored class served counts in served_by_larger whichever ``door`` it
         came through (doors.py names them)."""
-        self.doors.count(door, plan.graph is not None, plan.reason)
         with self._count_lock:
+            self.doors.count(door, plan.graph is not None, plan.reason)
             if plan.graph is not None:
                 self._hits += 1
                 self._larger += plan.larger
@@ -211,6 +211,11 @@ class Runtime:
                 assert plan.spec is not None
                 self._misses += 1
                 self._missed[plan.spec] = self._missed.get(plan.spec, 0) + 1
+
+    def count_door(self, door: str, hit: bool = False, reason: str = "", relayed: bool = False) -> None:
+        """Count a call at ``door`` only (a relayed call, a backward call), not in calls and hits."""
+        with self._count_lock:
+            self.doors.relayed(door) if relayed else self.doors.count(door, hit, reason)
 
     def execute_failed(
         self, memo_key: tuple[Any, ...] | None, plan: Plan, error: Exception, call: Any, replan: Callable[[], Plan]
