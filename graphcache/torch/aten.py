@@ -31,7 +31,7 @@ import torch
 from graphcache.errors import UnsupportedCall
 from graphcache.torch import aten_math
 from graphcache.torch.derive import Derived, derive, packed
-from graphcache.torch.doors import capturing, take
+from graphcache.torch.doors import RELAY, capturing
 from graphcache.torch.plan import Plan
 from graphcache.torch.runtime import RUNTIME
 
@@ -95,7 +95,11 @@ def forward(
             replan = partial(_replan, plan, query)
             plan = RUNTIME.execute_failed(memo_key, plan, exc, plan.spec, replan)
             continue
-        _count(plan, query, key, value, is_causal, scale, stats)
+        if RELAY.depth:  # a call the sdpa door gave to torch is decided here (doors.py)
+            RELAY.taken = True
+        RUNTIME.count(plan, "aten")
+        if RUNTIME.recorders:
+            _note(plan, query, key, value, is_causal, scale, stats)
         strides = getattr(plan, "strides", None) or meta_strides(query, key, value, stats, is_causal, scale)
         return _outputs(out, lse, query, key, strides)
     return _torch_forward(plan, query, key, value, None, stats, 0.0, is_causal, False, scale)
@@ -220,8 +224,13 @@ def _run(plan: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple
 
 
 def _count(plan: Plan, q: Any, k: Any, v: Any, causal: bool, scale: Any, stats: bool) -> None:
-    take()  # a call the sdpa door gave to torch is decided here
+    if RELAY.depth:  # a call the sdpa door gave to torch is decided here (doors.py)
+        RELAY.taken = True
     RUNTIME.count(plan, "aten")
+    _note(plan, q, k, v, causal, scale, stats)
+
+
+def _note(plan: Plan, q: Any, k: Any, v: Any, causal: bool, scale: Any, stats: bool) -> None:
     for recorder in list(RUNTIME.recorders):
         recorder.count(_recorded(plan, recorder.dtype, q, k, v, causal, scale, stats))
 
@@ -266,13 +275,14 @@ def _outputs(
     out: torch.Tensor, lse: Any, q: torch.Tensor, k: torch.Tensor, strides: tuple[int, ...]
 ) -> tuple[Any, ...]:
     """The op's nine outputs: the meta kernel's shapes, dtypes and strides."""
-    b, h, s_q = q.shape[0], q.shape[1], q.shape[2]
+    b, h, s_q, _ = q.shape
     if out.stride() != strides:
         out = _restrided(out, strides)
+    device = q.device
     if lse is None:  # not asked for: the meta kernel gives one all the same
-        lse = torch.empty((b, h, s_q, 1), dtype=torch.float32, device=q.device)
-    seed = torch.zeros((), dtype=torch.int64, device=q.device)
-    offset = torch.zeros((), dtype=torch.int64, device=q.device)
+        lse = torch.empty((b, h, s_q, 1), dtype=torch.float32, device=device)
+    seed = torch.zeros((), dtype=torch.int64, device=device)
+    offset = torch.zeros((), dtype=torch.int64, device=device)
     return (out, lse, None, None, s_q, k.shape[2], seed, offset, None)
 
 

@@ -54,30 +54,15 @@ def relayed_sdpa(
 ) -> tuple[Any, bool]:
     """torch's own SDPA for the ``sdpa`` door's fallback, and whether another
     door of graphcache (the aten door) took the call on its way down."""
-    RELAY.depth += 1
-    RELAY.taken = False
+    relay = RELAY
+    relay.depth += 1
+    relay.taken = False
     try:
-        out = TORCH_SDPA(
-            query,
-            key,
-            value,
-            attn_mask=attn_mask,
-            dropout_p=dropout_p,
-            is_causal=is_causal,
-            scale=scale,
-            enable_gqa=enable_gqa,
-        )
+        out = TORCH_SDPA(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
     finally:
-        RELAY.depth -= 1
-    taken, RELAY.taken = RELAY.taken, False
+        relay.depth -= 1
+    taken, relay.taken = relay.taken, False
     return out, taken
-
-
-def take() -> None:
-    """Called by a door torch reached from inside the ``sdpa`` door's
-    fallback: this door decides and counts the call, the ``sdpa`` door does not."""
-    if RELAY.depth:
-        RELAY.taken = True
 
 
 def capturing() -> bool:
@@ -92,35 +77,37 @@ class Doors:
     """Calls, hits, relayed calls and fallbacks by reason, per door. Not
     locked: the runtime's count lock guards it (``Runtime.count``,
     ``Runtime.count_door`` and ``Runtime.stats`` hold it), so a hit pays one
-    lock for both its counters."""
+    lock for both its counters, and one list increment here."""
 
     def __init__(self) -> None:
-        self._calls: dict[str, int] = {}
-        self._hits: dict[str, int] = {}
-        self._relayed: dict[str, int] = {}
-        self._fallbacks: dict[str, Counter[str]] = {}
+        self._rows: dict[str, list[Any]] = {}  # door -> [hits, relayed, fallbacks by reason]
+
+    def _row(self, door: str) -> list[Any]:
+        row = self._rows.get(door)
+        if row is None:
+            row = self._rows[door] = [0, 0, Counter()]
+        return row
 
     def count(self, door: str, hit: bool, reason: str = "") -> None:
         """One call through ``door``: a hit, or a fallback for ``reason``."""
-        self._calls[door] = self._calls.get(door, 0) + 1
+        row = self._rows.get(door) or self._row(door)
         if hit:
-            self._hits[door] = self._hits.get(door, 0) + 1
+            row[0] += 1
         else:
-            self._fallbacks.setdefault(door, Counter())[reason] += 1
+            row[2][reason] += 1
 
     def relayed(self, door: str) -> None:
         """One call ``door`` gave to torch that another door of graphcache decided."""
-        self._calls[door] = self._calls.get(door, 0) + 1
-        self._relayed[door] = self._relayed.get(door, 0) + 1
+        self._row(door)[1] += 1
 
     def as_dict(self) -> dict[str, dict[str, Any]]:
         """``{door: {"calls", "hits", "relayed", "fallbacks": {reason: n}}}`` for each door a call came through."""
         return {
             door: {
-                "calls": calls,
-                "hits": self._hits.get(door, 0),
-                "relayed": self._relayed.get(door, 0),
-                "fallbacks": dict(self._fallbacks.get(door, {})),
+                "calls": hits + relayed + sum(fallbacks.values()),
+                "hits": hits,
+                "relayed": relayed,
+                "fallbacks": dict(fallbacks),
             }
-            for door, calls in self._calls.items()
+            for door, (hits, relayed, fallbacks) in self._rows.items()
         }
