@@ -48,16 +48,28 @@ def test_the_processes_of_a_run_are_summed_and_their_recordings_make_one_manifes
         "stats": {"calls": 3, "hits": 1, "fallbacks": {"miss": 2}, "doors": {"sdpa": {"calls": 3, "hits": 1}}},
         "recording": {"specs": [[exact, 3]], "ineligible": [["dtype", "float32", 1]]},
     }
-    two = {
+    from graphcache.spec import GraphSpec
+    from graphcache.spec.backward import backward_of
+
+    backward = backward_of(GraphSpec.from_dict(exact)).to_dict()
+    two = {  # a training step (graphcache run --record --backward): its backward specs too
         "pid": 2,
         "stats": {"calls": 2, "hits": 2, "fallbacks": {}, "doors": {"aten": {"calls": 2, "hits": 2}}},
-        "recording": {"specs": [[{**exact, "seq_q": 200}, 2], [exact, 1]], "ineligible": []},
+        "recording": {
+            "specs": [[{**exact, "seq_q": 200}, 2], [exact, 1]],
+            "ineligible": [],
+            "training": True,
+            "backwards": [[backward, 1]],
+            "no_backward": [],
+        },
     }
     summed = launch.totals([one, two])
     assert (summed["processes"], summed["calls"], summed["hits"], summed["fallbacks"]) == (2, 5, 3, {"miss": 2})
     assert set(summed["doors"]) == {"sdpa", "aten"}
     recorder = launch.write_manifest([one, two], tmp_path / "m.yaml", shape_classes="exact")
-    assert recorder.calls() == 7 and sorted(s.seq_q for s in manifest.load(tmp_path / "m.yaml")) == [100, 200]
+    written = manifest.load(tmp_path / "m.yaml")
+    assert recorder.calls() == 7 and sorted(s.seq_q for s in written) == [100, 100, 200]
+    assert [s.to_dict() for s in written if s.kind == "backward"] == [backward]
     assert "dtype: 1 call(s): float32" in (tmp_path / "m.yaml").read_text()
 
 

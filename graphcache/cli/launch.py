@@ -43,11 +43,15 @@ from graphcache.cli.common import Context, chosen_compiler, console, err_console
     help="Also write every call's graphs for each batch class up to N (beams included: batch x beams), "
     "unpadded and padded, so a batch-1 recording serves padded batches.",
 )
+@click.option(
+    "--backward",
+    is_flag=True,
+    help="Record a training step: every call's backward graph too (kind: backward), and a call that needs "
+    "gradients as the forward that writes the stats its backward reads.",
+)
 @click.argument("script", type=click.Path(exists=True, dir_okay=False))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def record_cmd(
-    output: str, dtype: str | None, shape_classes: str | None, max_batch: int | None, script: str, args: tuple[str, ...]
-) -> None:
+def record_cmd(output: str, script: str, args: tuple[str, ...], **options: Any) -> None:
     """Run SCRIPT [ARGS...] as python would, and write the manifest of its SDPA calls.
 
     Every torch scaled_dot_product_attention call the script makes (directly,
@@ -63,7 +67,7 @@ def record_cmd(
             f"graphcache record needs torch ({exc}): pip install torch (a CPU build is enough)"
         ) from exc
     try:
-        recorder = run_script(script, args, output, dtype, shape_classes, max_batch)
+        recorder = run_script(script, args, output, **options)  # dtype, shape_classes, max_batch, backward
     except SystemExit as exc:
         status = exc.code
         if not isinstance(status, int):
@@ -81,11 +85,13 @@ def record_cmd(
             f", {graphs} graph(s) under shape classes {recorder.shape_classes}"
             if recorder.shape_classes != "exact"
             else ""
-        ),
+        )
+        + (f"; {len(recorder.backwards)} backward spec(s)" if recorder.training else ""),
         highlight=False,
     )
-    for (code, message), count in sorted(recorder.ineligible.items()):
-        console.print(f"  not a cuDNN graph ({code}, {count} call(s)): {message}", highlight=False)
+    for what, reasons in (("not a cuDNN graph", recorder.ineligible), ("no backward graph", recorder.no_backward)):
+        for (code, message), count in sorted(reasons.items()):
+            console.print(f"  {what} ({code}, {count} call(s)): {message}", highlight=False)
 
 
 @main.command(
@@ -119,6 +125,11 @@ def record_cmd(
     help="With --record: the calls' length classes (pow2) or their exact specs (default: $GRAPHCACHE_SHAPE_CLASSES).",
 )
 @click.option(
+    "--backward",
+    is_flag=True,
+    help="With --record: a training step's calls, each with its backward graph (as graphcache record --backward).",
+)
+@click.option(
     "--stats",
     "stats_to",
     default=None,
@@ -134,6 +145,7 @@ def run_cmd(
     record_to: str | None,
     dtype: str | None,
     shape_classes: str | None,
+    backward: bool,
     stats_to: str | None,
     command: tuple[str, ...],
 ) -> None:
@@ -153,7 +165,7 @@ def run_cmd(
         fail(f"--record {record_to}: the folder {Path(record_to).resolve().parent} does not exist")
     folder = tempfile.mkdtemp(prefix="graphcache-run-")
     try:
-        env = launch.child_env(folder, compiler_name, bool(record_to), dtype)
+        env = launch.child_env(folder, compiler_name, bool(record_to), dtype, backward)
         status = _run_child(list(command), env)
         found = launch.parts(folder)
     finally:

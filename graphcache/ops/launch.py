@@ -33,10 +33,13 @@ from typing import Any
 RUN_DIR = "GRAPHCACHE_RUN_DIR"  # the run's folder: each process writes <pid>.json there at exit
 RUN_RECORD = "GRAPHCACHE_RUN_RECORD"  # 1: record every call
 RUN_DTYPE = "GRAPHCACHE_RUN_DTYPE"  # the dtype a recording writes its specs in
+RUN_BACKWARD = "GRAPHCACHE_RUN_BACKWARD"  # 1: record each call's backward spec too (a training step)
 SITE = Path(__file__).parent / "run_site"
 
 
-def child_env(run_dir: str, compiler: str | None, record: bool, dtype: str | None) -> dict[str, str]:
+def child_env(
+    run_dir: str, compiler: str | None, record: bool, dtype: str | None, backward: bool = False
+) -> dict[str, str]:
     """The environment COMMAND runs in: this one, ``run_site`` first on
     PYTHONPATH, and the run's settings."""
     env = dict(os.environ)
@@ -48,6 +51,8 @@ def child_env(run_dir: str, compiler: str | None, record: bool, dtype: str | Non
         env[RUN_RECORD] = "1"
     if dtype:
         env[RUN_DTYPE] = dtype
+    if backward:
+        env[RUN_BACKWARD] = "1"
     return env
 
 
@@ -105,7 +110,7 @@ def start() -> None:
         gt.install()
         gt.enable()
         if os.environ.get(RUN_RECORD) == "1":
-            recorder = gt.Recorder(os.environ.get(RUN_DTYPE) or None)
+            recorder = gt.Recorder(os.environ.get(RUN_DTYPE) or None, backward=os.environ.get(RUN_BACKWARD) == "1")
             gt.RUNTIME.recorders.append(recorder)
         _STARTED.append(recorder)
         atexit.register(_write_part)
@@ -126,6 +131,9 @@ def _write_part() -> None:
             "backend": recorder.backend,
             "specs": [[spec.to_dict(), n] for spec, n in recorder.specs.items()],
             "ineligible": [[code, message, n] for (code, message), n in recorder.ineligible.items()],
+            "training": recorder.training,
+            "backwards": [[spec.to_dict(), n] for spec, n in recorder.backwards.items()],
+            "no_backward": [[code, message, n] for (code, message), n in recorder.no_backward.items()],
         }
     try:
         Path(folder, f"{os.getpid()}.json").write_text(json.dumps(part, default=str))
@@ -188,13 +196,18 @@ def write_manifest(
             "no process of the command imported torch, so nothing was recorded: is COMMAND a Python program "
             "(run with the same python, not python -I / -S, which skip graphcache's start-up hook)?"
         )
-    recorder = Recorder(dtype, shape_classes)
+    recorder = Recorder(dtype, shape_classes, backward=any(rec.get("training") for rec in recordings))
     for rec in recordings:
         recorder.backend = recorder.backend or bool(rec.get("backend"))
-        for data, n in rec["specs"]:
-            spec = GraphSpec.from_dict(data)
-            recorder.specs[spec] = recorder.specs.get(spec, 0) + int(n)
-        for code, message, n in rec["ineligible"]:
-            recorder.ineligible[(code, message)] = recorder.ineligible.get((code, message), 0) + int(n)
+        for specs, into in ((rec["specs"], recorder.specs), (rec.get("backwards", []), recorder.backwards)):
+            for data, n in specs:
+                spec = GraphSpec.from_dict(data)
+                into[spec] = into.get(spec, 0) + int(n)
+        for reasons, counts in (
+            (rec["ineligible"], recorder.ineligible),
+            (rec.get("no_backward", []), recorder.no_backward),
+        ):
+            for code, message, n in reasons:
+                counts[(code, message)] = counts.get((code, message), 0) + int(n)
     recorder.write(output, source="graphcache run")
     return recorder

@@ -11,8 +11,8 @@ memo, graphs and counters: one per process, shared by threads and by every
 door), with ``generate_stats`` where the call asks for logsumexp or an input
 needs grad, and returns the op's nine outputs as its meta kernel gives them
 (shapes, dtypes, strides), so torch.compile's fake tensors agree. The
-backward asks ``graphcache.torch.backward.sdpa_backward`` (backward graphs,
-where that module exists). What neither can serve goes to PyTorch's own
+backward asks ``graphcache.torch.backward.sdpa_backward`` (backward
+graphs, docs/backward.md). What neither can serve goes to PyTorch's own
 kernel (the C++ worker ops ``aten::_cudnn_attention_forward`` / ``_backward``
 on CUDA, which installing never shadows; on a CPU, where torch has no such
 kernel, the math in ``graphcache.torch.aten_math``), counted under a named
@@ -30,6 +30,7 @@ import torch
 
 from graphcache.errors import UnsupportedCall
 from graphcache.torch import aten_math
+from graphcache.torch.backward import sdpa_backward
 from graphcache.torch.derive import Derived, derive, packed
 from graphcache.torch.doors import RELAY, capturing
 from graphcache.torch.plan import Plan
@@ -129,12 +130,9 @@ def backward(
     ``graphcache.torch.backward`` serves the call, else from PyTorch's kernel."""
     reason, message = _backward_refusal(attn_bias, dropout_p, cum_seq_q)
     if not reason:
-        serve = _sdpa_backward()
-        if serve is None:
-            reason, message = "no_backward", "this graphcache has no backward graphs (graphcache.torch.backward)"
-        else:
-            try:
-                grads = serve(
+        try:
+            with _autograd_dispatch():
+                grads = sdpa_backward(
                     grad_out,
                     query,
                     key,
@@ -145,14 +143,14 @@ def backward(
                     scale=scale,
                     enable_gqa=key.shape[1] != query.shape[1],
                 )
-            except UnsupportedCall as exc:
-                reason, message = exc.reason, str(exc)
-            except Exception as exc:  # noqa: BLE001 - never into the training step: torch's kernel serves
-                log.warning("graphcache's SDPA backward raised, running torch's: %s: %s", type(exc).__name__, exc)
-                reason, message = "backward_failed", f"{type(exc).__name__}: {exc}"
-            else:
-                RUNTIME.count_door("aten_backward", hit=True)
-                return _like(grads[0], query), _like(grads[1], key), _like(grads[2], value)
+        except UnsupportedCall as exc:
+            reason, message = exc.reason, str(exc)
+        except Exception as exc:  # noqa: BLE001 - never into the training step: torch's kernel serves
+            log.warning("graphcache's SDPA backward raised, running torch's: %s: %s", type(exc).__name__, exc)
+            reason, message = "backward_failed", f"{type(exc).__name__}: {exc}"
+        else:
+            RUNTIME.count_door("aten_backward", hit=True)
+            return _like(grads[0], query), _like(grads[1], key), _like(grads[2], value)
     RUNTIME.count_door("aten_backward", reason=reason)
     log.debug("aten backward runs torch's kernel (%s): %s", reason, message)
     if query.device.type == "cuda":
@@ -232,19 +230,23 @@ def _count(plan: Plan, q: Any, k: Any, v: Any, causal: bool, scale: Any, stats: 
 
 def _note(plan: Plan, q: Any, k: Any, v: Any, causal: bool, scale: Any, stats: bool) -> None:
     for recorder in list(RUNTIME.recorders):
-        recorder.count(_recorded(plan, recorder.dtype, q, k, v, causal, scale, stats))
+        found = _recorded(plan, recorder.dtype, q, k, v, causal, scale)
+        if getattr(recorder, "training", False) and not isinstance(found, tuple):
+            recorder.count_training(found, stats)  # record --backward: its backward spec too
+        else:
+            recorder.count(found.replace(generate_stats=True) if stats and not isinstance(found, tuple) else found)
 
 
-def _recorded(plan: Plan, dtype: str | None, q: Any, k: Any, v: Any, causal: bool, scale: Any, stats: bool) -> Any:
-    """What a recorder notes of an aten call: the spec the door looks up (in
-    the recorder's dtype, where it records one), or (reason, message)."""
+def _recorded(plan: Plan, dtype: str | None, q: Any, k: Any, v: Any, causal: bool, scale: Any) -> Any:
+    """What a recorder notes of an aten call: the forward spec of the call
+    (in the recorder's dtype, where it records one; the caller adds the
+    stats the door asks for), or (reason, message)."""
     if plan.reason in _REFUSED:
         return (plan.reason, plan.message)
     try:
-        spec = derive(q, k, v, is_causal=causal, scale=scale, enable_gqa=True, dtype=dtype).spec
+        return derive(q, k, v, is_causal=causal, scale=scale, enable_gqa=True, dtype=dtype).spec
     except UnsupportedCall as exc:
         return (exc.reason, str(exc))
-    return spec.replace(generate_stats=True) if stats else spec
 
 
 def _torch_forward(
@@ -311,18 +313,18 @@ def _like(t: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
 
 # -- the backward ---------------------------------------------------------------------------
 
-_BACKWARD: list[Any] = []  # graphcache.torch.backward.sdpa_backward, or None: looked up once
 
-
-def _sdpa_backward() -> Any:
-    """``graphcache.torch.backward.sdpa_backward`` where this graphcache has it, else None."""
-    if not _BACKWARD:
-        try:
-            from graphcache.torch.backward import sdpa_backward  # type: ignore[import-not-found,unused-ignore]
-        except ImportError:
-            sdpa_backward = None
-        _BACKWARD.append(sdpa_backward)
-    return _BACKWARD[0]
+def _autograd_dispatch() -> Any:
+    """A guard that gives autograd's dispatch keys back for its block. The
+    backward op's autograd kernel calls this kernel with them excluded (below
+    autograd), and a backward graph that computes with autograd (the
+    reference compiler's, the torch fallback's) needs them; grad mode stays
+    as the engine set it (off, unless create_graph)."""
+    keys = torch._C.DispatchKey
+    exclude = torch._C._dispatch_tls_local_exclude_set()
+    for key in (keys.AutogradFunctionality, keys.AutogradOther, keys.AutogradNestedTensor, keys.ADInplaceOrView):
+        exclude = exclude.remove(key)
+    return torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), exclude)
 
 
 def _backward_refusal(attn_bias: Any, dropout_p: float, cum_seq_q: Any) -> tuple[str, str]:

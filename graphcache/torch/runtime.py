@@ -33,7 +33,7 @@ from graphcache.torch.derive import Derived, derive_args
 from graphcache.torch.doors import Doors, capturing, relayed_sdpa
 from graphcache.torch.guard import Failures, exact_graph, failed_plan, graph_of
 from graphcache.torch.onmiss import ON_MISS, ON_MISS_VAR, on_miss_from_env
-from graphcache.torch.plan import Plan
+from graphcache.torch.plan import BackwardCalls, Plan
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,7 @@ class Runtime:
             self.failures = Failures()  # (graph, call shape) pairs whose execute raised (guard.py)
             self.recorders: list[Any] = []
             self.doors = Doors()  # calls by the door they came through (doors.py)
+            self.backward = BackwardCalls()  # graphcache.torch.backward's memo and counters
 
     def configure(self, cache: GraphCache | None = None, *, device: Any = None, on_miss: str | None = None) -> None:
         """Use ``cache`` for tensors on ``device`` (default: the cuDNN
@@ -95,6 +96,7 @@ class Runtime:
             self._classless.clear()
             self._served.clear()
             self._missed.clear()
+            self.backward.memo.clear()
             self._cache = cache
             self._device = where
             self._on_miss = on_miss
@@ -367,6 +369,7 @@ class Runtime:
                 "doors": self.doors.as_dict(),
                 "shapes_served": len(self._served),
                 "missed_specs": [{"spec": s.to_dict(), "calls": n} for s, n in self._missed.items()],
+                "backward": self.backward.stats(),  # sdpa_backward's calls, apart from these
             }
 
 
