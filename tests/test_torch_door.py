@@ -276,6 +276,20 @@ def test_a_known_bad_window_is_a_named_fallback_at_this_door(tmp_path):
     assert gt.stats()["doors"]["aten"]["hits"] == 1 and compiler.builds == 1  # the decode was never built
 
 
+def test_a_backward_miss_under_on_miss_error_raises_as_a_forward_miss_does(tmp_path):
+    from graphcache.errors import NotFound
+
+    cache = GraphCache(DiskStore(tmp_path), "reference")
+    q, k, v = (bshd(1, 4, 64, 64).requires_grad_() for _ in range(3))
+    with gt.install(dispatch_key="CPU"):
+        gt.configure(cache, device="cpu", on_miss="build")
+        OP(q, k, v, None, True, 0.0, True, False)  # the forward (stats) graph is built; no backward asked
+        gt.configure(cache, device="cpu", on_miss="error")
+        out = OP(q, k, v, None, True, 0.0, True, False)[0]  # a hit
+        with pytest.raises(NotFound, match="backward"):
+            out.sum().backward()
+
+
 # -- CUDA graph capture (item 4) --------------------------------------------------------------
 
 

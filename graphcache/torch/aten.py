@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from graphcache.errors import UnsupportedCall
+from graphcache.errors import NotFound, UnsupportedCall
 from graphcache.torch import aten_math
 from graphcache.torch.backward import sdpa_backward
 from graphcache.torch.derive import Derived, derive, packed
@@ -145,6 +145,8 @@ def backward(
                 )
         except UnsupportedCall as exc:
             reason, message = exc.reason, str(exc)
+        except NotFound:  # a miss under GRAPHCACHE_SDPA_ON_MISS=error: raised, as the forward's is
+            raise
         except Exception as exc:  # noqa: BLE001 - never into the training step: torch's kernel serves
             log.warning("graphcache's SDPA backward raised, running torch's: %s: %s", type(exc).__name__, exc)
             reason, message = "backward_failed", f"{type(exc).__name__}: {exc}"
