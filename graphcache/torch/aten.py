@@ -300,10 +300,13 @@ def meta_strides(q: Any, k: Any, v: Any, stats: bool, causal: bool, scale: Any) 
 
 
 def _restrided(out: torch.Tensor, strides: tuple[int, ...]) -> torch.Tensor:
-    """``out`` with ``strides``: a view where they differ only on size-1 dims, else a copy."""
-    if all(a == b or n == 1 for a, b, n in zip(out.stride(), strides, out.shape, strict=True)):
-        return out.as_strided(out.shape, strides, out.storage_offset())
-    return torch.empty_strided(out.shape, strides, dtype=out.dtype, device=out.device).copy_(out)
+    """``out`` with ``strides``: a view where they differ only on size-1 dims
+    (a decode step's s_q: the meta kernel's strides there are its own), else a copy."""
+    shape = out.shape
+    for have, want, size in zip(out.stride(), strides, shape):  # noqa: B905 - both 4-D: a plain loop, per call
+        if have != want and size != 1:
+            return torch.empty_strided(shape, strides, dtype=out.dtype, device=out.device).copy_(out)
+    return out.as_strided(shape, strides, out.storage_offset())
 
 
 def _like(t: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
