@@ -4,7 +4,7 @@ it, the compute capabilities it needs, and where the figure was read
 (``source``: /work/shared/CUDNN_NOTES.md and its notes/). Versions are written
 as the sources write them; ``releases`` is where they are parsed and compared.
 
-``KNOWN_BAD``: the (cuDNN, compute capability, call shape) windows that must
+``KNOWN_BAD``: the (cuDNN, compute capability, call shape) ``Window``s that must
 not be served whatever a build says (a graph that builds, and passes its
 check, and is wrong on other inputs), each with its source.
 
@@ -330,7 +330,7 @@ ROWS = (
 
 
 @dataclass(frozen=True)
-class KnownBad:
+class Window:
     """A window of cuDNN releases and compute capabilities where a call
     shape must not be served, whatever a build or its check says. cuDNN
     from ``cudnn_from`` through ``cudnn_through`` (both included; or below
@@ -354,7 +354,7 @@ class KnownBad:
 
 
 KNOWN_BAD = (
-    KnownBad(
+    Window(
         "cudnn_decode_sm10x",
         "cuDNN SDPA decode (seq_q 1) on SM 10.x and 11.x with cuDNN 9.19 to 9.25.0, 9.24.1 excepted: "
         "it silently corrupts greedy generation (B200, fewer than 8 KV heads)",
@@ -368,7 +368,7 @@ KNOWN_BAD = (
         cc_below="12.0",
         seq_q=1,
     ),
-    KnownBad(
+    Window(
         "cudnn_ragged_gqa_decode",
         "single-token GQA rows of a ragged (thd) batch with cuDNN below 9.27 (here: a thd decode batch, seq_q 1, "
         "with fewer key/value heads than query heads; a spec cannot tell which rows of a mixed batch are single-token)",

@@ -26,9 +26,8 @@ from types import MappingProxyType
 from typing import Any
 
 from graphcache.compilers.cudnn.release_rows import *  # noqa: F403 - the feature names, by which callers ask
-from graphcache.compilers.cudnn.release_rows import KNOWN_BAD, ROWS, Feature, KnownBad
-from graphcache.errors import KnownBad as Refused
-from graphcache.errors import TargetError
+from graphcache.compilers.cudnn.release_rows import KNOWN_BAD, ROWS, Feature, Window
+from graphcache.errors import KnownBad, TargetError
 from graphcache.target import cudnn_version_text
 
 Version = tuple[int, int, int]
@@ -156,7 +155,7 @@ def frontends(first: str, until: str | None = None) -> str:
 # -- known-bad windows ----------------------------------------------------------------
 
 
-def known_bad(spec: Any, target: Any) -> KnownBad | None:
+def known_bad(spec: Any, target: Any) -> Window | None:
     """The first window of ``KNOWN_BAD`` that forbids serving ``spec`` (a
     GraphSpec: its ``seq_q``, ``layout``, ``heads_q``, ``heads_kv``) on
     ``target`` (a Target: its ``cudnn`` and ``compute_capability``), else
@@ -172,7 +171,7 @@ def known_bad(spec: Any, target: Any) -> KnownBad | None:
     return None
 
 
-def _in_window(row: KnownBad, spec: Any, cudnn: Version, cc: Capability) -> bool:
+def _in_window(row: Window, spec: Any, cudnn: Version, cc: Capability) -> bool:
     if row.cudnn_from is not None and cudnn < parse_version(row.cudnn_from):
         return False
     if row.cudnn_through is not None and cudnn > parse_version(row.cudnn_through):
@@ -191,13 +190,13 @@ def _in_window(row: KnownBad, spec: Any, cudnn: Version, cc: Capability) -> bool
     return row.gqa is None or gqa == row.gqa
 
 
-def refusal(row: KnownBad, spec: Any, target: Any) -> str:
+def refusal(row: Window, spec: Any, target: Any) -> str:
     """The sentence a refused spec's negative entry carries: what, where, why, from where."""
     return f"{spec.summary()} is not served on {target}: known-bad window {row.name}: {row.what} (source: {row.source})"
 
 
-def refused(spec: Any, target: Any) -> Refused | None:
+def refused(spec: Any, target: Any) -> KnownBad | None:
     """The error (graphcache.errors.KnownBad, an UnsupportedSpec) that
     refuses ``spec`` on ``target`` under a known-bad window, else None."""
     row = known_bad(spec, target)
-    return None if row is None else Refused(refusal(row, spec, target), row.name)
+    return None if row is None else KnownBad(refusal(row, spec, target), row.name)
