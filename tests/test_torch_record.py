@@ -41,13 +41,14 @@ def test_torch_modules_record_exactly_their_specs(tmp_path):
         mha(one, one, one, need_weights=False)
         tel(one)
         tel(one, src_mask=causal, is_causal=True)
-        mha(two, two, two, need_weights=False)  # (s, b*h, d) views: no packed layout for batch > 1
-    base = dict(batch=1, heads_q=4, seq_q=16, head_dim=64, layout="bshd")
-    assert manifest.load(path) == [spec(**base, mask="none"), spec(**base, mask="causal")]
-    assert recorder.specs == {spec(**base, mask="none"): 2, spec(**base, mask="causal"): 1}
-    text = path.read_text()
-    assert "# 4 SDPA call(s); 2 distinct" in text
-    assert "#   layout: 1 call(s): key strides" in text
+        mha(two, two, two, need_weights=False)
+    # (s, b*h, d) views of the in-projection: sequence-first at every batch
+    # (at batch 1 its batch stride says so), read where they lie.
+    base = dict(batch=1, heads_q=4, seq_q=16, head_dim=64, layout="sbhd")
+    two_spec = spec(**{**base, "batch": 2, "seq_q": 24}, mask="none")
+    assert manifest.load(path) == [spec(**base, mask="none"), spec(**base, mask="causal"), two_spec]
+    assert recorder.specs == {spec(**base, mask="none"): 2, spec(**base, mask="causal"): 1, two_spec: 1}
+    assert "# 4 SDPA call(s); 3 distinct" in path.read_text() and not recorder.ineligible
 
 
 def test_record_round_trips_every_kind_of_spec(tmp_path):
@@ -120,10 +121,11 @@ assert out.shape == (1, prompt + 4)
 
 def llama_expected(prompt: int) -> list[GraphSpec]:
     """What Llama's sdpa attention asks for: a causal prefill (q a transposed
-    projection, k/v the contiguous cache: bhsd) and one-token decode steps over
-    a growing cache; 8 query heads share 2 key/value heads; head_dim 256/8."""
+    projection, bshd; k/v the contiguous cache, bhsd) and one-token decode
+    steps over a growing cache (bhsd: a one-token q fits it); 8 query heads
+    share 2 key/value heads; head_dim 256/8."""
     base = dict(batch=1, heads_q=8, heads_kv=2, head_dim=32, layout="bhsd")
-    prefill = spec(**base, seq_q=prompt, mask="causal")
+    prefill = spec(**base, seq_q=prompt, mask="causal", layout_q="bshd")
     return [prefill] + [spec(**base, seq_q=1, seq_kv=prompt + n) for n in (1, 2, 3)]
 
 

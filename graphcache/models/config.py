@@ -59,6 +59,11 @@ class Attention:
     position_bias: bool = False
     # The layout its prompts' k/v arrive in where the model makes them contiguous (Whisper: bhsd).
     layout: str | None = None
+    # q's layout against a cache where it is not its projection's transposed view (bshd), as
+    # graphcache.torch.derive reads it: contiguous (Whisper, Phi-3's rotary of a fused slice:
+    # bhsd) or a fused projection's view (GPT-2's c_attn: bs[3]hd, and at a decode step b[3]shd).
+    q_layout: str | None = None
+    q_decode_layout: str | None = None
 
     def users(self) -> str:
         """``decoder layers 0-31 (sliding window 4096)``: who makes these calls."""
@@ -164,7 +169,13 @@ def _decoder(f: _Fields, kind: str) -> tuple[Attention, ...]:
                 "own scale (1/sqrt(d)/(layer+1)), not written out per layer here"
             )
         scale = head_dim**-0.5 if c.get("scale_attn_weights", True) else 1.0
-        return (Attention("self", tuple(range(layers)), heads, heads, head_dim, scale, True),)
+        # q: a view of c_attn's (b, s, 3 * E) output, at a prompt and at a decode step
+        layers_ = tuple(range(layers))
+        return (
+            Attention(
+                "self", layers_, heads, heads, head_dim, scale, True, q_layout="bs[3]hd", q_decode_layout="b[3]shd"
+            ),
+        )
     heads, layers = f.int("num_attention_heads"), f.int("num_hidden_layers")
     heads_kv = f.int("num_key_value_heads", heads)
     head_dim = f.int("head_dim", f.int("hidden_size") // heads)
@@ -185,8 +196,10 @@ def _decoder(f: _Fields, kind: str) -> tuple[Attention, ...]:
                 f"{f.source}: layer_types[{index}]={layer_type!r} cannot be described: graphcache manifest "
                 "reads full_attention and sliding_attention layers"
             )
+    q_layout = "bhsd" if kind == "phi3" else None  # rotary of a fused qkv_proj slice: a contiguous q
     return tuple(
-        Attention("self", tuple(members), heads, heads_kv, head_dim, scale, True, w) for w, members in groups.items()
+        Attention("self", tuple(members), heads, heads_kv, head_dim, scale, True, w, q_layout=q_layout)
+        for w, members in groups.items()
     )
 
 
@@ -231,7 +244,9 @@ def _encoder_decoder(f: _Fields, kind: str) -> tuple[Attention, ...]:
     return (
         Attention("encoder", enc, enc_heads, enc_heads, enc_dim, enc_scale, False, fixed_kv=fixed, layout=layout),
         Attention("self", dec, dec_heads, dec_heads, dec_dim, dec_scale, True, max_q=max_q, layout=layout),
-        Attention("cross", dec, dec_heads, dec_heads, dec_dim, dec_scale, False, fixed_kv=fixed, max_q=max_q),
+        Attention(
+            "cross", dec, dec_heads, dec_heads, dec_dim, dec_scale, False, fixed_kv=fixed, max_q=max_q, q_layout=layout
+        ),
     )
 
 

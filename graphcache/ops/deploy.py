@@ -19,6 +19,7 @@ from graphcache.key import key_for
 from graphcache.spec import GraphSpec
 from graphcache.spec.classes import ENV_VAR as SHAPES_VAR
 from graphcache.spec.classes import check_policy, class_of, has_class, policy_from_env
+from graphcache.spec.layouts import shown
 from graphcache.stores import stored_header, stored_headers
 from graphcache.stores.base import Store
 from graphcache.target import Target
@@ -343,7 +344,7 @@ def _field_differences(stored: GraphSpec, spec: GraphSpec, wanted: dict[str, Any
         if name == "shapes" and stored.is_class and not spec.is_class:
             diffs.append("stored a length class: a spec like this one (ragged, paged or with dropout) has no class")
             continue
-        diffs.append(f"spec.{name}: stored {value!r}, asked {wanted[name]!r}")
+        diffs.append(f"spec.{name}: stored {shown(stored, name)}, asked {shown(spec, name)}")
     return diffs
 
 

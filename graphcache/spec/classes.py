@@ -98,12 +98,12 @@ def _rounded(spec: GraphSpec) -> dict[str, int]:
 
 
 def has_class(spec: GraphSpec) -> bool:
-    """Whether a class can serve ``spec``: a dense (bshd / bhsd, unpaged)
+    """Whether a class can serve ``spec``: a dense (any tensor layouts, unpaged)
     exact spec without dropout. Dropout graphs stay exact because nothing
     could guard their overrides: the build-time check compares a graph with
     the float32 reference, and a dropout graph's output has no reference to
     compare with. Ragged and paged (thd) graphs serve many lengths through
     their offsets and page tables already, with no override
     (``declared`` rounds them)."""
-    dense = spec.layout in ("bshd", "bhsd") and getattr(spec, "page_size", None) is None
+    dense = spec.layout != "thd" and getattr(spec, "page_size", None) is None
     return dense and not spec.is_class and not spec.dropout

@@ -69,18 +69,21 @@ __all__ = [
 def stats() -> dict[str, Any]:
     """This process's drop-in counters: ``calls``, ``hits``, ``misses``,
     ``fallbacks`` (calls that ran torch's SDPA or varlen kernel, by reason:
-    miss, mask, dtype, head_dim, not_4d, layout, device, autograd,
-    unsupported, known_bad, no_gpu, execute_failed, capture, and for
-    varlen_attn num_splits, window, page_size, ...; at the aten door
-    attn_bias, dropout, debug_mask), ``execute_failures`` (the (graph, call
-    shape) pairs whose execute raised: graphcache.torch.guard),
-    ``graphs_loaded``, ``shapes_served`` (the distinct call shapes the loaded
-    graphs served: under length classes, many per graph), ``missed_specs``,
-    and ``doors``: per door a call came through (sdpa, aten, aten_backward,
-    varlen, hf) its calls, hits, relayed calls and fallbacks by reason. A
-    call is counted once, at the door that decided it; backward calls only
-    under ``doors``. Where install() registered kernels, ``kernels`` says
-    which serves each key now (graphcache.torch.kernels())."""
+    miss, mask, dtype, head_dim, not_4d, device, autograd, unsupported,
+    known_bad, no_gpu, execute_failed, capture, and for varlen_attn
+    num_splits, window, page_size, layout, ...; at the aten door attn_bias,
+    dropout, debug_mask), ``copies`` and ``copied`` (tensors of served calls
+    copied into a layout a graph reads, by tensor and reason:
+    head_dim_stride, broadcast, overlap, strides; graphcache.torch.derive),
+    ``execute_failures`` (the (graph, call shape) pairs whose execute raised:
+    graphcache.torch.guard), ``graphs_loaded``, ``shapes_served`` (the
+    distinct call shapes the loaded graphs served: under length classes, many
+    per graph), ``missed_specs``, and ``doors``: per door a call came through
+    (sdpa, aten, aten_backward, varlen, hf) its calls, hits, relayed calls
+    and fallbacks by reason. A call is counted once, at the door that decided
+    it; backward calls only under ``doors``. Where install() registered
+    kernels, ``kernels`` says which serves each key now
+    (graphcache.torch.kernels())."""
     found = RUNTIME.stats()
     served = kernels()
     if served:

@@ -28,10 +28,11 @@ from typing import Any
 
 import torch
 
+from graphcache.compilers.classgraph import bhsd_view, storage_view
 from graphcache.errors import NotFound, UnsupportedCall
 from graphcache.torch import aten_math
 from graphcache.torch.backward import sdpa_backward
-from graphcache.torch.derive import Derived, derive, packed
+from graphcache.torch.derive import Derived, derive
 from graphcache.torch.doors import RELAY, capturing
 from graphcache.torch.plan import Plan
 from graphcache.torch.runtime import RUNTIME
@@ -151,9 +152,9 @@ def backward(
             log.warning("graphcache's SDPA backward raised, running torch's: %s: %s", type(exc).__name__, exc)
             reason, message = "backward_failed", f"{type(exc).__name__}: {exc}"
         else:
-            RUNTIME.count_door("aten_backward", hit=True)
+            RUNTIME.doors.counted("aten_backward", True)
             return _like(grads[0], query), _like(grads[1], key), _like(grads[2], value)
-    RUNTIME.count_door("aten_backward", reason=reason)
+    RUNTIME.doors.counted("aten_backward", False, reason)
     log.debug("aten backward runs torch's kernel (%s): %s", reason, message)
     if query.device.type == "cuda":
         result = torch.ops.aten._cudnn_attention_backward(
@@ -203,7 +204,7 @@ def _plan(
 def _replan(plan: Plan, query: torch.Tensor) -> Plan:
     """A plan made afresh for ``plan``'s call shape (after its graph raised)."""
     assert plan.spec is not None
-    return RUNTIME._plan_for(Derived(plan.spec, plan.copy_q, None, plan.copy_kv), query.device)
+    return RUNTIME._plan_for(Derived(plan.spec, plan.copies, None, plan.expanded), query.device)
 
 
 def _run(plan: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, Any]:
@@ -212,15 +213,10 @@ def _run(plan: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple
     assert spec is not None and plan.graph is not None
     if not spec.generate_stats:
         return plan.run(q, k, v), None
-    if plan.copy_q:
-        q = packed(q, spec.layout)
-    if plan.copy_kv:
-        k, v = packed(k, spec.layout), packed(v, spec.layout)
-    if spec.layout == "bshd":  # execute takes the storage layout: (b, s, h, d)
-        out, lse = plan.graph.execute(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
-        return out.transpose(1, 2), lse
-    out, lse = plan.graph.execute(q, k, v)
-    return out, lse
+    q, k, v = plan.reads(q, k, v)  # the copies and expanded heads derive named
+    # execute takes each tensor in its storage order, and gives (out, stats).
+    out, lse = plan.graph.execute(*(storage_view(spec, r, t) for r, t in (("q", q), ("k", k), ("v", v))))
+    return bhsd_view(spec, "o", out), lse
 
 
 def _count(plan: Plan, q: Any, k: Any, v: Any, causal: bool, scale: Any, stats: bool) -> None:

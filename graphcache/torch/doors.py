@@ -74,12 +74,13 @@ def capturing() -> bool:
 
 
 class Doors:
-    """Calls, hits, relayed calls and fallbacks by reason, per door. Not
-    locked: the runtime's count lock guards it (``Runtime.count``,
-    ``Runtime.count_door`` and ``Runtime.stats`` hold it), so a hit pays one
-    lock for both its counters, and one list increment here."""
+    """Calls, hits, relayed calls and fallbacks by reason, per door, guarded
+    by the runtime's count lock (``lock``): ``count`` and ``as_dict`` are
+    called with it held (``Runtime.count``, ``Runtime.stats``: a hit pays one
+    lock for both its counters), ``counted`` and ``relayed`` take it."""
 
-    def __init__(self) -> None:
+    def __init__(self, lock: Any) -> None:
+        self.lock = lock
         self._rows: dict[str, list[Any]] = {}  # door -> [hits, relayed, fallbacks by reason]
 
     def _row(self, door: str) -> list[Any]:
@@ -96,9 +97,15 @@ class Doors:
         else:
             row[2][reason] += 1
 
+    def counted(self, door: str, hit: bool, reason: str = "") -> None:
+        """``count``, taking the lock: a call counted at its door only (a backward call)."""
+        with self.lock:
+            self.count(door, hit, reason)
+
     def relayed(self, door: str) -> None:
         """One call ``door`` gave to torch that another door of graphcache decided."""
-        self._row(door)[1] += 1
+        with self.lock:
+            self._row(door)[1] += 1
 
     def as_dict(self) -> dict[str, dict[str, Any]]:
         """``{door: {"calls", "hits", "relayed", "fallbacks": {reason: n}}}`` for each door a call came through."""

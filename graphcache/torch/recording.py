@@ -61,11 +61,13 @@ class Recorder:
         self.training = backward  # every call's backward too (record --backward)
         self.backwards: dict[GraphSpec, int] = {}  # their backward specs and call counts
         self.no_backward: dict[tuple[str, str], int] = {}  # calls with no backward spec, by field and why
-        self._memo: dict[tuple[Any, ...], GraphSpec | tuple[str, str]] = {}
+        self.copied: dict[tuple[str, str], int] = {}  # (tensor, reason): calls whose tensor is copied (derive)
+        self._memo: dict[tuple[Any, ...], tuple[GraphSpec | tuple[str, str], tuple[tuple[str, str, str], ...]]] = {}
         self._lock = threading.Lock()
 
     def note(self, memo_key: tuple[Any, ...] | None, args: tuple[Any, ...]) -> None:
         query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa = args
+        copies: tuple[tuple[str, str, str], ...] = ()
         grad = torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (query, key, value))
         if grad and not self.training:
             found: GraphSpec | tuple[str, str] = ("autograd", "an input requires grad: cuDNN graphs are forward-only")
@@ -73,17 +75,22 @@ class Recorder:
             cached = self._memo.get(memo_key) if memo_key is not None and attn_mask is None else None
             if cached is None:
                 try:
-                    found = derive_args(args, self.dtype).spec
+                    derived = derive_args(args, self.dtype)
+                    found, copies = derived.spec, derived.copies
                 except UnsupportedCall as exc:
                     found = (exc.reason, str(exc))
                 if memo_key is not None and attn_mask is None:
-                    self._memo[memo_key] = found
+                    self._memo[memo_key] = (found, copies)
             else:
-                found = cached
+                found, copies = cached
         if self.training and isinstance(found, GraphSpec):
             self.count_training(found, grad)
         else:
             self.count(found)
+        if copies:
+            with self._lock:
+                for role, _, reason in copies:
+                    self.copied[(role, reason)] = self.copied.get((role, reason), 0) + 1
 
     def count_training(self, spec: GraphSpec, grad: bool = True) -> None:
         """Count one forward call of spec ``spec`` in a training step: the
@@ -190,6 +197,10 @@ class Recorder:
                 lines.append(f"#     serves {len(served)} exact shape(s) (calls each):")
                 lines += ["#       " + ", ".join(runs[i : i + 6]) for i in range(0, len(runs), 6)]
             graphs.append({"name": name, **{k: v for k, v in _fields(spec).items() if k not in shared}})
+        if self.copied:
+            lines.append("# Tensors copied per call into a layout a graph reads (graphcache.torch.derive), by reason:")
+            for (role, reason), count in sorted(self.copied.items()):
+                lines.append(f"#   {role} {reason}: {count} call(s)")
         if self.ineligible:
             lines.append("# Calls that cannot be cuDNN graphs (they run torch's SDPA), by reason:")
             for (code, message), count in sorted(self.ineligible.items()):

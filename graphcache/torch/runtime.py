@@ -33,7 +33,7 @@ from graphcache.torch.derive import Derived, derive_args
 from graphcache.torch.doors import Doors, capturing, relayed_sdpa
 from graphcache.torch.guard import Failures, exact_graph, failed_plan, graph_of
 from graphcache.torch.onmiss import ON_MISS, ON_MISS_VAR, on_miss_from_env
-from graphcache.torch.plan import BackwardCalls, Plan
+from graphcache.torch.plan import COPIED, BackwardCalls, Plan
 
 log = logging.getLogger(__name__)
 
@@ -70,9 +70,10 @@ class Runtime:
             self._misses = 0
             self._raised = 0  # calls that raised NotFound (on_miss=error)
             self._fallbacks: Counter[str] = Counter()
+            COPIED.clear()  # (tensor, reason): tensors copied for a graph to read (plan.py counts them)
             self.failures = Failures()  # (graph, call shape) pairs whose execute raised (guard.py)
             self.recorders: list[Any] = []
-            self.doors = Doors()  # calls by the door they came through (doors.py)
+            self.doors = Doors(self._count_lock)  # calls by the door they came through (doors.py)
             self.backward = BackwardCalls()  # graphcache.torch.backward's memo and counters
 
     def configure(self, cache: GraphCache | None = None, *, device: Any = None, on_miss: str | None = None) -> None:
@@ -184,7 +185,7 @@ class Runtime:
             return out
         out, taken = relayed_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
         if taken:  # torch gave the call to graphcache's aten door, which decided and counted it (doors.py)
-            self.count_door("sdpa", relayed=True)
+            self.doors.relayed("sdpa")
             return out
         # Counted after torch ran: a call torch refused (bad shapes, dtypes,
         # devices) raised above and leaves no trace.
@@ -213,11 +214,6 @@ class Runtime:
                 assert plan.spec is not None
                 self._misses += 1
                 self._missed[plan.spec] = self._missed.get(plan.spec, 0) + 1
-
-    def count_door(self, door: str, hit: bool = False, reason: str = "", relayed: bool = False) -> None:
-        """Count a call at ``door`` only (a relayed call, a backward call), not in calls and hits."""
-        with self._count_lock:
-            self.doors.relayed(door) if relayed else self.doors.count(door, hit, reason)
 
     def execute_failed(
         self, memo_key: tuple[Any, ...] | None, plan: Plan, error: Exception, call: Any, replan: Callable[[], Plan]
@@ -265,8 +261,7 @@ class Runtime:
             return plan
 
     def memoize(self, memo_key: tuple[Any, ...], plan: Plan) -> None:
-        """Keep ``plan`` for ``memo_key``'s call shape (the lock held), unless
-        it was made while a stream captured: that one is for this call only."""
+        """Keep ``plan`` for ``memo_key``'s call shape (the lock held); one made under capture is this call's only."""
         if plan.reason != "capture":
             if len(self._memo) >= MEMO_LIMIT:
                 self._drop_bound()
@@ -315,9 +310,8 @@ class Runtime:
         views = callable(getattr(graph, "run_views", None)) and not (
             spec.dropout or spec.padding or spec.generate_stats
         )
-        return Plan(
-            spec, graph, "", "", derived.copy_q, views, work(serving), work(spec), larger, derived.bias, derived.copy_kv
-        )
+        copies, expanded = derived.copies, derived.expanded
+        return Plan(spec, graph, "", "", copies, views, work(serving), work(spec), larger, derived.bias, expanded)
 
     def _load(self, cache: GraphCache, spec: GraphSpec) -> tuple[LoadedGraph | None, str, str]:
         """Load ``spec``'s graph, or say why not. Misses follow on_miss."""
@@ -364,6 +358,8 @@ class Runtime:
                 "declared_to_real": round(self._declared / self._real, 3) if self._real else 0.0,
                 "misses": self._misses,
                 "fallbacks": fallbacks,
+                "copies": sum(COPIED.values()),
+                "copied": _by_tensor(COPIED),
                 "execute_failures": self.failures.count,
                 "graphs_loaded": len(self._graphs),
                 "doors": self.doors.as_dict(),
@@ -378,6 +374,10 @@ _PLAIN = frozenset({torch.Tensor, torch.nn.Parameter})
 _AUTOGRAD = Plan(None, None, "autograd", "an input requires grad: cuDNN graphs here are forward-only")
 
 
+def _by_tensor(copied: Counter[tuple[str, str]]) -> dict[str, dict[str, int]]:
+    return {role: {why: n for (r, why), n in sorted(copied.items()) if r == role} for role, _ in sorted(copied)}
+
+
 def _mask_key(mask: Any) -> tuple[Any, ...]:
     """What a mask adds to a call's memo key: the bias graph and the
     conversion depend on its type (a subclass is refused), shape, strides,
@@ -390,9 +390,9 @@ def _derive(args: tuple[Any, ...]) -> Derived:
 
 
 def _derived(plan: Plan) -> Derived:
-    """What a call shape's plan was made from (its spec, q copy and bias)."""
+    """What a call shape's plan was made from (its spec, copies, bias, expanded heads)."""
     assert plan.spec is not None
-    return Derived(plan.spec, plan.copy_q, plan.bias)
+    return Derived(plan.spec, plan.copies, plan.bias, plan.expanded)
 
 
 # The one per process. The SDPA drop-in (patching.py) and varlen_attn
