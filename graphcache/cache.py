@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -44,15 +45,12 @@ log = logging.getLogger(__name__)
 class GraphCache:
     """key -> store -> verify -> (load); on a miss, one build per key at a time.
 
-    ``store`` holds artifact bytes; ``compiler`` (or its name, as in
-    graphcache.compilers.named) builds and loads (None: read only). ``signing_key`` signs builds;
-    ``require_signed`` refuses unsigned or wrongly signed artifacts (treated
-    as corrupt). ``torch_fallback`` lets ``load`` run torch's SDPA where
-    cuDNN cannot serve a spec here. ``shape_classes`` is the length-class
-    policy ``load`` follows (``pow2`` or ``exact``; default
-    GRAPHCACHE_SHAPE_CLASSES, see graphcache.spec.classes); ``class_slack`` bounds
-    the larger stored class that may serve a call whose own class is not
-    stored (default GRAPHCACHE_CLASS_SLACK, see graphcache.classindex).
+    ``store`` holds artifact bytes; ``compiler`` (or its name, as in graphcache.compilers.named) builds and loads
+    (None: read only). ``signing_key`` signs builds; ``require_signed`` refuses unsigned or wrongly signed artifacts
+    (treated as corrupt). ``torch_fallback`` lets ``load`` run torch's SDPA where cuDNN cannot serve a spec here.
+    ``shape_classes`` is the length-class policy ``load`` follows (``pow2`` or ``exact``; default
+    GRAPHCACHE_SHAPE_CLASSES, see graphcache.spec.classes); ``class_slack`` bounds the larger stored class that may
+    serve a call whose own class is not stored (default GRAPHCACHE_CLASS_SLACK, see graphcache.classindex).
     """
 
     def __init__(
@@ -136,6 +134,9 @@ class GraphCache:
             self._stats.bump("store_errors")
             log.warning("store unavailable, treating %s as a miss: %s", key[:12], exc)
             return None
+        except CorruptArtifact as exc:  # a value the store cannot read (UnreadableEntry): dropped like corrupt bytes
+            self._dropped(key, exc)
+            return None
         if data is None:
             return None
         return self._decoded(key, data)
@@ -152,17 +153,17 @@ class GraphCache:
             if self.require_signed:
                 artifact.verify_signature(self.verify_keys)
         except CorruptArtifact as exc:
-            self._stats.bump("corrupt")
-            log.warning("entry %s failed verification here (%s), dropped locally: %s", key, exc.reason, exc)
-            discard = getattr(self.store, "discard", self.store.delete)
-            try:
-                discard(key)
-            except GraphCacheError:
-                pass
+            self._dropped(key, exc)
             return None
         if artifact.spec.is_class and not artifact.unsupported:
             self._classes.add(artifact.spec, artifact.target)  # what prefetch, warm and remote hits bring
         return artifact
+
+    def _dropped(self, key: str, exc: CorruptArtifact) -> None:
+        self._stats.bump("corrupt")
+        log.warning("entry %s failed verification here (%s), dropped locally: %s", key, exc.reason, exc)
+        with contextlib.suppress(GraphCacheError):
+            getattr(self.store, "discard", self.store.delete)(key)
 
     def index(self) -> ClassIndex:
         """The class specs the local store holds: read from it at the first
@@ -199,8 +200,8 @@ class GraphCache:
         return self.ensure(spec, target, build=build)[0]
 
     def ensure(self, spec: GraphSpec, target: Target | None = None, *, build: bool = True) -> tuple[Artifact, bool]:
-        """Like ``get``, and whether this call built the artifact (False when
-        it was stored, or another caller or replica built it)."""
+        """Like ``get``, and whether this call built the artifact (False when it was stored, or another caller or
+        replica built it). A known-bad window (the release table) raises KnownBad before any store is asked."""
         target = self.target(target)
         key = key_for(spec, target, self.uids)
         if (refusal := refused(spec, target)) is not None:  # a known-bad window (release table): no stored plan

@@ -92,7 +92,7 @@ class CorruptArtifact(GraphCacheError):
     Corrupt data is never deserialized: treat it as a miss. ``reason`` is a
     short code (bad_magic, truncated, unknown_version, bad_header,
     header_digest_mismatch, digest_mismatch, key_not_recomputable,
-    key_mismatch, unsigned, bad_signature) for metrics and HTTP errors.
+    key_mismatch, unsigned, bad_signature, unreadable) for metrics and HTTP errors.
     """
 
     def __init__(self, message: str, reason: str = "corrupt") -> None:
@@ -100,8 +100,35 @@ class CorruptArtifact(GraphCacheError):
         self.reason = reason
 
 
+# Every CorruptArtifact reason, for counters declared at zero from the start.
+CORRUPT_REASONS = (
+    "bad_magic",
+    "truncated",
+    "unknown_version",
+    "bad_header",
+    "header_digest_mismatch",
+    "digest_mismatch",
+    "key_not_recomputable",
+    "key_mismatch",
+    "unreadable",
+)
+SIGNATURE_REASONS = ("unsigned", "bad_signature")
+
+
 class SignatureError(CorruptArtifact):
     """An artifact is unsigned or wrongly signed where a signature is required."""
+
+
+class UnreadableEntry(CorruptArtifact):
+    """A stored entry whose value cannot be read as a file: an I/O error, no
+    permission, or something else in the value file's place (a directory, a
+    FIFO, a symlink, which is never followed). Its reason is ``unreadable``;
+    handled as a corrupt entry (the service sets it aside, clients count it
+    and go on). ``path`` is the value file's."""
+
+    def __init__(self, message: str, path: str = "") -> None:
+        super().__init__(message, "unreadable")
+        self.path = path
 
 
 class TargetMismatch(GraphCacheError):
@@ -151,6 +178,18 @@ class ExecutionError(GraphCacheError, ValueError):
 
 class ManifestError(GraphCacheError, ValueError):
     """A manifest file is malformed; the message names the file, entry and field."""
+
+
+class ManifestTooLarge(ManifestError):
+    """A manifest names more specs than one manifest may (GRAPHCACHE_MAX_SPECS),
+    or its YAML aliases expand past what a manifest may hold; it was refused
+    before it was expanded. ``limit`` is the bound, ``named`` what it names
+    (as far as it was counted)."""
+
+    def __init__(self, message: str, *, limit: int, named: int) -> None:
+        super().__init__(message)
+        self.limit = limit
+        self.named = named
 
 
 class NotFound(GraphCacheError, KeyError):

@@ -75,7 +75,7 @@ def warm_cmd(
     from graphcache.ops import manifest as manifest_mod
     from graphcache.target import Target
 
-    specs = manifest_mod.load(manifest)
+    specs = manifest_mod.load(manifest, max_specs=ctx.settings.max_specs)
     store = server_store(ctx, server)
     policy = ctx.settings.shape_classes
     if check_only:
@@ -184,7 +184,7 @@ def prefetch_cmd(
     from graphcache.stores import HttpStore, TieredStore
     from graphcache.target import Target
 
-    specs = manifest_mod.load(manifest)
+    specs = manifest_mod.load(manifest, max_specs=ctx.settings.max_specs)
     url = server or ctx.settings.server
     if not url:
         raise click.UsageError("prefetch fetches from a server: give --server URL or set GRAPHCACHE_SERVER")

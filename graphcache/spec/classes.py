@@ -28,6 +28,7 @@ Policies (``GRAPHCACHE_SHAPE_CLASSES``):
 
 from __future__ import annotations
 
+from graphcache.errors import SpecError
 from graphcache.settings import DEFAULT_POLICY, ENV_VAR, POLICIES, check_policy, policy_from_env
 from graphcache.spec import GraphSpec
 
@@ -69,7 +70,10 @@ def class_of(spec: GraphSpec, policy: str | None = None) -> GraphSpec:
     policy = policy_from_env() if policy is None else check_policy(policy, "policy")
     if policy == "exact" or not has_class(spec):
         return spec
-    return spec.replace(shapes="class", **_rounded(spec))
+    try:
+        return spec.replace(shapes="class", **_rounded(spec))
+    except SpecError:
+        return spec  # rounded up past what cuDNN holds (spec/bounds.py): the exact graph serves it
 
 
 def declared(spec: GraphSpec, policy: str | None = None) -> GraphSpec:
@@ -83,7 +87,10 @@ def declared(spec: GraphSpec, policy: str | None = None) -> GraphSpec:
     policy = policy_from_env() if policy is None else check_policy(policy, "policy")
     if policy == "exact":
         return spec
-    return spec.replace(**_rounded(spec))
+    try:
+        return spec.replace(**_rounded(spec))
+    except SpecError:
+        return spec  # rounded up past what cuDNN holds (spec/bounds.py): the call's own sizes
 
 
 def _rounded(spec: GraphSpec) -> dict[str, int]:

@@ -12,6 +12,7 @@ from typing import Any
 from graphcache.errors import SpecError
 from graphcache.spec import backward as spec_backward
 from graphcache.spec import bias as spec_bias
+from graphcache.spec import bounds as spec_bounds
 from graphcache.spec import layouts as spec_layouts
 from graphcache.spec import ragged as spec_ragged
 from graphcache.spec import sinks as spec_sinks
@@ -23,10 +24,7 @@ SHAPES = ("exact", "class")
 MAX_HEAD_DIM = 256
 
 _SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16"}
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+_is_int = spec_bounds.is_int
 
 
 @dataclass(frozen=True)
@@ -92,6 +90,7 @@ class GraphSpec:
     layout_o: str | None = None
 
     def __post_init__(self) -> None:
+        spec_bounds.check(self)  # single values, within cuDNN's sizes: every message below quotes them whole
         for name in ("batch", "heads_q", "seq_q", "head_dim"):
             _positive_int(name, getattr(self, name))
         spec_ragged.prepare(self)  # paged: seq_kv defaults to the block table's reach

@@ -14,6 +14,7 @@ import httpx
 from graphcache.artifact import Artifact
 from graphcache.batch import ENVELOPE, BatchParser
 from graphcache.errors import CorruptArtifact, StoreError, StoreFull, StoreLocationError, StoreUnavailable
+from graphcache.stores.base import shown_url
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,7 @@ class HttpStore:
         if not url.startswith(("http://", "https://")):
             raise StoreLocationError(f"server URL {url!r} must start with http:// or https://, e.g. http://cache:8080")
         self.url = url.rstrip("/")
+        self.shown = shown_url(self.url)  # what messages and repr show: no userinfo, no query values
         self.retry_after = retry_after
         headers = {"user-agent": "graphcache-httpstore"}
         if token:
@@ -68,7 +70,7 @@ class HttpStore:
 
     def _check_down(self) -> None:
         if time.monotonic() < self._down_until:
-            raise StoreUnavailable(f"{self.url} failed recently; retrying after {self.retry_after:.0f}s")
+            raise StoreUnavailable(f"{self.shown} failed recently; retrying after {self.retry_after:.0f}s")
 
     def _unavailable(self, exc: Exception) -> StoreUnavailable:
         with self._lock:
@@ -77,18 +79,18 @@ class HttpStore:
         # No log line here: the exception says it, and callers that carry
         # on without the service (TieredStore, GraphCache) log their own
         # warning; a CLI user gets one error line, not a warning and then it.
-        return StoreUnavailable(f"{self.url} did not answer: {type(exc).__name__}: {exc}")
+        return StoreUnavailable(f"{self.shown} did not answer: {type(exc).__name__}: {exc}")
 
     def _checked(self, response: httpx.Response) -> httpx.Response:
         if response.status_code == 507:
             # Up and serving reads: its disk is full. Not a reason to stop asking it.
-            raise StoreFull(f"{self.url} is out of space (507): {_detail(response)}")
+            raise StoreFull(f"{self.shown} is out of space (507): {_detail(response)}")
         if response.status_code >= 500:
             with self._lock:
                 self.errors += 1
-            raise StoreUnavailable(f"{self.url} answered {response.status_code}: {_detail(response)}")
+            raise StoreUnavailable(f"{self.shown} answered {response.status_code}: {_detail(response)}")
         if response.status_code in (401, 403):
-            raise StoreError(f"{self.url} refused the request ({response.status_code}): {_detail(response)}")
+            raise StoreError(f"{self.shown} refused the request ({response.status_code}): {_detail(response)}")
         return response
 
     # -- Store --------------------------------------------------------------------
@@ -108,7 +110,7 @@ class HttpStore:
             with self._lock:
                 self.corrupt += 1
             log.warning(
-                "artifact %s from %s failed verification here (%s), not used: %s", key, self.url, exc.reason, exc
+                "artifact %s from %s failed verification here (%s), not used: %s", key, self.shown, exc.reason, exc
             )
             return None
         return data
@@ -163,7 +165,7 @@ class HttpStore:
         except CorruptArtifact as exc:
             with self._lock:
                 self.corrupt += 1
-            raise StoreUnavailable(f"{self.url} sent a broken batch answer: {exc}") from exc
+            raise StoreUnavailable(f"{self.shown} sent a broken batch answer: {exc}") from exc
         if fallback == "single":
             # A server from before /v1/batch: one GET per key.
             for key in keys:
@@ -180,7 +182,7 @@ class HttpStore:
             self._batch(keys[half:], found, progress)
             return
         if not parser.complete:
-            raise StoreUnavailable(f"{self.url} cut the batch answer short after {answered} of {len(keys)} keys")
+            raise StoreUnavailable(f"{self.shown} cut the batch answer short after {answered} of {len(keys)} keys")
 
     def put(self, key: str, data: bytes) -> bool:
         response = self._request(
@@ -193,7 +195,7 @@ class HttpStore:
             return response.status_code == 201
         if response.status_code == 400:
             raise CorruptArtifact(f"server refused upload: {_detail(response)}", _code(response))
-        raise StoreError(f"upload to {self.url} failed ({response.status_code}): {_detail(response)}")
+        raise StoreError(f"upload to {self.shown} failed ({response.status_code}): {_detail(response)}")
 
     def exists(self, key: str) -> bool:
         response = self._request("HEAD", f"/v1/artifacts/{key}")
@@ -282,7 +284,7 @@ class HttpStore:
         self._client.close()
 
     def __repr__(self) -> str:
-        return f"HttpStore({self.url!r})"
+        return f"HttpStore({self.shown!r})"
 
 
 def _detail(response: httpx.Response) -> str:
