@@ -60,9 +60,18 @@ def _need_redis() -> None:
 
 @pytest.fixture(scope="session")
 def redis_url():
-    """A Redis for tests: the one scripts/test.sh started, else a private one."""
+    """A Redis for tests: the one scripts/test.sh started, else a private one.
+
+    Under pytest-xdist each worker (gw0, gw1, ...) takes its own database of
+    the shared server (1, 2, ...), so that one worker's flushdb never empties
+    another's store in the middle of a test."""
     url = os.environ.get("GRAPHCACHE_TEST_REDIS_URL")
     if url:
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+        if worker.startswith("gw"):
+            from urllib.parse import urlsplit, urlunsplit
+
+            url = urlunsplit(urlsplit(url)._replace(path=f"/{int(worker[2:]) % 15 + 1}"))
         yield url
         return
     _need_redis()
