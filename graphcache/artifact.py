@@ -28,6 +28,7 @@ from typing import Any
 
 from graphcache.errors import (
     CorruptArtifact,
+    KnownBad,
     NotSerializable,
     SignatureError,
     SpecError,
@@ -122,14 +123,19 @@ class Artifact:
         frontend and cuDNN."""
         runtime = {"unsupported_kind": type(exc).__name__, "unsupported_step": exc.step}
         runtime.update(frontend=target.frontend, cudnn=target.cudnn)
+        if isinstance(exc, KnownBad):
+            runtime["known_bad"] = exc.window
         return cls(spec=spec, target=target, payload=b"", uids=uids, unsupported=str(exc), runtime=runtime)
 
     def refusal(self) -> UnsupportedSpec | None:
         """The error a negative entry stands for (None for a plan)."""
         if not self.unsupported:
             return None
-        kind = NotSerializable if self.runtime.get("unsupported_kind") == "NotSerializable" else UnsupportedSpec
-        return kind(self.unsupported, step=self.runtime.get("unsupported_step"))
+        kind = self.runtime.get("unsupported_kind")
+        if kind == "KnownBad":
+            return KnownBad(self.unsupported, window=str(self.runtime.get("known_bad", "")))
+        cls = NotSerializable if kind == "NotSerializable" else UnsupportedSpec
+        return cls(self.unsupported, step=self.runtime.get("unsupported_step"))
 
     # -- signing ---------------------------------------------------------
 

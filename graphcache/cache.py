@@ -13,6 +13,7 @@ from typing import Any
 from graphcache.artifact import Artifact
 from graphcache.classindex import ClassIndex, check_slack, local_headers, slack_from_env, work
 from graphcache.compilers.base import LoadedGraph
+from graphcache.compilers.cudnn.releases import refused
 from graphcache.compilers.named import Named, resolve
 from graphcache.counters import PrefetchReport, Stats
 from graphcache.errors import (
@@ -44,15 +45,12 @@ log = logging.getLogger(__name__)
 class GraphCache:
     """key -> store -> verify -> (load); on a miss, one build per key at a time.
 
-    ``store`` holds artifact bytes; ``compiler`` (or its name, as in
-    graphcache.compilers.named) builds and loads (None: read only). ``signing_key`` signs builds;
-    ``require_signed`` refuses unsigned or wrongly signed artifacts (treated
-    as corrupt). ``torch_fallback`` lets ``load`` run torch's SDPA where
-    cuDNN cannot serve a spec here. ``shape_classes`` is the length-class
-    policy ``load`` follows (``pow2`` or ``exact``; default
-    GRAPHCACHE_SHAPE_CLASSES, see graphcache.spec.classes); ``class_slack`` bounds
-    the larger stored class that may serve a call whose own class is not
-    stored (default GRAPHCACHE_CLASS_SLACK, see graphcache.classindex).
+    ``store`` holds artifact bytes; ``compiler`` (or its name, as in graphcache.compilers.named) builds and loads
+    (None: read only). ``signing_key`` signs builds; ``require_signed`` refuses unsigned or wrongly signed artifacts
+    (treated as corrupt). ``torch_fallback`` lets ``load`` run torch's SDPA where cuDNN cannot serve a spec here.
+    ``shape_classes`` is the length-class policy ``load`` follows (``pow2`` or ``exact``; default
+    GRAPHCACHE_SHAPE_CLASSES, see graphcache.spec.classes); ``class_slack`` bounds the larger stored class that may
+    serve a call whose own class is not stored (default GRAPHCACHE_CLASS_SLACK, see graphcache.classindex).
     """
 
     def __init__(
@@ -200,10 +198,13 @@ class GraphCache:
         return self.ensure(spec, target, build=build)[0]
 
     def ensure(self, spec: GraphSpec, target: Target | None = None, *, build: bool = True) -> tuple[Artifact, bool]:
-        """Like ``get``, and whether this call built the artifact (False when
-        it was stored, or another caller or replica built it)."""
+        """Like ``get``, and whether this call built the artifact (False when it was stored, or another caller or
+        replica built it). A known-bad window (the release table) raises KnownBad before any store is asked."""
         target = self.target(target)
         key = key_for(spec, target, self.uids)
+        if (refusal := refused(spec, target)) is not None:  # a known-bad window (release table): no stored plan
+            self._stats.bump("unsupported")
+            raise refusal
         artifact = self._fetch(key)
         if artifact is not None:
             self._stats.bump("hits")

@@ -53,6 +53,19 @@ class NotSerializable(UnsupportedSpec):
     """The plan cuDNN chose cannot be serialized, so it cannot be cached."""
 
 
+class KnownBad(UnsupportedSpec):
+    """A spec the release table's known-bad windows forbid on its target
+    (graphcache.compilers.cudnn.release_rows.KNOWN_BAD): cuDNN would build
+    it, and it would be wrong. ``window`` names the row; the message says
+    what, on which target, and the row's source. Stored as a negative entry
+    (step ``known_bad``) like any refusal, and refused before the store is
+    asked, so a plan stored before the window was known is never served."""
+
+    def __init__(self, message: str, window: str = "") -> None:
+        super().__init__(message, step="known_bad")
+        self.window = window
+
+
 class BuildError(GraphCacheError):
     """A build failed for a reason that is not a property of the spec on its
     target: a missing driver or NVRTC, out of memory, an internal cuDNN

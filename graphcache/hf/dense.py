@@ -103,9 +103,9 @@ def run_dense(
             replan = partial(runtime._plan_for, Derived(plan.spec, plan.copies, None, plan.expanded), q.device)
             plan = runtime.execute_failed(memo_key, plan, exc, plan.spec, replan)  # graphcache.torch.guard
             continue
-        runtime.count(plan)
+        runtime.count(plan, "hf")
         return out
-    runtime.count(plan)
+    runtime.count(plan, "hf")
     return None
 
 

@@ -30,15 +30,12 @@ from graphcache.errors import GraphCacheError, NoGpu, NotFound, UnsupportedCall,
 from graphcache.spec import GraphSpec
 from graphcache.spec.classes import class_of
 from graphcache.torch.derive import Derived, derive_args
+from graphcache.torch.doors import Doors, capturing, relayed_sdpa
 from graphcache.torch.guard import Failures, exact_graph, failed_plan, graph_of
 from graphcache.torch.onmiss import ON_MISS, ON_MISS_VAR, on_miss_from_env
 from graphcache.torch.plan import COPIED, BackwardCalls, Plan
 
 log = logging.getLogger(__name__)
-
-# torch's own SDPA, captured at import: the fallback must never call a
-# patched F.scaled_dot_product_attention (ours, or another library's).
-TORCH_SDPA: Callable[..., Any] = torch._C._nn.scaled_dot_product_attention
 
 # Memo entries past which the class-bound ones are dropped (Runtime._drop_bound).
 MEMO_LIMIT = 65536
@@ -76,6 +73,7 @@ class Runtime:
             COPIED.clear()  # (tensor, reason): tensors copied for a graph to read (plan.py counts them)
             self.failures = Failures()  # (graph, call shape) pairs whose execute raised (guard.py)
             self.recorders: list[Any] = []
+            self.doors = Doors(self._count_lock)  # calls by the door they came through (doors.py)
             self.backward = BackwardCalls()  # graphcache.torch.backward's memo and counters
 
     def configure(self, cache: GraphCache | None = None, *, device: Any = None, on_miss: str | None = None) -> None:
@@ -185,16 +183,10 @@ class Runtime:
             if self.recorders:
                 self._note(memo_key, args)
             return out
-        out = TORCH_SDPA(
-            query,
-            key,
-            value,
-            attn_mask=attn_mask,
-            dropout_p=dropout_p,
-            is_causal=is_causal,
-            scale=scale,
-            enable_gqa=enable_gqa,
-        )
+        out, taken = relayed_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+        if taken:  # torch gave the call to graphcache's aten door, which decided and counted it (doors.py)
+            self.doors.relayed("sdpa")
+            return out
         # Counted after torch ran: a call torch refused (bad shapes, dtypes,
         # devices) raised above and leaves no trace.
         self.count(plan)
@@ -202,13 +194,15 @@ class Runtime:
             self._note(memo_key, args)
         return out
 
-    def count(self, plan: Plan) -> None:
+    def count(self, plan: Plan, door: str = "sdpa") -> None:
         """Count one call that ran ``plan``: a hit where it has a graph, else a
         fallback under its reason (and a miss of its spec). The one place
-        calls are counted: ``call``, graphcache.torch.varlen_attn and
-        graphcache.hf's dense path alike, so a hit a larger stored class
-        served counts in served_by_larger whichever door it came through."""
+        calls are counted: ``call``, graphcache.torch.varlen_attn,
+        graphcache.hf's dense path and the aten door alike, so a hit a larger
+        stored class served counts in served_by_larger whichever ``door`` it
+        came through (doors.py names them)."""
         with self._count_lock:
+            self.doors.count(door, plan.graph is not None, plan.reason)
             if plan.graph is not None:
                 self._hits += 1
                 self._larger += plan.larger
@@ -236,7 +230,7 @@ class Runtime:
             new = replan()
             if new.graph is not None and self.failures.failed(graph_of(new), call):  # never the same pair again
                 new = failed_plan(new.spec, graph_of(new))
-            if memo_key is not None:
+            if memo_key is not None and new.reason != "capture":
                 self._memo[memo_key] = new
             return new
 
@@ -263,10 +257,15 @@ class Runtime:
                 plan = Plan(None, None, exc.reason, str(exc))
             else:
                 plan = self._plan_for(derived, args[0].device)
+            self.memoize(memo_key, plan)
+            return plan
+
+    def memoize(self, memo_key: tuple[Any, ...], plan: Plan) -> None:
+        """Keep ``plan`` for ``memo_key``'s call shape (the lock held); one made under capture is this call's only."""
+        if plan.reason != "capture":
             if len(self._memo) >= MEMO_LIMIT:
                 self._drop_bound()
             self._memo[memo_key] = plan
-            return plan
 
     def _drop_bound(self) -> None:
         """Forget the memo's class-bound entries and its fallbacks (the lock
@@ -282,6 +281,8 @@ class Runtime:
 
     def _plan_for(self, derived: Derived, device: torch.device) -> Plan:
         spec = derived.spec
+        if capturing():  # no build, canary or store round trip in a CUDA graph: torch's kernel, this call only
+            return Plan(spec, None, "capture", "a CUDA stream is capturing: nothing is loaded or built now")
         cache = self._cache_for(device)
         if cache is None:
             where = f"{self._device}" if self._device is not None else "a CUDA GPU"
@@ -332,7 +333,7 @@ class Runtime:
         except (NoGpu, UnsupportedGpu) as exc:
             return None, "no_gpu", str(exc)
         except UnsupportedSpec as exc:  # remembered per target: cuDNN cannot serve it here
-            return None, "unsupported", str(exc)
+            return None, "known_bad" if exc.step == "known_bad" else "unsupported", str(exc)  # a release table window
         except GraphCacheError as exc:
             log.warning("graphcache could not load %s, running torch SDPA: %s", spec.summary(), exc)
             return None, "load_failed", f"{type(exc).__name__}: {exc}"
@@ -361,6 +362,7 @@ class Runtime:
                 "copied": _by_tensor(COPIED),
                 "execute_failures": self.failures.count,
                 "graphs_loaded": len(self._graphs),
+                "doors": self.doors.as_dict(),
                 "shapes_served": len(self._served),
                 "missed_specs": [{"spec": s.to_dict(), "calls": n} for s, n in self._missed.items()],
                 "backward": self.backward.stats(),  # sdpa_backward's calls, apart from these
