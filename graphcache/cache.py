@@ -281,10 +281,9 @@ class GraphCache:
         try:
             artifact = self.compiler.build(spec, target, self.uids)
         except UnsupportedSpec as exc:
-            # Deterministic for this target (cuDNN, frontend and GPU are in the
-            # key): remember it, so the next request answers at once instead of
-            # rebuilding. NotSerializable is one kind of it. Failures of this
-            # host (BuildError) are not caught here: they are never stored.
+            # Deterministic for this target (cuDNN, frontend and GPU are in the key): remember it, so the
+            # next request answers at once instead of rebuilding. NotSerializable is one kind of it.
+            # Failures of this host (BuildError) are not caught here: they are never stored.
             artifact = Artifact.negative(spec, target, self.uids, exc)
             preflight = exc.step == "preflight"  # refused before any graph was made: not a build
         finally:
