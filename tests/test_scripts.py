@@ -58,9 +58,8 @@ def test_the_generate_benchmarks_cpu_dry_run_times_plain_torch_patch_and_install
     compiler: the warming process built the graphs, so the timed runs build
     none, and every attention call of patch()'s run is a hit."""
     pytest.importorskip("transformers", reason="the generate benchmark runs a tiny transformers Llama")
-    import json
-
     import importlib.util
+    import json
 
     import graphcache.torch as gt
 
