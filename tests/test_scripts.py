@@ -68,7 +68,8 @@ def test_the_generate_benchmarks_cpu_dry_run_times_plain_torch_patch_and_install
     loaded.loader.exec_module(script)
     report = tmp_path / "generate.json"
     try:  # in this process (its warming process is its own): one interpreter start fewer
-        assert script.main(["--cpu-dry-run", "--new-tokens", "3", "--json", str(report), "--cache-dir", str(tmp_path)]) == 0
+        args = ["--cpu-dry-run", "--new-tokens", "3", "--json", str(report), "--cache-dir", str(tmp_path)]
+        assert script.main(args) == 0
     finally:
         gt.reset()
     data = json.loads(report.read_text())
