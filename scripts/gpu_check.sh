@@ -120,8 +120,10 @@ bench() {
   for seq in $seqs; do
     specs+=(--spec "batch=1,heads_q=32,seq_q=$seq,head_dim=128,dtype=bfloat16,mask=causal")
   done
+  local plot=()  # the chart where matplotlib is there (a device image may lack it: bench refuses --plot then)
+  "$PY" -c 'import matplotlib' 2>/dev/null && plot=(--plot "$OUT_DIR/bench.png")
   timeout "${GC_T_BENCH:-90}" "$PY" -m graphcache.cli --cache-dir "$OUT_DIR/cache" bench "${specs[@]}" \
-    --repeat "${GC_REPEAT:-2}" --json "$OUT_DIR/bench.json" --plot "$OUT_DIR/bench.png" \
+    --repeat "${GC_REPEAT:-2}" --json "$OUT_DIR/bench.json" "${plot[@]}" \
     ${GC_NO_MEMORY:+--no-memory} $( ((gpu)) || echo --compiler reference) 2>&1 | tee "$OUT_DIR/bench.txt"
   bench_rc=${PIPESTATUS[0]}
 }
