@@ -11,9 +11,9 @@
 # picks steps, run in the order given (default "kinds tests backward classes bench cpu"; "generate", scripts/gpu_generate.py:
 # a tiny Llama's generate, plain torch against graphcache.torch, runs when named); each step prints its seconds.
 # GC_PROFILE=short: the last short run (issue 43, at most about 240 s of work): GC_STEPS "tests generate kinds bench",
-# the GPU tests of the 2026-12-04 fixes, the layouts and backward (GC_T_TESTS 95), the generate (GC_T_GENERATE 75),
+# the GPU tests of the 2026-12-04 fixes, the layouts and backward (GC_T_TESTS 90), the generate (GC_T_GENERATE 85),
 # the kinds table's float32-bias and s_q > s_kv rows only (GC_KINDS, GC_T_KINDS 25) and the bench at seq 4096, one
-# sample a side, no memory probe (GC_BENCH_SEQS, GC_REPEAT 1, GC_NO_MEMORY 1, GC_T_BENCH 30); any of these set in the
+# sample a side, no memory probe (GC_BENCH_SEQS, GC_REPEAT 1, GC_NO_MEMORY 1, GC_T_BENCH 25); any of these set in the
 # environment wins.
 # Without a GPU it says so, prints what each kind declares on the CPU, runs the CPU part, and exits 0 (under
 # GC_PROFILE=short: each step's CPU form, timed: the tests collected and skipped, the generate's --cpu-dry-run,
@@ -33,8 +33,8 @@ PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1
 
 if [[ "${GC_PROFILE:-}" == short ]]; then
-  : "${GC_STEPS:=tests generate kinds bench}" "${GC_T_TESTS:=95}" "${GC_T_GENERATE:=75}" "${GC_T_KINDS:=25}"
-  : "${GC_T_BENCH:=30}" "${GC_KINDS:=bias-fp32,bias-q>kv}" "${GC_BENCH_SEQS:=4096}" "${GC_REPEAT:=1}" "${GC_NO_MEMORY:=1}"
+  : "${GC_STEPS:=tests generate kinds bench}" "${GC_T_TESTS:=90}" "${GC_T_GENERATE:=85}" "${GC_T_KINDS:=25}"
+  : "${GC_T_BENCH:=25}" "${GC_KINDS:=bias-fp32,bias-q>kv}" "${GC_BENCH_SEQS:=4096}" "${GC_REPEAT:=1}" "${GC_NO_MEMORY:=1}"
   # The fixed tests first (a run cut short by its limit keeps what ran), then the layouts' and backward's.
   TESTS=(tests/test_varlen_gpu.py tests/test_gpu.py::test_graph_cache_end_to_end
          tests/test_gpu.py::test_a_doctored_canary_rejects_the_plan_and_the_cache_rebuilds_it
