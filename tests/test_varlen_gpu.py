@@ -25,6 +25,9 @@ from graphcache.compilers.varlen_ref import defined_rows  # noqa: E402
 from graphcache.stores import DiskStore  # noqa: E402
 from graphcache.torch.varlen import TORCH_VARLEN  # noqa: E402
 
+if TORCH_VARLEN.op is None:  # the calls below take torch's AuxRequest and compare with its kernel
+    pytest.skip(TORCH_VARLEN.why_none, allow_module_level=True)
+
 
 @pytest.fixture
 def cached(tmp_path):
