@@ -38,7 +38,7 @@ if [[ "${GC_PROFILE:-}" == short ]]; then
   # The fixed tests first (a run cut short by its limit keeps what ran), then the layouts' and backward's.
   TESTS=(tests/test_varlen_gpu.py tests/test_gpu.py::test_graph_cache_end_to_end
          tests/test_gpu.py::test_a_doctored_canary_rejects_the_plan_and_the_cache_rebuilds_it
-         tests/test_torch_gpu.py tests/test_cudnn_backward.py)
+         tests/test_torch_gpu.py tests/test_cudnn_backward.py tests/test_torch_door.py)  # the last: aten's door, capture
 elif [[ -n "${GC_PROFILE:-}" ]]; then
   echo "GC_PROFILE=${GC_PROFILE}: the one profile is 'short'"; exit 2
 else
