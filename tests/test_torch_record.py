@@ -248,3 +248,57 @@ def test_graphcache_record_shows_a_raising_scripts_traceback_as_python_would(tmp
     assert f"argv ['{script}', 'raise', '--flag']" in out.stdout and "file_is_absolute True" in out.stdout
     out = cli("record", "-o", str(path), str(script), "exit")
     assert out.returncode == 1 and "a message, as sys.exit(str) gives" in out.stderr and not path.exists()
+
+
+def test_lengthened_grows_each_call_shape_to_every_length_class_up_to_max_seq():
+    from graphcache.models.specs import lengthened
+
+    square = spec(batch=2, heads_q=8, seq_q=300, head_dim=64, layout="bshd", mask="none")
+    assert {(s.seq_q, s.seq_kv) for s in lengthened(square, 1024)} == {(n, n) for n in (128, 256, 512, 1024)}
+    assert all(s.is_class and s.batch == 2 for s in lengthened(square, 1024))
+    decode = spec(batch=1, heads_q=8, heads_kv=2, seq_q=1, seq_kv=700, head_dim=64, layout="bhsd", mask="none")
+    assert {(s.seq_q, s.seq_kv) for s in lengthened(decode, 300)} == {(1, 128), (1, 256), (1, 512), (1, 1024)}
+    # Cross-attention (image tokens to 77 prompt tokens): either side may grow.
+    cross = spec(batch=2, heads_q=8, seq_q=256, seq_kv=77, head_dim=64, layout="bshd", mask="none")
+    grown = {(s.seq_q, s.seq_kv) for s in lengthened(cross, 512)}
+    assert grown == {(q, kv) for q in (128, 256, 512) for kv in (128, 256, 512)}
+    # A causal call with fewer queries than keys (a chunk on a cache) keeps fewer queries.
+    chunk = spec(batch=1, heads_q=8, seq_q=100, seq_kv=300, head_dim=64, layout="bhsd", mask="causal_bottom_right")
+    assert all(s.seq_q <= s.seq_kv for s in lengthened(chunk, 512))
+
+
+def test_record_max_seq_writes_every_length_class_so_a_longer_input_is_served(tmp_path):
+    mha = torch.nn.MultiheadAttention(64, 4, batch_first=True).eval()
+    path = tmp_path / "m.yaml"
+    with torch.no_grad(), gt.record(path, dtype="bfloat16", shape_classes="pow2", max_seq=600):
+        mha(*(torch.randn(1, 100, 64),) * 3, need_weights=False)
+    specs = manifest.load(path)
+    assert {(s.batch, s.seq_q, s.seq_kv) for s in specs} == {(1, n, n) for n in (128, 256, 512, 1024)}
+    assert "# Widened to lengths up to 600 (graphcache record --max-seq)" in path.read_text()
+    longer = GraphSpec.from_dict({**specs[0].to_dict(), "seq_q": 900, "seq_kv": 900, "shapes": "exact"})
+    assert class_of(longer, "pow2") in specs  # a call of 900 tokens finds its class
+    with pytest.raises(ManifestError, match="max_seq=600: widening to length classes needs .* pow2"):
+        with gt.record(tmp_path / "x.yaml", shape_classes="exact", max_seq=600):
+            pass
+
+
+def test_graphcache_record_max_seq_and_max_batch_widen_together(tmp_path):
+    script = tmp_path / "attend.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import torch
+            q = torch.randn(1, 4, 256, 32, dtype=torch.bfloat16)
+            torch.nn.functional.scaled_dot_product_attention(q, q, q)
+            """
+        )
+    )
+    path = tmp_path / "m.yaml"
+    args = ("--max-seq", "1024", "--max-batch", "2", "--shape-classes", "pow2")
+    out = cli("record", "-o", str(path), *args, str(script))
+    assert out.returncode == 0, out.stderr
+    specs = manifest.load(path)
+    dense = {(s.batch, s.seq_q) for s in specs if s.bias is None}
+    assert dense == {(b, n) for b in (1, 2) for n in (128, 256, 512, 1024)}
+    # Batch 2 may be a padded batch: transformers' sdpa passes its mask, a bias graph, at every length too.
+    assert {(s.batch, s.seq_q) for s in specs if s.bias} == {(2, n) for n in (128, 256, 512, 1024)}

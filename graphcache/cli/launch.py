@@ -44,6 +44,13 @@ from graphcache.cli.common import Context, chosen_compiler, console, err_console
     "unpadded and padded, so a batch-1 recording serves padded batches.",
 )
 @click.option(
+    "--max-seq",
+    default=None,
+    type=click.IntRange(1, 1 << 24),
+    help="Also write every call's graphs for each length class up to N, so a run at one resolution or prompt "
+    "length serves longer ones (queries and keys grow together where they were equal).",
+)
+@click.option(
     "--backward",
     is_flag=True,
     help="Record a training step: every call's backward graph too (kind: backward), and a call that needs "
@@ -67,7 +74,7 @@ def record_cmd(output: str, script: str, args: tuple[str, ...], **options: Any) 
             f"graphcache record needs torch ({exc}): pip install torch (a CPU build is enough)"
         ) from exc
     try:
-        recorder = run_script(script, args, output, **options)  # dtype, shape_classes, max_batch, backward
+        recorder = run_script(script, args, output, **options)  # dtype, shape_classes, max_batch, max_seq, backward
     except SystemExit as exc:
         status = exc.code
         if not isinstance(status, int):

@@ -339,6 +339,32 @@ def widened(spec: GraphSpec, route: str, max_batch: int, windows: frozenset[int]
     return list(out.users)
 
 
+def lengthened(spec: GraphSpec, max_seq: int) -> list[GraphSpec]:
+    """The class specs that calls of ``spec``'s shape make at every length
+    class up to ``max_seq`` (its own class among them): what ``graphcache
+    record --max-seq`` adds for a call it saw, so a run recorded at one
+    resolution or prompt length serves others. As many queries as keys
+    (self-attention, a prompt, a diffusion model's joint attention) grow
+    together; a one-query call (a decode step) grows its keys; any other
+    call (cross-attention: image tokens to a prompt's) grows each side,
+    keeping which side is the longer where a mask depends on it (not for
+    mask none). A paged spec's keys are its page table's reach: kept."""
+    klass = class_of(spec, "pow2") if spec.layout != "thd" else spec
+    if spec.page_size is not None:
+        return [klass]
+    q, kv = klass.seq_q, klass.seq_kv if klass.seq_kv is not None else klass.seq_q
+    sizes = lengths(max_seq)
+    if q == kv:
+        pairs = {(n, n) for n in sizes}
+    elif q == 1:
+        pairs = {(1, n) for n in sizes}
+    else:
+        free = spec.mask == "none"
+        pairs = {(a, b) for a in sizes for b in sizes if free or (a <= b) == (q <= kv)}
+    pairs.add((q, kv))
+    return [klass.replace(seq_q=a, seq_kv=b) for a, b in sorted(pairs)]
+
+
 def render(specs: ModelSpecs, header: list[str]) -> str:
     """The manifest text: ``header`` as comments, then one family per spec
     but its batch (the batches as a list), each under a comment naming the
