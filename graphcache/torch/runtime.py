@@ -64,16 +64,13 @@ class Runtime:
             # lifetime of decode lengths, kept small (the memo itself is bounded).
             self._served: set[int] = set()
             self._missed: dict[GraphSpec, int] = {}
-            self._hits = 0
-            self._larger = 0  # hits served by a class larger than the call's own
-            self._declared = self._real = 0  # the work the graphs of the hits declared, and the calls'
             self._misses = 0
             self._raised = 0  # calls that raised NotFound (on_miss=error)
             self._fallbacks: Counter[str] = Counter()
             COPIED.clear()  # (tensor, reason): tensors copied for a graph to read (plan.py counts them)
             self.failures = Failures()  # (graph, call shape) pairs whose execute raised (guard.py)
             self.recorders: list[Any] = []
-            self.doors = Doors(self._count_lock)  # calls by the door they came through (doors.py)
+            self.doors = Doors(self._count_lock)  # calls by the door they came through, and the hits (doors.py)
             self.backward = BackwardCalls()  # graphcache.torch.backward's memo and counters
 
     def configure(self, cache: GraphCache | None = None, *, device: Any = None, on_miss: str | None = None) -> None:
@@ -200,15 +197,12 @@ class Runtime:
         calls are counted: ``call``, graphcache.torch.varlen_attn,
         graphcache.hf's dense path and the aten door alike, so a hit a larger
         stored class served counts in served_by_larger whichever ``door`` it
-        came through (doors.py names them)."""
+        came through (doors.py names them). A hit takes no lock (Doors.hit)."""
+        if plan.graph is not None:
+            self.doors.hit(door, plan)
+            return
         with self._count_lock:
-            self.doors.count(door, plan.graph is not None, plan.reason)
-            if plan.graph is not None:
-                self._hits += 1
-                self._larger += plan.larger
-                self._declared += plan.declared
-                self._real += plan.real
-                return
+            self.doors.count(door, False, plan.reason)
             self._fallbacks[plan.reason] += 1
             if plan.reason == "miss":
                 assert plan.spec is not None
@@ -350,19 +344,21 @@ class Runtime:
         fallbacks by reason, execute_failures (guard.py), graphs loaded, the
         distinct call shapes (exact specs) they served, and the specs that missed."""
         with self._count_lock:
+            doors = self.doors
+            doors.fold()  # the hits logged since (Doors.hit)
             fallbacks = dict(self._fallbacks)
             return {
-                "calls": self._hits + sum(fallbacks.values()) + self._raised,
-                "hits": self._hits,
-                "served_by_larger": self._larger,
-                "declared_to_real": round(self._declared / self._real, 3) if self._real else 0.0,
+                "calls": doors.hits + sum(fallbacks.values()) + self._raised,
+                "hits": doors.hits,
+                "served_by_larger": doors.larger,
+                "declared_to_real": round(doors.declared / doors.real, 3) if doors.real else 0.0,
                 "misses": self._misses,
                 "fallbacks": fallbacks,
                 "copies": sum(COPIED.values()),
                 "copied": _by_tensor(COPIED),
                 "execute_failures": self.failures.count,
                 "graphs_loaded": len(self._graphs),
-                "doors": self.doors.as_dict(),
+                "doors": doors.as_dict(),
                 "shapes_served": len(self._served),
                 "missed_specs": [{"spec": s.to_dict(), "calls": n} for s, n in self._missed.items()],
                 "backward": self.backward.stats(),  # sdpa_backward's calls, apart from these
