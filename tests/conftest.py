@@ -5,6 +5,15 @@ import shutil
 
 import pytest
 
+# One OpenMP thread for torch, here and in every subprocess the tests start (set
+# before anything imports torch; a value already set wins). The tests' tensors
+# are small: a second intra-op thread buys nothing on them and, on 2 cores that
+# the suite's own servers and CLI processes share, its spin-waiting costs CPU.
+# Measured on this 2-core machine: tests/test_classes_cudnn.py with
+# test_backward.py 21-22 s of CPU against 27-56 s with torch's default; the
+# two Llama class tests with test_varlen_dropin.py 18 s against 26-43 s.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 def _gpu_reason() -> str | None:
     try:
