@@ -117,3 +117,31 @@ def private_redis():
     yield start
     for server in started:
         server.stop()
+
+
+# -- the suite's time (scripts/suite_times.py reads what this writes) -----------------
+
+_TIMES = os.environ.get("GRAPHCACHE_TEST_TIMES")
+
+
+if _TIMES:
+    import resource
+    import time
+
+    def _cpu() -> float:
+        own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):  # noqa: ANN201
+        """With GRAPHCACHE_TEST_TIMES=FILE: one CSV row a test (node id, wall
+        seconds, CPU seconds of this process and the subprocesses it waited
+        for; setup and teardown included), appended as each test ends, so a
+        run cut short keeps its rows. CPU seconds, unlike wall, hardly move
+        when other work shares the cores."""
+        wall, cpu = time.monotonic(), _cpu()
+        yield
+        import csv
+
+        with open(_TIMES, "a", newline="", encoding="utf-8") as out:  # noqa: PTH123
+            csv.writer(out).writerow([item.nodeid, f"{time.monotonic() - wall:.3f}", f"{_cpu() - cpu:.3f}"])
