@@ -70,6 +70,11 @@ def pip_setup() -> list[str]:
     # (its wheels come from elsewhere), one retry, not pip's five, before
     # pip goes on to the machine's own sources.
     setup.setdefault("PIP_RETRIES", "1")
+    # pip byte-compiles every file it installs (torch and transformers: over
+    # 5000): most of a minute of CPU on 2 cores for modules the walk never
+    # imports. Without it Python compiles what is imported, when it is; the
+    # README's commands are the same either way.
+    setup.setdefault("PIP_NO_COMPILE", "1")
     return [f"{name}={value}" for name, value in sorted(setup.items())]
 
 
