@@ -12,7 +12,8 @@ registers the ``graphcache::sdpa`` custom op that torch.compile traces.
 
     with gt.patch():                 # nn.MultiheadAttention, HF "sdpa" models, ...
         out = model(**inputs)
-    gt.stats()                       # calls, hits, misses, fallbacks by reason
+    gt.stats()                       # calls, served_from_store (hits), built_here, fallbacks by reason
+    print(gt.summary())              # the same in one line
 
     with gt.record("manifest.yaml", dtype="bfloat16"):
         model.generate(...)          # then: graphcache warm manifest.yaml
@@ -34,6 +35,7 @@ if tuple(int(p) for p in _torch.__version__.split("+")[0].split(".")[:2]) < (2, 
 
 from graphcache.cache import GraphCache
 from graphcache.errors import UnsupportedCall
+from graphcache.torch import counts as _counts
 from graphcache.torch.derive import spec_for
 from graphcache.torch.onmiss import ON_MISS, ON_MISS_VAR
 from graphcache.torch.patching import RUNTIME, disable, enable, enabled, patch, scaled_dot_product_attention
@@ -55,12 +57,18 @@ __all__ = [
     "scaled_dot_product_attention",
     "spec_for",
     "stats",
+    "summary",
     "varlen_attn",
 ]
 
 
 def stats() -> dict[str, Any]:
-    """This process's drop-in counters: ``calls``, ``hits``, ``misses``,
+    """This process's drop-in counters (graphcache.torch.counts): ``calls``;
+    ``served_from_store`` (= ``hits``: calls served by a graph the store
+    held); ``built_here`` (calls served by a graph this process built on a
+    miss, on_miss ``build``: no hit) and ``built_graphs`` (those graphs, with
+    the calls each served); ``misses`` (calls whose graph the store did not
+    hold: built here, ran torch, or raised);
     ``fallbacks`` (calls that ran torch's SDPA or varlen kernel, by reason:
     miss, mask, dtype, head_dim, not_4d, layout, device, autograd,
     unsupported, no_gpu, execute_failed, and for varlen_attn num_splits,
@@ -70,6 +78,12 @@ def stats() -> dict[str, Any]:
     under length classes, many per graph) and ``missed_specs``. SDPA and
     varlen_attn calls are counted together."""
     return RUNTIME.stats()
+
+
+def summary() -> str:
+    """``stats()`` in one line: ``16 calls: 0 served from the store, 16 by
+    graphs built here (2 built: ...), 0 fell back to torch``."""
+    return _counts.summary(RUNTIME.stats())
 
 
 def configure(cache: GraphCache | None = None, *, device: Any = None, on_miss: str | None = None) -> None:

@@ -40,6 +40,7 @@ class Plan:
     larger: bool = False  # served by a stored class larger than the call's own (GraphCache.serving_class)
     bias: BiasFrom | None = None  # how a call's attn_mask becomes the graph's bias (graphcache.torch.bias)
     copy_kv: bool = False  # k and v are copied into the spec's layout too (graphcache.torch.derive)
+    built: bool = False  # the graph was built by this process, not found in the store (graphcache.torch.counts)
 
     def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any = None) -> torch.Tensor:
         """Execute the graph on (b, h, s, d) tensors; returns (b, h, s, d).

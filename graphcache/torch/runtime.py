@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import Counter
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -29,6 +28,7 @@ from graphcache.compilers.classgraph import bind
 from graphcache.errors import GraphCacheError, NoGpu, NotFound, UnsupportedCall, UnsupportedGpu, UnsupportedSpec
 from graphcache.spec import GraphSpec
 from graphcache.spec.classes import class_of
+from graphcache.torch.counts import Counts
 from graphcache.torch.derive import Derived, derive_args
 from graphcache.torch.guard import Failures, exact_graph, failed_plan, graph_of
 from graphcache.torch.onmiss import ON_MISS, ON_MISS_VAR, on_miss_from_env
@@ -49,7 +49,6 @@ class Runtime:
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
-        self._count_lock = threading.Lock()
         self.reset()
 
     # configuration ------------------------------------------------------------
@@ -66,13 +65,7 @@ class Runtime:
             # The exact call specs loaded graphs served, by hash: a server's
             # lifetime of decode lengths, kept small (the memo itself is bounded).
             self._served: set[int] = set()
-            self._missed: dict[GraphSpec, int] = {}
-            self._hits = 0
-            self._larger = 0  # hits served by a class larger than the call's own
-            self._declared = self._real = 0  # the work the graphs of the hits declared, and the calls'
-            self._misses = 0
-            self._raised = 0  # calls that raised NotFound (on_miss=error)
-            self._fallbacks: Counter[str] = Counter()
+            self.counts = Counts()  # what each call was served by (graphcache.torch.counts)
             self.failures = Failures()  # (graph, call shape) pairs whose execute raised (guard.py)
             self.recorders: list[Any] = []
 
@@ -96,7 +89,7 @@ class Runtime:
             self.failures = Failures()  # a verdict on graphs configure() forgets
             self._classless.clear()
             self._served.clear()
-            self._missed.clear()
+            self.counts.missed.clear()
             self._cache = cache
             self._device = where
             self._on_miss = on_miss
@@ -200,23 +193,12 @@ class Runtime:
         return out
 
     def count(self, plan: Plan) -> None:
-        """Count one call that ran ``plan``: a hit where it has a graph, else a
-        fallback under its reason (and a miss of its spec). The one place
-        calls are counted: ``call``, graphcache.torch.varlen_attn and
-        graphcache.hf's dense path alike, so a hit a larger stored class
-        served counts in served_by_larger whichever door it came through."""
-        with self._count_lock:
-            if plan.graph is not None:
-                self._hits += 1
-                self._larger += plan.larger
-                self._declared += plan.declared
-                self._real += plan.real
-                return
-            self._fallbacks[plan.reason] += 1
-            if plan.reason == "miss":
-                assert plan.spec is not None
-                self._misses += 1
-                self._missed[plan.spec] = self._missed.get(plan.spec, 0) + 1
+        """Count one call that ran ``plan``: served from the store or by a
+        graph built here where it has a graph, else a fallback under its
+        reason (graphcache.torch.counts). The one place calls are counted:
+        ``call``, graphcache.torch.varlen_attn and graphcache.hf's dense path
+        alike, whichever door a call came through."""
+        self.counts.count(plan)
 
     def execute_failed(
         self, memo_key: tuple[Any, ...] | None, plan: Plan, error: Exception, call: Any, replan: Callable[[], Plan]
@@ -295,7 +277,8 @@ class Runtime:
             if klass != spec and graph.spec != klass:
                 self._classless.add(klass)
         if self.failures.failed(graph.spec, spec):  # it raised at execute for this shape (guard.py)
-            found = exact_graph(self.failures, self._graphs, cache, graph.spec, spec, self.on_miss() == "build")
+            build = self.on_miss() == "build"
+            found = exact_graph(self.failures, self._graphs, cache, graph.spec, spec, build, self.counts)
             if found is None:
                 return failed_plan(spec, graph.spec)
             graph = found
@@ -307,19 +290,18 @@ class Runtime:
             spec.dropout or spec.padding or spec.generate_stats
         )
         return Plan(
-            spec, graph, "", "", derived.copy_q, views, work(serving), work(spec), larger, derived.bias, derived.copy_kv
-        )
+            spec, graph, "", "", derived.copy_q, views, work(serving), work(spec), larger, derived.bias, derived.copy_kv,
+            built=serving in self.counts.built,
+        )  # fmt: skip
 
     def _load(self, cache: GraphCache, spec: GraphSpec) -> tuple[LoadedGraph | None, str, str]:
         """Load ``spec``'s graph, or say why not. Misses follow on_miss."""
         on_miss = self.on_miss()
         try:
-            graph = cache.load(spec, build=on_miss == "build")
+            graph, built = cache.ensure_loaded(spec, build=on_miss == "build")
         except NotFound:
             if on_miss == "error":
-                with self._count_lock:
-                    self._misses += 1
-                    self._raised += 1
+                self.counts.raised_miss()
                 raise NotFound(
                     f"no cached cuDNN graph for {spec.summary()} (key {cache.key(spec)[:12]}): warm it "
                     f"(graphcache record, then graphcache warm), or set {ON_MISS_VAR}=torch to run torch's "
@@ -336,30 +318,23 @@ class Runtime:
             return None, "load_failed", f"{type(exc).__name__}: {exc}"
         if getattr(graph, "backend", "") == "torch":  # a cache made with torch_fallback=True
             return None, "unsupported", getattr(graph, "reason", "") or "served by torch"
+        if built:  # on the spot: its calls are no hits (graphcache.torch.counts)
+            self.counts.note_built(graph.spec)
         return graph, "", ""
 
     # counters ---------------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
-        """calls, hits, served_by_larger (hits a stored class larger than
-        the call's own served), declared_to_real (over the hits: the work the
-        graphs declare over the calls', batch x seq_q x seq_kv), misses,
-        fallbacks by reason, execute_failures (guard.py), graphs loaded, the
-        distinct call shapes (exact specs) they served, and the specs that missed."""
-        with self._count_lock:
-            fallbacks = dict(self._fallbacks)
-            return {
-                "calls": self._hits + sum(fallbacks.values()) + self._raised,
-                "hits": self._hits,
-                "served_by_larger": self._larger,
-                "declared_to_real": round(self._declared / self._real, 3) if self._real else 0.0,
-                "misses": self._misses,
-                "fallbacks": fallbacks,
-                "execute_failures": self.failures.count,
-                "graphs_loaded": len(self._graphs),
-                "shapes_served": len(self._served),
-                "missed_specs": [{"spec": s.to_dict(), "calls": n} for s, n in self._missed.items()],
-            }
+        """The calls' counters (graphcache.torch.counts: served from the
+        store, built here, fallbacks by reason, misses, ...), execute_failures
+        (guard.py), graphs loaded and the distinct call shapes (exact specs)
+        they served."""
+        return {
+            **self.counts.stats(),
+            "execute_failures": self.failures.count,
+            "graphs_loaded": len(self._graphs),
+            "shapes_served": len(self._served),
+        }
 
 
 # What derive() takes as a plain tensor (a Parameter is one, with its grad flag).

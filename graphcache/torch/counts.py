@@ -1,0 +1,110 @@
+"""What the drop-in's calls were served by: the counters behind
+``graphcache.torch.stats()``.
+
+Every door (the SDPA drop-in, ``varlen_attn``, graphcache.hf's dense path)
+counts each call here, once, through ``Runtime.count``. A call is exactly one of:
+
+- **served from the store** (``served_from_store``; ``hits`` is the same
+  number): its graph was in the store when this process first asked for it,
+  put there by ``graphcache warm``, a prefetch or another process. The warm
+  start the cache is for.
+- **built here** (``built_here``): its graph was built by this process on a
+  miss (on_miss ``build``). Served by a graph, but no hit: the cold build the
+  store is there to avoid. ``built_graphs`` names those graphs. A call
+  shape's plan says which it is (``Plan.built``), so counting costs the
+  same either way.
+- **a fallback** (``fallbacks``, by reason): torch ran it.
+- **raised** NotFound (on_miss ``error``).
+
+``misses`` counts the calls whose graph the store did not hold: those built
+here, those that ran torch for it (``fallbacks["miss"]``) and those that
+raised. A counter added here is a field, bumped under the lock, and a key of
+``stats()``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from typing import Any
+
+from graphcache.spec import GraphSpec
+from graphcache.torch.plan import Plan
+
+
+class Counts:
+    """The counters of one runtime; thread-safe. ``built`` holds the specs of
+    the graphs this process built: the plans made for them say ``built``."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.hits = 0  # served by a graph the store held
+        self.built_here = 0  # served by a graph this process built
+        self.larger = 0  # hits served by a class larger than the call's own
+        self.declared = self.real = 0  # the work the graphs of served calls declared, and the calls'
+        self.misses = 0
+        self.raised = 0  # calls that raised NotFound (on_miss=error)
+        self.fallbacks: Counter[str] = Counter()
+        self.missed: dict[GraphSpec, int] = {}
+        self.built: set[GraphSpec] = set()
+
+    def count(self, plan: Plan) -> None:
+        """One call that ran ``plan``."""
+        with self._lock:
+            if plan.graph is not None:
+                if plan.built:
+                    self.built_here += 1
+                    self.misses += 1
+                else:
+                    self.hits += 1
+                self.larger += plan.larger
+                self.declared += plan.declared
+                self.real += plan.real
+                return
+            self.fallbacks[plan.reason] += 1
+            if plan.reason == "miss":
+                assert plan.spec is not None
+                self.misses += 1
+                self.missed[plan.spec] = self.missed.get(plan.spec, 0) + 1
+
+    def raised_miss(self) -> None:
+        """A call that raised NotFound on a miss (on_miss=error)."""
+        with self._lock:
+            self.misses += 1
+            self.raised += 1
+
+    def note_built(self, graph: GraphSpec) -> None:
+        """The graph of spec ``graph`` was built by this process: its calls are ``built_here``."""
+        with self._lock:
+            self.built.add(graph)
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            fallbacks = dict(self.fallbacks)
+            return {
+                "calls": self.hits + self.built_here + sum(fallbacks.values()) + self.raised,
+                "hits": self.hits,
+                "served_from_store": self.hits,
+                "built_here": self.built_here,
+                "served_by_larger": self.larger,
+                "declared_to_real": round(self.declared / self.real, 3) if self.real else 0.0,
+                "misses": self.misses,
+                "fallbacks": fallbacks,
+                "built_graphs": sorted(spec.summary() for spec in self.built),
+                "missed_specs": [{"spec": s.to_dict(), "calls": n} for s, n in self.missed.items()],
+            }
+
+
+def summary(stats: dict[str, Any]) -> str:
+    """One line saying what ``stats`` (``graphcache.torch.stats()``) counted:
+    ``16 calls: 0 served from the store, 16 by graphs built here (2 built:
+    b1 h4/2 s64 d64 bf16 bshd causal class, ...), 0 fell back to torch``."""
+    fell = sum(stats["fallbacks"].values())
+    text = f"{stats['calls']} calls: {stats['served_from_store']} served from the store"
+    text += f", {stats['built_here']} by graphs built here"
+    if stats["built_graphs"]:
+        text += f" ({len(stats['built_graphs'])} built: {', '.join(stats['built_graphs'])})"
+    text += f", {fell} fell back to torch"
+    if fell:
+        text += " (" + ", ".join(f"{reason} {n}" for reason, n in sorted(stats["fallbacks"].items())) + ")"
+    return text
