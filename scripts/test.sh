@@ -67,7 +67,7 @@ if [ ${#need_apt[@]} -gt 0 ]; then
 fi
 # chromium: tests/test_status_page.py and tests/test_docs_site.py render pages in a real headless
 # browser. Where it cannot be installed (no Debian package, no sudo) those tests
-# skips saying so; nothing else needs it.
+# skip saying so; nothing else needs it.
 if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
   { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq chromium >/dev/null; } ||
