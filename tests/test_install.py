@@ -117,7 +117,9 @@ def test_scripts_test_sh_installs_the_lock_into_a_venv_never_the_system_python(t
     # The lock, hash-checked, then graphcache itself with nothing more, then the check that the venv is the lock.
     locked = next(i for i, c in enumerate(log) if "--require-hashes --no-deps -r requirements/test.lock" in c)
     editable = next(i for i, c in enumerate(log) if c.endswith("--disable-pip-version-check --no-deps -e ."))
-    checked = next(i for i, c in enumerate(log) if c == "venv scripts/lock_check.py requirements/test.lock --torch 2.13.0+cpu")
+    checked = next(
+        i for i, c in enumerate(log) if c == "venv scripts/lock_check.py requirements/test.lock --torch 2.13.0+cpu"
+    )
     assert locked < editable < checked, log
     assert not [c for c in log if "--upgrade" in c], log
 

@@ -68,7 +68,9 @@ def test_the_lock_holds_hashes_and_no_cuda_build():
     assert all("--hash=sha256:" in b for b in pinned), [b.split()[0] for b in pinned if "--hash" not in b]
     names = {b.split("==")[0] for b in pinned}
     assert "torch" not in names and "triton" not in names  # PyPI's CUDA torch would bring triton ...
-    assert not {n for n in names if re.match(r"nvidia-(cublas|cuda-runtime|cudnn-cu|nccl|cusparse)", n)}  # ... and these
+    assert not {
+        n for n in names if re.match(r"nvidia-(cublas|cuda-runtime|cudnn-cu|nccl|cusparse)", n)
+    }  # ... and these
 
 
 def test_lock_check_names_each_difference_and_evaluates_markers():
@@ -135,7 +137,9 @@ def closed_port() -> int:
         return s.getsockname()[1]
 
 
-def run_cpu_torch(python: str, tmp_path: Path, *args: str, **env: str) -> tuple[subprocess.CompletedProcess[str], float]:
+def run_cpu_torch(
+    python: str, tmp_path: Path, *args: str, **env: str
+) -> tuple[subprocess.CompletedProcess[str], float]:
     # pip sees none of this machine's configuration: its own sources are only what env names.
     base = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
     base.update(

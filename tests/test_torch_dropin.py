@@ -298,7 +298,10 @@ def test_on_miss_build_builds_stores_and_uses(store, monkeypatch):
     assert (s["calls"], s["built_here"], s["hits"], s["served_from_store"], s["misses"]) == (3, 3, 0, 0, 3), s
     built = gt.spec_for(q, k, v).summary()
     assert s["built_graphs"] == [built] and s["fallbacks"] == {}
-    assert gt.summary() == f"3 calls: 0 served from the store, 3 by graphs built here (1 built: {built}), 0 fell back to torch"
+    assert (
+        gt.summary()
+        == f"3 calls: 0 served from the store, 3 by graphs built here (1 built: {built}), 0 fell back to torch"
+    )
     # The next process finds what this one stored: every call a hit from the store.
     gt.reset()
     configure(store)

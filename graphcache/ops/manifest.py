@@ -17,6 +17,7 @@ graphs:
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from graphcache.errors import ManifestError, SpecError
 from graphcache.spec import GraphSpec
 
 TOP_LEVEL = {"defaults", "graphs"}
+_SPEC_FIELDS = frozenset(f.name for f in dataclasses.fields(GraphSpec))
 
 
 def load(path: str | Path) -> list[GraphSpec]:
@@ -65,6 +67,12 @@ def expand(data: Any, source: str = "<manifest>") -> list[GraphSpec]:
     if not isinstance(data, dict):
         raise ManifestError(f"{source}: a manifest is a mapping with 'defaults' and 'graphs'")
     unknown = set(data) - TOP_LEVEL
+    if unknown and unknown <= _SPEC_FIELDS:  # GraphSpec's own fields at the top: a spec file
+        raise ManifestError(
+            f"{source}: this is a spec file (one GraphSpec, its fields at the top level), and this verb takes a "
+            "manifest: put the fields under 'graphs:' as one family, e.g. 'graphs: [{name: mine, batch: 1, ...}]' "
+            "(docs/examples/README.md); key, explain, doctor --spec and bench --spec take a spec file as it is"
+        )
     if unknown:
         raise ManifestError(f"{source}: unknown top-level key(s) {sorted(unknown)}; allowed: defaults, graphs")
     defaults = data.get("defaults") or {}
