@@ -358,10 +358,10 @@ class GraphCache:
         except (NoGpu, UnsupportedGpu, UnsupportedSpec, NotSerializable, PlanRejected, BuildError) as exc:
             if not (self.torch_fallback and fallback):
                 raise
-            from graphcache.compilers.torch_sdpa import TorchSdpaGraph
+            from graphcache.compilers.torch_backward import fallback_graph
 
             self._stats.bump("fallbacks")
-            return TorchSdpaGraph(spec, reason=str(exc)), False
+            return fallback_graph(spec, reason=str(exc)), False
 
     def _reject(self, spec: GraphSpec, target: Target | None, exc: PlanRejected) -> None:
         key = self.key(spec, target)

@@ -24,7 +24,8 @@ MAY_IMPORT = {
     "serialize": {"failures", "releases"},
     "override": {"releases"},  # the loaded plan's type is a Protocol of its own (override.ClassGraph)
     "loaded": {"override", "ragged"},  # the compiler's type too (override.Loader)
-    "compiler": {"build", "failures", "loaded", "override", "ragged", "releases", "serialize"},
+    "backward": {"loaded", "override", "releases"},  # SDPA backward graphs: gate, execute, check
+    "compiler": {"backward", "build", "failures", "loaded", "override", "ragged", "releases", "serialize"},
 }
 
 

@@ -344,11 +344,15 @@ def _explain(ctx: Context, spec: Any, tgt: Any, store: Any) -> bool:
     help="Also write every call's graphs for each batch class up to N (beams included: batch x beams), "
     "unpadded and padded, so a batch-1 recording serves padded batches.",
 )
+@click.option(
+    "--backward",
+    is_flag=True,
+    help="Record a training step: every call's backward graph too (kind: backward), and a call that needs "
+    "gradients as the forward that writes the stats its backward reads.",
+)
 @click.argument("script", type=click.Path(exists=True, dir_okay=False))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def record_cmd(
-    output: str, dtype: str | None, shape_classes: str | None, max_batch: int | None, script: str, args: tuple[str, ...]
-) -> None:
+def record_cmd(output: str, script: str, args: tuple[str, ...], **options: Any) -> None:
     """Run SCRIPT [ARGS...] as python would, and write the manifest of its SDPA calls.
 
     Every torch scaled_dot_product_attention call the script makes (directly,
@@ -364,7 +368,7 @@ def record_cmd(
             f"graphcache record needs torch ({exc}): pip install torch (a CPU build is enough)"
         ) from exc
     try:
-        recorder = run_script(script, args, output, dtype, shape_classes, max_batch)
+        recorder = run_script(script, args, output, **options)  # dtype, shape_classes, max_batch, backward
     except SystemExit as exc:
         status = exc.code
         if not isinstance(status, int):
@@ -382,8 +386,10 @@ def record_cmd(
             f", {graphs} graph(s) under shape classes {recorder.shape_classes}"
             if recorder.shape_classes != "exact"
             else ""
-        ),
+        )
+        + (f"; {len(recorder.backwards)} backward spec(s)" if recorder.training else ""),
         highlight=False,
     )
-    for (code, message), count in sorted(recorder.ineligible.items()):
-        console.print(f"  not a cuDNN graph ({code}, {count} call(s)): {message}", highlight=False)
+    for what, reasons in (("not a cuDNN graph", recorder.ineligible), ("no backward graph", recorder.no_backward)):
+        for (code, message), count in sorted(reasons.items()):
+            console.print(f"  {what} ({code}, {count} call(s)): {message}", highlight=False)

@@ -54,6 +54,12 @@ METHODS = ("trace", "config")
     type=click.FloatRange(0, None),
     help="For the cold-build estimate (0.4 s: a cuDNN SDPA build, sglang#4650; see docs/benchmarks.md).",
 )
+@click.option(
+    "--backward",
+    is_flag=True,
+    help="Training graphs too: each spec's backward (kind: backward) and its forward writing the stats the "
+    "backward reads (generate_stats: true).",
+)
 @click.option("-o", "--output", default=None, type=click.Path(dir_okay=False), help="Write here (default: stdout).")
 def manifest_cmd(
     config: str,
@@ -66,6 +72,7 @@ def manifest_cmd(
     beams: int,
     method: str,
     seconds_per_build: float,
+    backward: bool,
     output: str | None,
 ) -> None:
     """Write every graph the model of CONFIG can call, as a manifest 'warm' reads.
@@ -87,6 +94,7 @@ def manifest_cmd(
         + (f" --chunk {chunk}" if chunk else "")
         + (f" --beams {beams}" if beams > 1 else "")
         + (" --method config" if method == "config" else "")
+        + (" --backward" if backward else "")
     )
     if method == "config":
         model = describe(data, str(config))
@@ -96,6 +104,8 @@ def manifest_cmd(
         kind, how, missing = model.model_type, list[str](), list(specs.missing)
     else:
         specs, kind, how, missing = _traced(data, config, max_batch, max_seq, route, dtype, decode, chunk, beams)
+    if backward:
+        missing += _with_backward(specs)
     count = len(specs.users)
     estimate = count * seconds_per_build
     header = [
@@ -142,6 +152,26 @@ def _traced(
     missing = [f"{code}: {message} ({'; '.join(users)})" for (code, message), users in sorted(traced.refused.items())]
     missing += [f"tower not traced: {why}" for why in traced.untraced]
     return traced.specs, traced.model_type, how, missing
+
+
+def _with_backward(specs: ModelSpecs) -> list[str]:
+    """Add each spec's training graphs (graphcache.spec.backward.training):
+    the forward that writes the stats and its backward, each called by the
+    spec's callers; returns, once per reason, the specs that have none."""
+    from graphcache.errors import SpecError
+    from graphcache.spec.backward import training
+
+    lacking: dict[str, list[str]] = {}
+    for spec, users in list(specs.users.items()):
+        try:
+            pair = training(spec)
+        except SpecError as exc:
+            lacking.setdefault(f"backward ({exc.field}): {exc}", []).append(spec.summary())
+            continue
+        for user in users:
+            specs.add(pair[0], user)
+            specs.add(pair[1], f"{user} (backward)")
+    return [f"{why} ({len(which)} spec(s), e.g. {which[0]})" for why, which in lacking.items()]
 
 
 def _stderr(text: str) -> None:

@@ -21,7 +21,9 @@ input skips the comparison instead of failing it.
 
 Padded query rows, and rows the mask leaves without a key, are zeroed before
 anything is recorded: cuDNN promises nothing there. Dropout specs have no
-canary (their output is random).
+canary (their output is random). A backward graph's output is its three
+gradients, dQ, dK and dV, recorded as one (``reference.backward.defined``
+of each, flattened and joined), on the backward's own seeded input.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from typing import Any
 
 from graphcache.compilers.varlen_check import defined_output
 from graphcache.compilers.varlen_check import inputs as varlen_inputs
+from graphcache.reference.backward import backward_inputs
+from graphcache.reference.backward import defined as defined_gradients
 from graphcache.reference.dense import random_inputs, valid_rows
 from graphcache.reference.measure import TOLERANCE, relative_error
 from graphcache.spec import GraphSpec
@@ -51,6 +55,8 @@ def inputs(spec: GraphSpec, device: str) -> dict[str, Any]:
     check's call (``varlen_check.inputs``), as ``run_varlen`` takes it."""
     if spec.layout == "thd":
         return varlen_inputs(spec, device, seed=SEED)
+    if spec.kind == "backward":  # q, k, v, the forward's o and stats, and d_o
+        return backward_inputs(spec, device, seed=SEED)
     return random_inputs(spec, device, seed=SEED)
 
 
@@ -81,6 +87,10 @@ def input_digest(feed: dict[str, Any]) -> str:
 
 
 def _prepared(spec: GraphSpec, out: Any, feed: dict[str, Any]) -> Any:
+    if spec.kind == "backward":  # (dq, dk, dv): the defined entries of each, as one flat tensor
+        import torch
+
+        return torch.cat([g.reshape(-1) for g in defined_gradients(spec, out, feed)])
     if spec.layout == "thd":
         return defined_output(spec, out, feed)
     return valid_rows(spec, out, feed.get("seq_len_q"), feed.get("seq_len_kv"), feed.get("bias")).contiguous()

@@ -5,7 +5,8 @@ drop-in's hits, bench) can be walked and tested without a GPU.
 Its "plan" is a small JSON document naming the spec; loading it gives a graph
 that runs torch's scaled_dot_product_attention with the spec's exact mask
 semantics (``TorchSdpaGraph``; stats and ragged / paged calls from
-graphcache's float32 reference). Its artifacts live under a target of their
+graphcache's float32 reference), and for a backward spec torch's SDPA
+backward (``TorchSdpaBackwardGraph``: autograd of torch's math kernel). Its artifacts live under a target of their
 own, ``reference-sm00-cudnn0.0.0-fe0.0.0``: no GPU has compute capability
 0.0, so no cuDNN worker's key can ever name one of them, and this compiler
 builds and loads for that target only. Nothing here is cuDNN: what it
@@ -20,6 +21,7 @@ import time
 from typing import Any
 
 from graphcache.artifact import Artifact
+from graphcache.compilers.torch_backward import TorchSdpaBackwardGraph
 from graphcache.compilers.torch_sdpa import TorchSdpaGraph
 from graphcache.errors import PlanRejected, TargetMismatch
 from graphcache.spec import GraphSpec
@@ -37,6 +39,13 @@ class ReferenceGraph(TorchSdpaGraph):
     """A loaded reference plan: torch's SDPA with the spec's semantics, on
     whatever device the tensors are (``TorchSdpaGraph`` says what it checks).
     ``backend`` is ``reference``: a graph the cache serves, not a fallback."""
+
+    backend = NAME
+
+
+class ReferenceBackwardGraph(TorchSdpaBackwardGraph):
+    """A loaded reference plan of a backward spec: dQ, dK, dV from torch's
+    SDPA backward (``TorchSdpaBackwardGraph`` says what it checks)."""
 
     backend = NAME
 
@@ -68,7 +77,7 @@ class ReferenceCompiler:
             runtime={"compiler": NAME},
         )
 
-    def load(self, artifact: Artifact) -> ReferenceGraph:
+    def load(self, artifact: Artifact) -> ReferenceGraph | ReferenceBackwardGraph:
         """The graph of a reference artifact. Raises TargetMismatch for an
         artifact of another target and PlanRejected (``deserialize_failed``)
         for a payload that is not this spec's reference plan."""
@@ -82,6 +91,8 @@ class ReferenceCompiler:
                 f"stored plan {artifact.key[:12]} is not the reference plan of {artifact.spec.summary()}",
                 "deserialize_failed",
             )
+        if artifact.spec.kind == "backward":
+            return ReferenceBackwardGraph(artifact.spec)
         return ReferenceGraph(artifact.spec)
 
 
@@ -90,10 +101,16 @@ def plan_bytes(spec: GraphSpec) -> bytes:
     plan = {
         "plan": PLAN_FORMAT,
         "version": PLAN_VERSION,
-        "runs": "torch scaled_dot_product_attention; stats and ragged calls: graphcache's float32 reference",
+        "runs": _RUNS[spec.kind],
         "spec": spec.to_dict(),
     }
     return json.dumps(plan, sort_keys=True).encode()
+
+
+_RUNS = {
+    "forward": "torch scaled_dot_product_attention; stats and ragged calls: graphcache's float32 reference",
+    "backward": "torch scaled_dot_product_attention's backward (autograd)",
+}
 
 
 def _check_target(target: Target) -> None:

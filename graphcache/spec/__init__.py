@@ -3,6 +3,7 @@
 - ``core``: the spec itself, its validation and canonical form;
 - ``ragged``: the thd (ragged, paged) rules and tensor descriptors;
 - ``bias``: an additive score bias's dims; ``sinks``: per-head attention sinks;
+- ``backward``: ``kind``, a forward graph or its backward;
 - ``uids``: the tensor role to UID map (``UidMap``);
 - ``classes``: the length-class policy (``class_of``, ``declared``).
 

@@ -1,4 +1,4 @@
-"""GraphSpec: everything that decides which SDPA forward graph is built."""
+"""GraphSpec: everything that decides which SDPA graph (forward or backward) is built."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from graphcache.errors import SpecError
+from graphcache.spec import backward as spec_backward
 from graphcache.spec import bias as spec_bias
 from graphcache.spec import ragged as spec_ragged
 from graphcache.spec import sinks as spec_sinks
@@ -29,7 +30,8 @@ def _is_int(value: Any) -> bool:
 
 @dataclass(frozen=True)
 class GraphSpec:
-    """An SDPA forward graph, validated on construction.
+    """An SDPA graph, validated on construction: a forward one, or with
+    ``kind="backward"`` its backward (``graphcache.spec.backward``).
 
     Sizes: ``batch``, ``heads_q``, ``heads_kv`` (defaults to heads_q; fewer
     for GQA/MQA), ``seq_q``, ``seq_kv`` (defaults to seq_q), ``head_dim``,
@@ -82,6 +84,7 @@ class GraphSpec:
     bias: str | None = None
     bias_dtype: str | None = None
     sinks: bool = False
+    kind: str = "forward"
 
     def __post_init__(self) -> None:
         for name in ("batch", "heads_q", "seq_q", "head_dim"):
@@ -139,6 +142,7 @@ class GraphSpec:
         spec_ragged.check(self)
         spec_bias.check(self)
         spec_sinks.check(self)
+        spec_backward.check(self)
 
     def _check_window(self) -> None:
         if spec_ragged.check_window(self):
@@ -240,21 +244,15 @@ class GraphSpec:
             **spec_ragged.json_schema_props(),
             **spec_bias.json_schema_props(),
             **spec_sinks.json_schema_props(),
+            **spec_backward.json_schema_props(),
         }
         return {
             "type": "object",
             "properties": props,
             "required": ["batch", "heads_q", "seq_q", "head_dim"],
             "additionalProperties": False,
-            "example": {
-                "batch": 1,
-                "heads_q": 32,
-                "heads_kv": 8,
-                "seq_q": 4096,
-                "head_dim": 128,
-                "dtype": "bfloat16",
-                "mask": "causal",
-            },
+            "example": {"batch": 1, "heads_q": 32, "heads_kv": 8, "seq_q": 4096, "head_dim": 128}
+            | {"dtype": "bfloat16", "mask": "causal"},
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -267,8 +265,9 @@ class GraphSpec:
         for name in (*spec_ragged.PAGED_FIELDS, "bias", "bias_dtype"):  # likewise: only a paged / bias spec has them
             if data[name] is None:
                 del data[name]
-        if not self.sinks:  # likewise: only a sink spec has it
-            del data["sinks"]
+        for name, default in (("sinks", False), ("kind", "forward")):  # likewise: only a sink / backward spec
+            if data[name] == default:
+                del data[name]
         return data
 
     def canonical_json(self) -> str:
@@ -314,7 +313,8 @@ class GraphSpec:
 
     def dims(self, role: str) -> tuple[int, ...]:
         """Logical dims (b, h, s, d) of a tensor role, as cuDNN wants them
-        (thd and paged roles: ``spec_ragged.dims``)."""
+        (thd and paged roles: ``spec_ragged.dims``; a gradient's: its tensor's)."""
+        role = spec_backward.role_of(role)
         if self.layout == "thd":
             return spec_ragged.dims(self, role)
         return self.dense_dims(role)
@@ -345,6 +345,7 @@ class GraphSpec:
         models store them; bhsd: contiguous per head); stats, seq_len and
         bias tensors (a bias's dims are (b|1, h|1, s_q, s_kv)) are always packed.
         """
+        role = spec_backward.role_of(role)  # dQ, dK, dV and dO: as q, k, v and o
         if self.layout == "thd":
             return spec_ragged.strides(self, role)
         b, h, s, d = self.dims(role)
@@ -354,6 +355,7 @@ class GraphSpec:
 
     def storage_shape(self, role: str) -> tuple[int, ...]:
         """The shape of a contiguous torch tensor holding a role in this layout."""
+        role = spec_backward.role_of(role)
         b, h, s, d = self.dims(role)
         if role in ("q", "k", "v", "o") and self.layout == "bshd":
             return (b, s, h, d)
@@ -371,7 +373,7 @@ class GraphSpec:
             mask = spec_ragged.mask_text(self)
         parts = [f"b{self.batch}", heads, seq, dim, _SHORT_DTYPE[self.dtype], self.layout, mask]
         parts += spec_ragged.summary_parts(self)
-        parts += spec_bias.summary_part(self) + spec_sinks.summary_part(self)
+        parts += spec_bias.summary_part(self) + spec_sinks.summary_part(self) + spec_backward.summary_part(self)
         if self.padding:
             parts.append("padded")
         if self.generate_stats:

@@ -36,6 +36,9 @@ _RAGGED = {
 _BIAS = {"bias": 17}
 # The per-head attention sink logits: only sink specs' maps hold them (same reason).
 _SINK = {"sink": 18}
+# A backward graph's gradient of o (an input) and dQ, dK, dV (its outputs); it
+# reads the forward's stats at "stats": only backward specs' maps hold them.
+_BACKWARD = {"dO": 19, "dQ": 20, "dK": 21, "dV": 22}
 
 
 @dataclass(frozen=True)
@@ -75,8 +78,8 @@ class UidMap:
         """This map, with the ragged-offset and page-table roles added (at
         their default UIDs, where this map lacks them) for a thd spec, and
         the bias role for a spec with a ``bias``, the sink role for a spec
-        with ``sinks``; unchanged for any other.
-        Idempotent."""
+        with ``sinks``, the gradient roles for a backward spec; unchanged
+        for any other. Idempotent."""
         extra: dict[str, int] = {}
         if getattr(spec, "layout", None) == "thd":
             extra.update(_RAGGED)
@@ -84,6 +87,8 @@ class UidMap:
             extra.update(_BIAS)
         if getattr(spec, "sinks", False):
             extra.update(_SINK)
+        if getattr(spec, "kind", "forward") == "backward":
+            extra.update(_BACKWARD)
         if all(role in self.uids for role in extra):
             return self
         return UidMap({**extra, **self.uids})

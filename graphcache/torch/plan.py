@@ -13,6 +13,8 @@ serves a call whose learned mask, or sink, requires grad.
 
 from __future__ import annotations
 
+import threading
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,3 +75,53 @@ def needs_grad(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extra: Any = N
     record the autograd graph. (An ``or`` chain: about one attribute read
     per tensor, where a generator over them cost 0.2 us more on the hit.)"""
     return q.requires_grad or k.requires_grad or v.requires_grad or (extra is not None and extra.requires_grad)
+
+
+class BackwardCalls:
+    """What ``graphcache.torch.backward.sdpa_backward`` keeps in the runtime:
+    its memo (a call shape's plan) and its counters, apart from the forward's
+    and in its words (graphcache.torch.counts): ``calls``,
+    ``served_from_store`` (= ``hits``), ``built_here`` (a graph this process
+    built on a miss: no hit), ``misses`` (calls whose graph the store did not
+    hold: built here, refused as ``miss``, or raised) and ``fallbacks`` by
+    reason (calls it answered with UnsupportedCall, which the caller ran
+    another way; a miss among them as ``miss``)."""
+
+    def __init__(self) -> None:
+        self.memo: dict[tuple[Any, ...], Any] = {}
+        self.hits = 0
+        self.built_here = 0
+        self.misses = 0
+        self.raised = 0  # calls that raised NotFound (on_miss=error)
+        self.fallbacks: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def count(self, reason: str = "", *, built: bool = False) -> None:
+        """One call: served by a graph where ``reason`` is empty (``built``:
+        one this process built), else a fallback for ``reason`` (``miss``
+        counts a miss too; ``raised``, a miss that raised NotFound under
+        on_miss=error, is a miss and no fallback)."""
+        with self._lock:
+            if not reason:
+                self.built_here += built
+                self.misses += built
+                self.hits += not built
+            elif reason == "raised":
+                self.raised += 1
+                self.misses += 1
+            else:
+                self.fallbacks[reason] += 1
+                self.misses += reason == "miss"
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            fallbacks = dict(self.fallbacks)
+            calls = self.hits + self.built_here + sum(fallbacks.values()) + self.raised
+            return {
+                "calls": calls,
+                "hits": self.hits,
+                "served_from_store": self.hits,
+                "built_here": self.built_here,
+                "misses": self.misses,
+                "fallbacks": fallbacks,
+            }

@@ -2,7 +2,11 @@
 makes, written as a manifest ``graphcache warm`` reads unchanged. Under a
 class policy (GRAPHCACHE_SHAPE_CLASSES, default pow2) the manifest names
 the class specs that serve the calls, each with the exact shapes it served
-and their call counts in comments; ``exact`` writes the exact specs."""
+and their call counts in comments; ``exact`` writes the exact specs. With
+``backward`` (``graphcache record --backward``: a training step) every call
+also writes its backward spec (``kind: backward``), and a call that needs
+gradients its forward as a training step calls it, writing the stats the
+backward reads (``generate_stats: true``)."""
 
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ import torch
 from graphcache.errors import ManifestError, SpecError, UnsupportedCall
 from graphcache.models.specs import widened
 from graphcache.spec import DTYPES, GraphSpec
+from graphcache.spec.backward import backward_of
 from graphcache.spec.classes import check_policy, class_of, policy_from_env
 from graphcache.torch.derive import _DTYPE_NAMES, derive_args
 from graphcache.torch.patching import RUNTIME, patch
@@ -34,7 +39,11 @@ class Recorder:
     not be a cuDNN graph. Thread-safe."""
 
     def __init__(
-        self, dtype: str | None = None, shape_classes: str | None = None, max_batch: int | None = None
+        self,
+        dtype: str | None = None,
+        shape_classes: str | None = None,
+        max_batch: int | None = None,
+        backward: bool = False,
     ) -> None:
         self.dtype = dtype
         self.shape_classes = (
@@ -49,12 +58,16 @@ class Recorder:
         self.backend = False  # a call came through graphcache.hf's backend: its route is graphcache
         self.specs: dict[GraphSpec, int] = {}  # exact call specs and their call counts
         self.ineligible: dict[tuple[str, str], int] = {}
+        self.training = backward  # every call's backward too (record --backward)
+        self.backwards: dict[GraphSpec, int] = {}  # their backward specs and call counts
+        self.no_backward: dict[tuple[str, str], int] = {}  # calls with no backward spec, by field and why
         self._memo: dict[tuple[Any, ...], GraphSpec | tuple[str, str]] = {}
         self._lock = threading.Lock()
 
     def note(self, memo_key: tuple[Any, ...] | None, args: tuple[Any, ...]) -> None:
         query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa = args
-        if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (query, key, value)):
+        grad = torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (query, key, value))
+        if grad and not self.training:
             found: GraphSpec | tuple[str, str] = ("autograd", "an input requires grad: cuDNN graphs are forward-only")
         else:
             cached = self._memo.get(memo_key) if memo_key is not None and attn_mask is None else None
@@ -67,7 +80,26 @@ class Recorder:
                     self._memo[memo_key] = found
             else:
                 found = cached
-        self.count(found)
+        if self.training and isinstance(found, GraphSpec):
+            self.count_training(found, grad)
+        else:
+            self.count(found)
+
+    def count_training(self, spec: GraphSpec, grad: bool = True) -> None:
+        """Count one forward call of spec ``spec`` in a training step: the
+        forward (with ``generate_stats`` where the call needs gradients: the
+        stats the backward reads) and its backward spec, or, where it has
+        none here, the reason (``no_backward``)."""
+        self.count(_with_stats(spec) if grad else spec)
+        try:
+            back = backward_of(spec)
+        except SpecError as exc:
+            with self._lock:
+                why = (exc.field or "spec", str(exc))
+                self.no_backward[why] = self.no_backward.get(why, 0) + 1
+            return
+        with self._lock:
+            self.backwards[back] = self.backwards.get(back, 0) + 1
 
     def count(self, found: GraphSpec | tuple[str, str]) -> None:
         """Count one call as the spec it makes, or as ``(reason, message)``
@@ -86,13 +118,19 @@ class Recorder:
         policy, else the exact specs), each with the exact specs it serves
         and their call counts."""
         groups: dict[GraphSpec, dict[GraphSpec, int]] = {}
-        for spec, count in self.specs.items():
+        for spec, count in (*self.specs.items(), *self.backwards.items()):
             groups.setdefault(class_of(spec, self.shape_classes), {})[spec] = count
         if self.max_batch:
             route = "graphcache" if self.backend or any(s.layout == "thd" for s in self.specs) else "sdpa"
             for spec in list(self.specs):
                 for wide in widened(spec, route, self.max_batch, self._windows(spec)):
                     groups.setdefault(wide, {})
+                    if self.training:  # the widened call's training forward and backward too
+                        groups.setdefault(_with_stats(wide), {})
+                        try:
+                            groups.setdefault(backward_of(wide), {})
+                        except SpecError:
+                            pass  # no backward here: no_backward names the calls
         return groups
 
     def _windows(self, spec: GraphSpec) -> frozenset[int]:
@@ -133,6 +171,12 @@ class Recorder:
         ]
         if self.dtype:
             lines.append(f"# Specs are recorded as {self.dtype}, whatever dtype the recording run used.")
+        if self.training:
+            lines.append(
+                f"# A training step (graphcache record --backward): {len(self.backwards)} backward spec(s) "
+                "(kind: backward) of the calls, and the forward of a call that needs gradients with the stats "
+                "its backward reads (generate_stats: true)."
+            )
         if self.max_batch:
             lines.append(
                 f"# Widened to batches up to {self.max_batch} (graphcache record --max-batch): each call's shape "
@@ -150,6 +194,10 @@ class Recorder:
             lines.append("# Calls that cannot be cuDNN graphs (they run torch's SDPA), by reason:")
             for (code, message), count in sorted(self.ineligible.items()):
                 lines.append(f"#   {code}: {count} call(s): {message}")
+        if self.no_backward:
+            lines.append("# Calls with no backward graph (their backward runs torch's), by field:")
+            for (code, message), count in sorted(self.no_backward.items()):
+                lines.append(f"#   {code}: {count} call(s): {message}")
         body = yaml.safe_dump({"defaults": shared, "graphs": graphs}, sort_keys=False, default_flow_style=False)
         return "\n".join(lines) + "\n" + body
 
@@ -165,6 +213,15 @@ class Recorder:
             )
         reasons = "; ".join(f"{code} ({n} call(s)): {msg}" for (code, msg), n in sorted(self.ineligible.items()))
         return f"none of the {self.calls()} SDPA call(s) can be a cuDNN graph: {reasons}"
+
+
+def _with_stats(spec: GraphSpec) -> GraphSpec:
+    """The forward a training step calls: writing the stats its backward
+    reads (the spec itself where it takes no stats: a sink spec)."""
+    try:
+        return spec.replace(generate_stats=True)
+    except SpecError:
+        return spec
 
 
 _IMPLIED = {"generate_stats": False, "padding": False, "dropout": 0.0, "window_left": None, "window_right": None}
@@ -232,7 +289,11 @@ def _dtype_name(dtype: Any) -> str | None:
 
 @contextmanager
 def record(
-    path: str | os.PathLike[str], dtype: Any = None, shape_classes: str | None = None, max_batch: int | None = None
+    path: str | os.PathLike[str],
+    dtype: Any = None,
+    shape_classes: str | None = None,
+    max_batch: int | None = None,
+    backward: bool = False,
 ) -> Iterator[Recorder]:
     """Patch torch's SDPA (see patch()), note every call's spec and, when the
     block ends without an exception, write the manifest to ``path``.
@@ -243,7 +304,9 @@ def record(
     the manifest names the calls' classes or their exact specs. ``max_batch``
     widens every call seen to each batch class up to it, unpadded and padded
     (graphcache.models.specs.widened), so a batch-1 recording serves a padded
-    batch. Raises ManifestError (and writes nothing) when no call could be a
+    batch. ``backward`` records a training step: each call's backward spec
+    too, and a call that needs gradients as the stats-writing forward a
+    training step calls. Raises ManifestError (and writes nothing) when no call could be a
     cuDNN graph, or for max_batch under the exact policy; SettingsError for
     an unknown policy.
     """
@@ -252,7 +315,7 @@ def record(
     target = Path(path)
     if not target.parent.is_dir():
         raise ManifestError(f"{target}: the folder {target.parent} does not exist; create it or pick another path")
-    recorder = Recorder(name, policy, max_batch)
+    recorder = Recorder(name, policy, max_batch, backward)
     with patch():
         RUNTIME.recorders.append(recorder)
         try:
@@ -270,6 +333,7 @@ def run_script(
     dtype: str | None = None,
     shape_classes: str | None = None,
     max_batch: int | None = None,
+    backward: bool = False,
 ) -> Recorder:
     """Run ``script`` as ``python SCRIPT ARGS`` would, under record(output).
 
@@ -281,7 +345,7 @@ def run_script(
     sys.argv = [script, *args]  # argv[0] as given, as python SCRIPT leaves it
     sys.path.insert(0, str(path.resolve().parent))  # as python SCRIPT puts the script's folder first
     try:
-        with record(output, dtype, shape_classes, max_batch) as recorder:
+        with record(output, dtype, shape_classes, max_batch, backward) as recorder:
             try:
                 # __file__ absolute, as python 3.9+ sets it for a script.
                 runpy.run_path(str(path.resolve()), run_name="__main__")

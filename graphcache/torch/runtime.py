@@ -32,7 +32,7 @@ from graphcache.torch.counts import Counts
 from graphcache.torch.derive import Derived, derive_args
 from graphcache.torch.guard import Failures, exact_graph, failed_plan, graph_of
 from graphcache.torch.onmiss import ON_MISS, ON_MISS_VAR, on_miss_from_env
-from graphcache.torch.plan import Plan
+from graphcache.torch.plan import BackwardCalls, Plan
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +68,7 @@ class Runtime:
             self.counts = Counts()  # what each call was served by (graphcache.torch.counts)
             self.failures = Failures()  # (graph, call shape) pairs whose execute raised (guard.py)
             self.recorders: list[Any] = []
+            self.backward = BackwardCalls()  # graphcache.torch.backward's memo and counters
 
     def configure(self, cache: GraphCache | None = None, *, device: Any = None, on_miss: str | None = None) -> None:
         """Use ``cache`` for tensors on ``device`` (default: the cuDNN
@@ -90,6 +91,7 @@ class Runtime:
             self._classless.clear()
             self._served.clear()
             self.counts.missed.clear()
+            self.backward.memo.clear()
             self._cache = cache
             self._device = where
             self._on_miss = on_miss
@@ -327,13 +329,14 @@ class Runtime:
     def stats(self) -> dict[str, Any]:
         """The calls' counters (graphcache.torch.counts: served from the
         store, built here, fallbacks by reason, misses, ...), execute_failures
-        (guard.py), graphs loaded and the distinct call shapes (exact specs)
-        they served."""
+        (guard.py), graphs loaded, the distinct call shapes (exact specs)
+        they served, and sdpa_backward's calls apart (``backward``)."""
         return {
             **self.counts.stats(),
             "execute_failures": self.failures.count,
             "graphs_loaded": len(self._graphs),
             "shapes_served": len(self._served),
+            "backward": self.backward.stats(),  # sdpa_backward's calls, apart from these
         }
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from graphcache.artifact import Artifact
 from graphcache.compilers import canary, varlen_check
-from graphcache.compilers.cudnn import override, ragged
+from graphcache.compilers.cudnn import backward, override, ragged
 from graphcache.compilers.cudnn.build import build_graph
 from graphcache.compilers.cudnn.failures import execute_failure
 from graphcache.compilers.cudnn.loaded import CudnnGraph, _output
@@ -163,6 +163,8 @@ class CudnnCompiler:
             override.check_target(spec, here.frontend, here.cudnn)
         if spec.layout == "thd":  # paged >= 9.5, ragged over pages >= 9.7, ragged on SM8x >= 9.18.1
             ragged.check_target(spec, here.frontend, here.cudnn, here.compute_capability)
+        if spec.kind == "backward":  # sdpa_backward, and its mask keywords, by release
+            backward.check_target(spec, here.frontend, here.cudnn, here.compute_capability)
         cudnn = self.cudnn()
         start = time.perf_counter()
         built = build_graph(cudnn, spec, uids, self.handle())
@@ -218,6 +220,9 @@ class CudnnCompiler:
         spec = artifact.spec
         if spec.layout == "thd":
             return _checked_ragged(artifact, loaded, self.cudnn())
+        if isinstance(loaded, backward.CudnnBackwardGraph):  # dQ, dK, dV against autograd of the reference
+            with sorted_failures(self.cudnn(), spec, "the backward check"):
+                return backward.checked(artifact, loaded)
         if spec.dropout:
             # Dropout draws from cuDNN's random stream, which torch cannot
             # reproduce: there is nothing to compare, so nothing is claimed.
@@ -271,7 +276,7 @@ class CudnnCompiler:
             deserialize_into(graph, handle, bytes(artifact.payload), artifact.target.frontend)
         except Exception as exc:  # noqa: BLE001 - sorted by load_failure: the blob's fault, or this host's
             raise load_failure(artifact, exc) from exc
-        return CudnnGraph(self, artifact, graph)
+        return (backward.CudnnBackwardGraph if artifact.spec.kind == "backward" else CudnnGraph)(self, artifact, graph)
 
     def _check_canary(self, loaded: CudnnGraph) -> None:
         artifact = loaded.artifact

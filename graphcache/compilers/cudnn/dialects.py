@@ -113,8 +113,13 @@ DIALECTS: tuple[Dialect, ...] = (
 # each release's wheel (docs/frontends.md); other TypeErrors (1.32's
 # _plan_serdes._Unserializable, a wrong argument type) are not refusals.
 KEYWORD_REFUSAL = "sdpa(): incompatible function arguments"
+# The same for a backward graph's sdpa_backward() (its pybind overload, as the
+# forward's: cudnn-frontend python/pygraph/sdpa.cpp at every tag).
+BACKWARD_KEYWORD_REFUSAL = "sdpa_backward(): incompatible function arguments"
 
 
 def refuses_keywords(exc: BaseException) -> bool:
-    """Whether ``exc`` is the frontend refusing the dialect's sdpa() keywords."""
-    return isinstance(exc, TypeError) and str(exc).lstrip().startswith(KEYWORD_REFUSAL)
+    """Whether ``exc`` is the frontend refusing the dialect's sdpa() (or
+    sdpa_backward()) keywords."""
+    text = str(exc).lstrip()
+    return isinstance(exc, TypeError) and text.startswith((KEYWORD_REFUSAL, BACKWARD_KEYWORD_REFUSAL))

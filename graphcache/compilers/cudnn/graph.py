@@ -1,5 +1,7 @@
 """Declaring a spec's SDPA graph in the frontend: tensors, mask keywords,
-additive bias, sink logits, padding, dropout, outputs.
+additive bias, sink logits, padding, dropout, outputs; for a backward spec
+(``kind="backward"``) ``sdpa_backward`` with the forward's o and stats and
+the output gradient dO as inputs, dQ, dK and dV as outputs.
 
 This is where execute-time shape overrides, ragged offsets and page tables
 are declared. Nothing here lowers the graph: ``build.py`` runs the steps.
@@ -16,6 +18,8 @@ from graphcache.spec import GraphSpec
 from graphcache.spec.uids import UidMap
 
 _IO_TYPES = {"float16": "HALF", "bfloat16": "BFLOAT16"}
+# The dialects' stats keywords: sdpa()'s, which sdpa_backward() does not take (it reads the stats).
+_STATS_KEYWORDS = ("generate_stats", "is_inference")
 
 
 def declare(
@@ -26,8 +30,8 @@ def declare(
     mask_kwargs: dict[str, Any],
 ) -> tuple[Any, dict[str, Any]]:
     """A fresh ``pygraph`` holding the spec's SDPA node, and its tensors by
-    role (inputs, ``o`` and, with ``generate_stats``, ``stats``), each with the
-    UID ``uids`` gives it. Raises UnsupportedSpec when the frontend returns no
+    role (inputs, ``o`` and, with ``generate_stats``, ``stats``; a backward
+    spec's ``dQ``, ``dK`` and ``dV``), each with the UID ``uids`` gives it. Raises UnsupportedSpec when the frontend returns no
     stats tensor for a spec that asks for one; whatever the frontend raises
     (a refused keyword's TypeError included) passes through."""
     if spec.layout == "thd":  # ragged offsets and page tables: their own declaration
@@ -57,6 +61,11 @@ def declare(
 
     for role in ("q", "k", "v"):
         add(role, spec.dims(role), spec.strides(role), io_type)
+    if spec.kind == "backward":  # what the forward left, and the gradient of its output
+        for role in ("o", "dO"):
+            add(role, spec.dims(role), spec.strides(role), io_type)
+        add("stats", spec.dims("stats"), spec.strides("stats"), dt.FLOAT)
+        mask_kwargs = {k: v for k, v in mask_kwargs.items() if k not in _STATS_KEYWORDS}
     kwargs: dict[str, Any] = {"attn_scale": spec.attn_scale, **mask_kwargs}
     if spec.bias is not None:  # additive, packed, in the io dtype or float32; broadcast dims are 1 (spec_bias)
         bias_type = dt.FLOAT if spec.bias_dtype == "float32" else io_type
@@ -73,6 +82,15 @@ def declare(
         seed = add("dropout_seed", (1, 1, 1, 1), (1, 1, 1, 1), dt.INT64)
         offset = add("dropout_offset", (1, 1, 1, 1), (1, 1, 1, 1), dt.INT64)
         kwargs["dropout"] = (spec.dropout, seed, offset)
+    if spec.kind == "backward":
+        inputs = {"q": tensors["q"], "k": tensors["k"], "v": tensors["v"], "o": tensors["o"], "dO": tensors["dO"]}
+        grads = graph.sdpa_backward(name="sdpa_backward", stats=tensors["stats"], **inputs, **kwargs)
+        for role, t in zip(("dQ", "dK", "dV"), grads, strict=True):
+            t.set_output(True).set_dim(list(spec.dims(role))).set_stride(list(spec.strides(role)))
+            t.set_data_type(io_type)
+            t.set_uid(uids[role])
+            tensors[role] = t
+        return graph, tensors
     o, stats = graph.sdpa(name="sdpa", q=tensors["q"], k=tensors["k"], v=tensors["v"], **kwargs)
     o.set_output(True).set_dim(list(spec.dims("o"))).set_stride(list(spec.strides("o")))
     o.set_uid(uids["o"])

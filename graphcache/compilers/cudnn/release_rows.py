@@ -40,6 +40,9 @@ ZERO_LENGTH = "zero_length_sequences"
 BIAS = "bias"
 BIAS_OVERRIDE = "bias_override"
 SINKS = "sinks"
+SDPA_BACKWARD = "sdpa_backward"
+BACKWARD_MASKS = "backward_masks"
+BACKWARD_SINKS = "backward_sinks"
 
 
 @dataclass(frozen=True)
@@ -210,6 +213,37 @@ ROWS = (
         "fp16_fwd_with_sink_token.cpp); the Python sdpa(sink_token=) from v1.19.0 (python/pygraph/sdpa.cpp); "
         "node/scaled_dot_product_flash_attention.h: 'SDPA with sink_token is not supported before 9.13'; "
         "node/sdpa_support_surface.h: backend engines refuse s_q == 1 with a sink (1.32's python engines may take it)",
+        frontend="1.19",
+        cudnn="9.13",
+    ),
+    # -- SDPA backward graphs (kind "backward", cudnn/backward.py) --
+    Feature(
+        SDPA_BACKWARD,
+        "sdpa_backward(q, k, v, o, dO, stats), the fused SDPA backward",
+        'cudnn-frontend v1.0.0 python_bindings/pygraph/sdpa.cpp .def("sdpa_backward") (attn_scale, bias, dBias, '
+        "use_padding_mask, seq_len_q/kv, use_causal_mask, dropout) and docs/operations/Attention.md 'Scaled Dot "
+        "Product Attention Backward' (GQA/MQA as the forward); graphcache's plans need cuDNN 9.0. The frontend "
+        "itself refuses cuDNN 9.10.0/9.10.1 and s_q = s_kv = 1 (v1.23.0 include/cudnn_frontend/node/"
+        "scaled_dot_product_flash_attention.h, CompositeSDPABackwardNode::pre_validate_node)",
+        frontend="1.0",
+        cudnn="9.0",
+        min_cc="8.0",
+    ),
+    Feature(
+        BACKWARD_MASKS,
+        "sdpa_backward(use_causal_mask_bottom_right=, sliding_window_length=)",
+        "cudnn-frontend python/pygraph/sdpa.cpp, sdpa_backward's py::arg list read at every tag v1.0.0-v1.23.0: "
+        "1.5.0 adds use_causal_mask_bottom_right, sliding_window_length and use_deterministic_algorithm, 1.8.0 "
+        "max_total_seq_len_q/kv, 1.10.0 diagonal_alignment and the band bounds (as sdpa: the dialect chain "
+        "serves both); bottom-right needs s_q, s_kv multiples of 64 below cuDNN 9.6.0 and takes no bias or "
+        "dropout (CompositeSDPABackwardNode::pre_validate_node, v1.23.0)",
+        frontend="1.5",
+    ),
+    Feature(
+        BACKWARD_SINKS,
+        "sdpa_backward(sink_token=, dSink_token=) (not served: graphcache's backward specs take no sinks)",
+        "cudnn-frontend v1.19.0 python/pygraph/sdpa.cpp adds sink_token, dSink_token, score_mod and "
+        "score_mod_bprop to sdpa_backward; cuDNN >= 9.13 as the forward's sinks",
         frontend="1.19",
         cudnn="9.13",
     ),
