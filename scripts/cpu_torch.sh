@@ -9,13 +9,20 @@
 # prints one line saying which. PyPI's torch for Linux is the CUDA build
 # (several GB): the version's local tag (+cpu) keeps it out.
 #
-# Usage: scripts/cpu_torch.sh PYTHON [VERSION]   (VERSION default: requirements/test.in's torch pin)
+# torch's own requirements come from the same source, unless --no-deps
+# (scripts/test.sh: the lock installed them already, pinned and hashed).
+#
+# Usage: scripts/cpu_torch.sh [--no-deps] PYTHON [VERSION]   (VERSION default: requirements/test.in's torch pin)
 #        scripts/cpu_torch.sh --which PYTHON [VERSION]   says where it would come from, installs nothing
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 which_only=0
-if [ "${1:-}" = "--which" ]; then which_only=1; shift; fi
+deps=()
+case "${1:-}" in
+  --which) which_only=1; shift ;;
+  --no-deps) deps=(--no-deps); shift ;;
+esac
 PY=${1:?usage: scripts/cpu_torch.sh [--which] PYTHON [VERSION]}
 VERSION=${2:-$(sed -n 's/^torch==\([^ ;]*\).*/\1/p' requirements/test.in)}
 INDEX=${GRAPHCACHE_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}
@@ -38,7 +45,7 @@ if [[ ", $versions, " == *", $VERSION, "* ]]; then
   sources=$("${PIP[@]}" config list 2>/dev/null | sed -n "s/^[^.]*\.\(find-links\|index-url\|extra-index-url\)='\(.*\)'$/\1 \2/p" | sort -u | paste -sd ';' - | sed 's/;/; /g')
   echo "torch $VERSION (CPU build): from pip's own sources (${sources:-its default index}), no PyTorch index needed"
   [ "$which_only" = 1 ] && exit 0
-  exec "${PIP[@]}" install --quiet --no-deps "torch==$VERSION"
+  exec "${PIP[@]}" install --quiet "${deps[@]}" "torch==$VERSION"
 fi
 
 # 2. PyTorch's CPU index, if it answers within 5 s and lists the wheel for this Python.
@@ -68,7 +75,7 @@ PY
 if [ "$why" = "ok" ]; then
   echo "torch $VERSION (CPU build): from PyTorch's CPU index, $INDEX (pip's own sources have no such wheel)"
   [ "$which_only" = 1 ] && exit 0
-  exec "${PIP[@]}" install --quiet --no-deps --index-url "$INDEX" "torch==$VERSION"
+  exec "${PIP[@]}" install --quiet "${deps[@]}" --index-url "$INDEX" "torch==$VERSION"
 fi
 
 python_version=$("$PY" -c 'import sys; print(f"{sys.version_info.major}.{sys.version_info.minor}")')

@@ -40,17 +40,19 @@ fi
 
 PIP=("$PY" -m pip install --quiet --disable-pip-version-check)
 TORCH=$(sed -n 's/^torch==\([^ ;]*\).*/\1/p' requirements/test.in)
-# torch's CPU build (requirements/test.in's pin), from a wheel pip finds or
-# PyTorch's CPU index, decided before any download; one line says which.
-scripts/cpu_torch.sh "$PY" "$TORCH"
 if [ "$LATEST" = 1 ]; then
+  # torch's CPU build (requirements/test.in's pin), from a wheel pip finds or
+  # PyTorch's CPU index, decided before any download; one line says which.
+  scripts/cpu_torch.sh "$PY" "$TORCH"
   # The newest releases the ranges allow; test.in's pins hold (torch's CPU build above, cudnn-frontend 1.32).
   "${PIP[@]}" --upgrade --upgrade-strategy eager -c requirements/test.in -e ".[dev,gpu,hf]"
   "$PY" scripts/lock_check.py requirements/test.lock --torch "$TORCH" --report-only
 else
-  # Everything else exactly as the lock pins it, each file checked against its
-  # hash; then graphcache itself, which brings nothing more (--no-deps).
+  # Everything but torch exactly as the lock pins it (torch's requirements
+  # included), each file checked against its hash; then torch's CPU build as
+  # above, and graphcache itself, neither bringing anything more (--no-deps).
   "${PIP[@]}" --require-hashes --no-deps -r requirements/test.lock
+  scripts/cpu_torch.sh --no-deps "$PY" "$TORCH"
   "${PIP[@]}" --no-deps -e .
   # The venv holds what the lock says and nothing else (a test of the install: CI fails here otherwise).
   "$PY" scripts/lock_check.py requirements/test.lock --torch "$TORCH"

@@ -181,7 +181,7 @@ def test_the_readme_says_what_the_test_command_costs_and_how_to_run_a_subset():
     text = section("The two commands")
     # How long it takes, in minutes, as a measure rather than a promise (issue 39: "16 minutes" had become 33).
     assert re.search(r"about half an hour\s+\(\d+ minutes on a busy one\)", text), text
-    assert re.search(r"a [\d.]+ GB `\.venv`", text)
+    assert re.search(r"a [\d.]+ GB\s+`\.venv`", text)
     frontends = re.search(r"(\d+) MB\s+in `\.cache/old-frontends`", text)
     assert frontends, text
     # The same figure as the script's own comment on that step.
