@@ -3,11 +3,11 @@
 #   1. what the machine has (graphcache doctor),
 #   2. each kind of graph (dense, class, bias, softcap, ragged, paged): built / served / refused and why,
 #      with its cold build against its warm load, as a table (scripts/gpu_kinds.py),
-#   3. the GPU tests (pytest -m gpu),
+#   3. the GPU tests (pytest -m gpu), and the backward graphs' probe (scripts/gpu_backward.py),
 #   4. class graphs (scripts/bench_classes_gpu.py) and the cold-vs-warm benchmark for SDPA bf16 b1 h32 d128 causal at seq 4096 and 512,
 #   5. the CPU compiler tests, and a summary: the kinds table and the benchmark's.
-# Each step has a time limit (GC_T_KINDS 150, GC_T_TESTS 150, GC_T_CLASSES 45, GC_T_BENCH 90, GC_T_CPU 30 seconds)
-# so the whole fits one 10-minute command on a lent machine (about 8 minutes at most); GC_STEPS picks steps.
+# Each step has a time limit (GC_T_KINDS 150, GC_T_TESTS 150, GC_T_BACKWARD 60, GC_T_CLASSES 45, GC_T_BENCH 90, GC_T_CPU 30 seconds)
+# so the whole fits one 10-minute command on a lent machine (about 9 minutes at most); GC_STEPS picks steps.
 # Without a GPU it says so, prints what each kind declares on the CPU, runs the CPU part, and exits 0.
 #
 #   scripts/gpu_check.sh [OUT_DIR]      (default: $OUT, else ./gpu-check-out)
@@ -46,7 +46,7 @@ PY
 echo "target: $has_gpu"
 
 # Steps to run (GC_STEPS, default all): a rerun inside the same lease can ask for one, e.g. GC_STEPS=kinds.
-want() { [[ " ${GC_STEPS:-kinds tests classes bench cpu} " == *" $1 "* ]]; }
+want() { [[ " ${GC_STEPS:-kinds tests backward classes bench cpu} " == *" $1 "* ]]; }
 kinds_rc=skip gpu_rc=skip bench_rc=skip cpu_rc=skip
 
 kinds() {
@@ -67,8 +67,13 @@ want kinds && kinds
 
 if want tests; then
   echo "== GPU tests"
-  timeout "${GC_T_TESTS:-150}" "$PY" -m pytest -v -rs -s -m gpu tests/test_gpu.py tests/test_torch_gpu.py tests/test_varlen_gpu.py tests/test_classes_gpu.py 2>&1 | tee "$OUT_DIR/gpu-tests.txt"
+  timeout "${GC_T_TESTS:-150}" "$PY" -m pytest -v -rs -s -m gpu tests/test_gpu.py tests/test_torch_gpu.py tests/test_varlen_gpu.py tests/test_classes_gpu.py tests/test_cudnn_backward.py 2>&1 | tee "$OUT_DIR/gpu-tests.txt"
   gpu_rc=${PIPESTATUS[0]}
+fi
+
+if want backward; then
+  echo "== backward graphs: built / refused per spec, determinism, aten's logsumexp, sdpa_backward against aten's backward"
+  timeout "${GC_T_BACKWARD:-60}" "$PY" scripts/gpu_backward.py --json "$OUT_DIR/backward.json" 2>&1 | tee "$OUT_DIR/backward.txt"
 fi
 
 if want classes; then

@@ -19,7 +19,7 @@ import graphcache.torch as gt  # noqa: E402
 from graphcache import GraphCache, GraphSpec, NotFound, Target  # noqa: E402
 from graphcache.compilers.reference import ReferenceBackwardGraph  # noqa: E402
 from graphcache.compilers.torch_backward import TorchSdpaBackwardGraph  # noqa: E402
-from graphcache.errors import UnsupportedCall  # noqa: E402
+from graphcache.errors import ExecutionError, UnsupportedCall  # noqa: E402
 from graphcache.reference.backward import backward_inputs, gradient_errors, gradients  # noqa: E402
 from graphcache.reference.measure import TOLERANCE, relative_error  # noqa: E402
 from graphcache.stores import DiskStore  # noqa: E402
@@ -133,6 +133,16 @@ def test_the_torch_fallback_serves_a_backward_spec_no_compiler_can(store):
     assert type(graph) is TorchSdpaBackwardGraph and graph.backend == "torch"
     inputs = backward_inputs(spec, "cpu", seed=4)
     assert max(gradient_errors(spec, graph.execute(**inputs), inputs).values()) <= TOLERANCE["float16"]
+
+
+def test_the_torch_backward_graph_refuses_gradient_buffers_of_another_shape_naming_them(store):
+    spec = back(mask="causal", heads_kv=2)
+    graph = GraphCache(store, "reference", shape_classes="exact").load(spec)
+    inputs = backward_inputs(spec, "cpu", seed=5)
+    with pytest.raises(ExecutionError, match=r"^dv has shape"):
+        graph.execute(**inputs, dv=torch.empty(spec.storage_shape("q"), dtype=torch.float16))
+    with pytest.raises(ExecutionError, match=r"^o is missing"):
+        graph.execute(**{**inputs, "o": None})
 
 
 # -- graphcache.torch.backward.sdpa_backward ------------------------------------------

@@ -23,7 +23,9 @@ Padded query rows, and rows the mask leaves without a key, are zeroed before
 anything is recorded: cuDNN promises nothing there. Dropout specs have no
 canary (their output is random). A backward graph's output is its three
 gradients, dQ, dK and dV, recorded as one (``reference.backward.defined``
-of each, flattened and joined), on the backward's own seeded input.
+of each, flattened and joined), on the backward's own seeded input, and
+is never bit-compared: cuDNN's backward is not deterministic by default
+(``compilers.cudnn.backward.BIT_EXACT_CANARY``).
 """
 
 from __future__ import annotations

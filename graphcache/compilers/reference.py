@@ -77,7 +77,7 @@ class ReferenceCompiler:
             runtime={"compiler": NAME},
         )
 
-    def load(self, artifact: Artifact) -> ReferenceGraph | ReferenceBackwardGraph:
+    def load(self, artifact: Artifact) -> TorchSdpaGraph:  # a ReferenceGraph, or a ReferenceBackwardGraph
         """The graph of a reference artifact. Raises TargetMismatch for an
         artifact of another target and PlanRejected (``deserialize_failed``)
         for a payload that is not this spec's reference plan."""

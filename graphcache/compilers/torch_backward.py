@@ -53,7 +53,8 @@ class TorchSdpaBackwardGraph(TorchSdpaGraph):
         (``reference.backward.check_backward``)."""
         spec = real_spec(self.spec, q, k) if self.spec.is_class else self.spec
         given = {"q": q, "k": k, "v": v, "o": o, "d_o": d_o, "stats": stats}
-        check_backward(spec, {**given, "seq_len_q": seq_len_q, "seq_len_kv": seq_len_kv, "bias": bias})
+        extra = {"seq_len_q": seq_len_q, "seq_len_kv": seq_len_kv, "bias": bias, "dq": dq, "dk": dk, "dv": dv}
+        check_backward(spec, {**given, **extra})
         grads = torch_gradients(spec, q, k, v, d_o, seq_len_q, seq_len_kv, bias)
         a, b, c = (g if out is None else out.copy_(g) for g, out in zip(grads, (dq, dk, dv), strict=True))
         return a, b, c

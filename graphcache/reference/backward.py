@@ -146,20 +146,31 @@ def gradient_errors(spec: GraphSpec, grads: tuple[Any, Any, Any], inputs: dict[s
 def check_backward(spec: GraphSpec, tensors: dict[str, Any], device_type: str | None = None) -> None:
     """Raise ExecutionError unless the tensors are what the backward graph of
     ``spec`` takes: q, k, v, o, the padding lengths and the bias as a forward
-    graph takes them (``checks.check_inputs``), ``d_o`` as o, and ``stats``
-    a float32 (b, h_q, s_q, 1) tensor."""
+    graph takes them (``checks.check_inputs``), ``d_o`` as o, ``stats`` a
+    float32 (b, h_q, s_q, 1) tensor, and the gradient buffers ``dq``, ``dk``,
+    ``dv`` where given as q, k and v (the plan writes through their strides)."""
     import torch
 
     if spec.kind != "backward":
         raise ExecutionError(f"{spec.summary()} is a forward graph: execute(q, k, v) runs it")
+    if tensors.get("o") is None:
+        raise ExecutionError("o is missing: a backward graph takes q, k, v, o (the forward's output), d_o and stats")
     check_inputs(spec, tensors, device_type)
-    for role, shape, dtype in (
-        ("d_o", spec.storage_shape("dO"), torch_dtype(spec)),
-        ("stats", spec.dims("stats"), torch.float32),
-    ):
+    wanted = [
+        ("d_o", spec.storage_shape("dO"), torch_dtype(spec), True),
+        ("stats", spec.dims("stats"), torch.float32, True),
+    ]
+    wanted += [(role, spec.storage_shape(primal), torch_dtype(spec), False) for role, primal in _BUFFERS]
+    for role, shape, dtype, needed in wanted:
         t = tensors.get(role)
         if t is None:
+            if not needed:
+                continue
             raise ExecutionError(f"{role} is missing: a backward graph takes q, k, v, o, d_o and stats")
         check_tensor(spec, role, t, shape, dtype)
         if t.device != tensors["q"].device:
             raise ExecutionError(f"{role} is on {t.device} but q is on {tensors['q'].device}")
+
+
+# The gradient buffers a caller may pass, and the tensor each has the shape of.
+_BUFFERS = (("dq", "q"), ("dk", "k"), ("dv", "v"))

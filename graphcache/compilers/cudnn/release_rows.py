@@ -223,7 +223,8 @@ ROWS = (
         'cudnn-frontend v1.0.0 python_bindings/pygraph/sdpa.cpp .def("sdpa_backward") (attn_scale, bias, dBias, '
         "use_padding_mask, seq_len_q/kv, use_causal_mask, dropout) and docs/operations/Attention.md 'Scaled Dot "
         "Product Attention Backward' (GQA/MQA as the forward); graphcache's plans need cuDNN 9.0. The frontend "
-        "itself refuses cuDNN 9.10.0/9.10.1 and s_q = s_kv = 1 (v1.23.0 include/cudnn_frontend/node/"
+        "itself refuses cuDNN 9.10.0/9.10.1 (from v1.19.0 only) and s_q = s_kv = 1 (from v1.16.0; graphcache "
+        "refuses it on every frontend) (v1.23.0 include/cudnn_frontend/node/"
         "scaled_dot_product_flash_attention.h, CompositeSDPABackwardNode::pre_validate_node)",
         frontend="1.0",
         cudnn="9.0",
