@@ -7,10 +7,12 @@ build, which the lock leaves to scripts/cpu_torch.sh), and nothing else may
 be installed but graphcache itself and pip. Prints one line and exits 0, or
 names each difference and exits 1.
 
-    python scripts/lock_check.py [LOCK] [--torch VERSION] [--report-only]
+    python scripts/lock_check.py [LOCK] [--torch VERSION] [--report-only | --extras]
 
 ``--report-only`` (scripts/test.sh --latest) prints the differences as the
-versions this run uses beyond the lock, and exits 0.
+versions this run uses beyond the lock, and exits 0. ``--extras`` prints the
+names of the installed packages the lock does not name (what scripts/test.sh
+removes from the venv it made, after the lock dropped them), one line.
 """
 
 from __future__ import annotations
@@ -72,11 +74,16 @@ def main() -> int:
     parser.add_argument("lock", nargs="?", default=str(ROOT / "requirements" / "test.lock"))
     parser.add_argument("--torch", help="the torch version installed beside the lock (requirements/test.in's pin)")
     parser.add_argument("--report-only", action="store_true", help="print the differences, exit 0")
+    parser.add_argument("--extras", action="store_true", help="print the installed packages the lock lacks, exit 0")
     args = parser.parse_args()
     locked = pins(Path(args.lock).read_text())
     if args.torch:
         locked["torch"] = args.torch
-    found = differences(locked, installed())
+    have = installed()
+    if args.extras:
+        print(" ".join(sorted(set(have) - set(locked) - UNPINNED)))
+        return 0
+    found = differences(locked, have)
     where = f"{args.lock} ({len(locked)} packages{', torch ' + args.torch if args.torch else ''})"
     if args.report_only:
         beyond = [d for d in found if "the lock pins" in d or "no such package" in d]

@@ -21,8 +21,10 @@ if [ "${1:-}" = "--latest" ]; then LATEST=1; shift; fi
 # from it, once, and used. It does not see the system's packages: it holds
 # the lock and nothing else, so the run is what the repository says.
 PY=${PYTHON:-python3}
+OWN_VENV=0  # 1: the venv is this script's (.venv), so it may remove what the lock no longer names
 if [ -n "${VIRTUAL_ENV:-}" ] && [ -z "${PYTHON:-}" ]; then PY="$VIRTUAL_ENV/bin/python"; fi
 if ! "$PY" -c 'import sys; sys.exit(sys.prefix == sys.base_prefix)'; then
+  OWN_VENV=1
   if [ "$LATEST" = 1 ]; then VENV=${GRAPHCACHE_VENV:-.venv-latest}; else VENV=${GRAPHCACHE_VENV:-.venv}; fi
   if [ ! -x "$VENV/bin/python" ]; then
     if ! "$PY" -m venv "$VENV"; then
@@ -54,6 +56,14 @@ else
   "${PIP[@]}" --require-hashes --no-deps -r requirements/test.lock
   scripts/cpu_torch.sh --no-deps "$PY" "$TORCH"
   "${PIP[@]}" --no-deps -e .
+  # A package an earlier lock named and this one does not leaves the venv this
+  # script made (a venv of yours is left as it is: the check below names it).
+  extras=$("$PY" scripts/lock_check.py requirements/test.lock --torch "$TORCH" --extras)
+  if [ "$OWN_VENV" = 1 ] && [ -n "$extras" ]; then
+    echo "removing from $VENV what requirements/test.lock no longer names: $extras"
+    # shellcheck disable=SC2086  # one word per package
+    "$PY" -m pip uninstall --quiet --yes $extras
+  fi
   # The venv holds what the lock says and nothing else (a test of the install: CI fails here otherwise).
   "$PY" scripts/lock_check.py requirements/test.lock --torch "$TORCH"
 fi

@@ -52,7 +52,9 @@ case "$1 $2" in
   "-m pip"|"-m ruff"|"-m mypy"|"-m mkdocs"|"-m pytest") exit 0 ;;
 esac
 case "$1" in
-  scripts/lock_check.py) exit 0 ;;  # what it checks is the real pip's work, recorded above instead
+  # What it checks is the real pip's work, recorded above instead; asked for
+  # the packages the lock does not name, it answers SHIM_EXTRAS.
+  scripts/lock_check.py) if [[ "$*" == *--extras* ]]; then echo "${SHIM_EXTRAS:-}"; fi; exit 0 ;;
 esac
 exec @REAL@ "$@"
 """
@@ -83,9 +85,9 @@ def calls(tmp_path: Path) -> list[str]:
     return log.read_text().splitlines() if log.exists() else []
 
 
-def run_test_sh(tmp_path: Path, *args: str) -> list[str]:
+def run_test_sh(tmp_path: Path, *args: str, **extra: str) -> list[str]:
     """scripts/test.sh ARGS with the stand-in Pythons; the calls they recorded."""
-    env = shims(tmp_path)
+    env = {**shims(tmp_path), **extra}
     env["GRAPHCACHE_VENV"] = str(tmp_path / "venv")
     # scripts/old_frontends.sh's cache, as a previous run leaves it (its
     # .complete stamps), so that it installs nothing here and writes nothing
@@ -113,14 +115,16 @@ def run_test_sh(tmp_path: Path, *args: str) -> list[str]:
 
 
 def test_scripts_test_sh_installs_the_lock_into_a_venv_never_the_system_python(tmp_path):
-    log = run_test_sh(tmp_path, "-q")
+    # The venv it made holds a package an earlier lock named and this one does not.
+    log = run_test_sh(tmp_path, "-q", SHIM_EXTRAS="kernels tomlkit")
     # The lock, hash-checked, then graphcache itself with nothing more, then the check that the venv is the lock.
     locked = next(i for i, c in enumerate(log) if "--require-hashes --no-deps -r requirements/test.lock" in c)
     editable = next(i for i, c in enumerate(log) if c.endswith("--disable-pip-version-check --no-deps -e ."))
     checked = next(
         i for i, c in enumerate(log) if c == "venv scripts/lock_check.py requirements/test.lock --torch 2.13.0+cpu"
     )
-    assert locked < editable < checked, log
+    removed = log.index("venv -m pip uninstall --quiet --yes kernels tomlkit")
+    assert locked < editable < removed < checked, log
     assert not [c for c in log if "--upgrade" in c], log
 
 
