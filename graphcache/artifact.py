@@ -28,6 +28,7 @@ from typing import Any
 
 from graphcache.errors import (
     CorruptArtifact,
+    KnownBad,
     NotSerializable,
     SignatureError,
     SpecError,
@@ -122,14 +123,19 @@ class Artifact:
         frontend and cuDNN."""
         runtime = {"unsupported_kind": type(exc).__name__, "unsupported_step": exc.step}
         runtime.update(frontend=target.frontend, cudnn=target.cudnn)
+        if isinstance(exc, KnownBad):
+            runtime["known_bad"] = exc.window
         return cls(spec=spec, target=target, payload=b"", uids=uids, unsupported=str(exc), runtime=runtime)
 
     def refusal(self) -> UnsupportedSpec | None:
         """The error a negative entry stands for (None for a plan)."""
         if not self.unsupported:
             return None
-        kind = NotSerializable if self.runtime.get("unsupported_kind") == "NotSerializable" else UnsupportedSpec
-        return kind(self.unsupported, step=self.runtime.get("unsupported_step"))
+        kind = self.runtime.get("unsupported_kind")
+        if kind == "KnownBad":
+            return KnownBad(self.unsupported, window=str(self.runtime.get("known_bad", "")))
+        cls = NotSerializable if kind == "NotSerializable" else UnsupportedSpec
+        return cls(self.unsupported, step=self.runtime.get("unsupported_step"))
 
     # -- signing ---------------------------------------------------------
 
@@ -183,6 +189,8 @@ class Artifact:
             target = Target.from_dict(header["target"])
         except (SpecError, TargetError, TypeError) as exc:
             raise CorruptArtifact(f"header spec/target is invalid: {exc}", "bad_header") from exc
+        except Exception as exc:  # noqa: BLE001 - a stored header is untrusted: any failure is corruption
+            raise CorruptArtifact(f"header spec/target is invalid ({type(exc).__name__})", "bad_header") from exc
         try:
             return cls(
                 spec=spec,
@@ -201,8 +209,8 @@ class Artifact:
                 unsupported=header.get("unsupported"),
                 signature=header.get("signature"),
             )
-        except (TypeError, ValueError) as exc:
-            raise CorruptArtifact(f"header field has the wrong type: {exc}", "bad_header") from exc
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise CorruptArtifact(f"header field has the wrong type: {str(exc)[:200]}", "bad_header") from exc
 
 
 def header_of(artifact: Artifact, payload_sha256: str, payload_size: int) -> dict[str, Any]:
@@ -359,6 +367,11 @@ def parse_header(head: bytes, version: int, head_digest: bytes) -> dict[str, Any
         header = json.loads(head.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
         raise CorruptArtifact(f"header is not valid JSON: {exc}", "bad_header") from exc
+    except RecursionError:
+        # JSON nested deeper than the interpreter recurses, valid digests and
+        # all: a corrupt entry like any other, never a RecursionError at
+        # every read of it (one such entry stopped every worker's start-up).
+        raise CorruptArtifact("header is not valid JSON: nested too deep", "bad_header") from None
     if not isinstance(header, dict):
         raise CorruptArtifact("header is not a JSON object", "bad_header")
     for name, kind in _REQUIRED.items():

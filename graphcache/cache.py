@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from typing import Any
@@ -12,6 +12,7 @@ from typing import Any
 from graphcache.artifact import Artifact
 from graphcache.classindex import ClassIndex, check_slack, local_headers, slack_from_env, work
 from graphcache.compilers.base import LoadedGraph
+from graphcache.compilers.cudnn.releases import refused
 from graphcache.compilers.named import Named, resolve
 from graphcache.counters import PrefetchReport, Stats
 from graphcache.errors import (
@@ -34,7 +35,7 @@ from graphcache.spec import GraphSpec
 from graphcache.spec.classes import check_policy, class_of, policy_from_env
 from graphcache.spec.uids import UidMap
 from graphcache.stores.base import Store
-from graphcache.stores.lease import Lease, Leases
+from graphcache.stores.lease import Leases, build_once
 from graphcache.target import Target
 
 log = logging.getLogger(__name__)
@@ -44,15 +45,12 @@ Loaded = tuple[LoadedGraph, bool]  # a graph, and whether the call that loaded i
 class GraphCache:
     """key -> store -> verify -> (load); on a miss, one build per key at a time.
 
-    ``store`` holds artifact bytes; ``compiler`` (or its name, as in
-    graphcache.compilers.named) builds and loads (None: read only). ``signing_key`` signs builds;
-    ``require_signed`` refuses unsigned or wrongly signed artifacts (treated
-    as corrupt). ``torch_fallback`` lets ``load`` run torch's SDPA where
-    cuDNN cannot serve a spec here. ``shape_classes`` is the length-class
-    policy ``load`` follows (``pow2`` or ``exact``; default
-    GRAPHCACHE_SHAPE_CLASSES, see graphcache.spec.classes); ``class_slack`` bounds
-    the larger stored class that may serve a call whose own class is not
-    stored (default GRAPHCACHE_CLASS_SLACK, see graphcache.classindex).
+    ``store`` holds artifact bytes; ``compiler`` (or its name, as in graphcache.compilers.named) builds and loads
+    (None: read only). ``signing_key`` signs builds; ``require_signed`` refuses unsigned or wrongly signed artifacts
+    (treated as corrupt). ``torch_fallback`` lets ``load`` run torch's SDPA where cuDNN cannot serve a spec here.
+    ``shape_classes`` is the length-class policy ``load`` follows (``pow2`` or ``exact``; default
+    GRAPHCACHE_SHAPE_CLASSES, see graphcache.spec.classes); ``class_slack`` bounds the larger stored class that may
+    serve a call whose own class is not stored (default GRAPHCACHE_CLASS_SLACK, see graphcache.classindex).
     """
 
     def __init__(
@@ -136,6 +134,9 @@ class GraphCache:
             self._stats.bump("store_errors")
             log.warning("store unavailable, treating %s as a miss: %s", key[:12], exc)
             return None
+        except CorruptArtifact as exc:  # a value the store cannot read (UnreadableEntry): dropped like corrupt bytes
+            self._dropped(key, exc)
+            return None
         if data is None:
             return None
         return self._decoded(key, data)
@@ -152,17 +153,17 @@ class GraphCache:
             if self.require_signed:
                 artifact.verify_signature(self.verify_keys)
         except CorruptArtifact as exc:
-            self._stats.bump("corrupt")
-            log.warning("entry %s failed verification here (%s), dropped locally: %s", key, exc.reason, exc)
-            discard = getattr(self.store, "discard", self.store.delete)
-            try:
-                discard(key)
-            except GraphCacheError:
-                pass
+            self._dropped(key, exc)
             return None
         if artifact.spec.is_class and not artifact.unsupported:
             self._classes.add(artifact.spec, artifact.target)  # what prefetch, warm and remote hits bring
         return artifact
+
+    def _dropped(self, key: str, exc: CorruptArtifact) -> None:
+        self._stats.bump("corrupt")
+        log.warning("entry %s failed verification here (%s), dropped locally: %s", key, exc.reason, exc)
+        with contextlib.suppress(GraphCacheError):
+            getattr(self.store, "discard", self.store.delete)(key)
 
     def index(self) -> ClassIndex:
         """The class specs the local store holds: read from it at the first
@@ -199,10 +200,13 @@ class GraphCache:
         return self.ensure(spec, target, build=build)[0]
 
     def ensure(self, spec: GraphSpec, target: Target | None = None, *, build: bool = True) -> tuple[Artifact, bool]:
-        """Like ``get``, and whether this call built the artifact (False when
-        it was stored, or another caller or replica built it)."""
+        """Like ``get``, and whether this call built the artifact (False when it was stored, or another caller or
+        replica built it). A known-bad window (the release table) raises KnownBad before any store is asked."""
         target = self.target(target)
         key = key_for(spec, target, self.uids)
+        if (refusal := refused(spec, target)) is not None:  # a known-bad window (release table): no stored plan
+            self._stats.bump("unsupported")
+            raise refusal
         artifact = self._fetch(key)
         if artifact is not None:
             self._stats.bump("hits")
@@ -244,34 +248,11 @@ class GraphCache:
                 self._inflight.pop(key, None)
 
     def _build_once(self, key: str, spec: GraphSpec, target: Target) -> tuple[Artifact, bool]:
-        """Build under the store's lease: the holder builds, the others wait
-        (bounded by lease_wait) for its artifact; a holder that dies stops
-        renewing, its lease expires and a waiter takes over."""
-        if self._leases is None:
-            return self._build(key, spec, target), True
-        deadline = time.monotonic() + self.lease_wait
-        waited = False
-        while True:
-            lease = Lease(self._leases, key, self.lease_ttl)
-            try:
-                acquired = lease.try_acquire()
-            except StoreUnavailable as exc:
-                log.warning("no build lease for %s (%s): building without one", key[:12], exc)
-                return self._build(key, spec, target), True
-            if acquired:
-                with lease:
-                    fetched = self._fetch(key)
-                    return (fetched, False) if fetched is not None else (self._build(key, spec, target), True)
-            if not waited:
-                self._stats.bump("lease_waits")
-                waited = True
-            time.sleep(0.1)
-            artifact = self._fetch(key)
-            if artifact is not None:
-                return artifact, False
-            if time.monotonic() > deadline:
-                log.warning("waited %.0fs for another builder of %s: building here", self.lease_wait, key[:12])
-                return self._build(key, spec, target), True
+        """Build under the store's lease (graphcache.stores.lease.build_once)."""
+        return build_once(
+            self._leases, key, ttl=self.lease_ttl, wait=self.lease_wait, fetch=self._fetch,
+            build=lambda: self._build(key, spec, target), waiting=lambda: self._stats.bump("lease_waits"),
+        )  # fmt: skip
 
     def _build(self, key: str, spec: GraphSpec, target: Target) -> Artifact:
         assert self.compiler is not None

@@ -27,6 +27,7 @@ from typing import Any
 from graphcache.errors import CorruptArtifact, SpecError, StoreError, TargetError
 from graphcache.settings import DEFAULT_SLACK, SLACK_VAR, check_slack, slack_from_env
 from graphcache.spec import GraphSpec
+from graphcache.spec.layouts import shown
 from graphcache.stores import stored_header
 from graphcache.stores.disk import DiskStore
 from graphcache.target import Target
@@ -92,7 +93,7 @@ def differences(stored: GraphSpec, spec: GraphSpec, own: GraphSpec, slack: float
     ``slack``. Empty when ``stored`` covers ``spec`` within the slack. A call
     never differs from a class by ``shapes``: the call does not choose it."""
     diffs = [
-        f"spec.{name}: stored {getattr(stored, name)!r}, asked {getattr(spec, name)!r}"
+        f"spec.{name}: stored {shown(stored, name)}, asked {shown(spec, name)}"
         for name in _FIXED
         if getattr(stored, name) != getattr(spec, name)
     ]

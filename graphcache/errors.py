@@ -53,6 +53,19 @@ class NotSerializable(UnsupportedSpec):
     """The plan cuDNN chose cannot be serialized, so it cannot be cached."""
 
 
+class KnownBad(UnsupportedSpec):
+    """A spec the release table's known-bad windows forbid on its target
+    (graphcache.compilers.cudnn.release_rows.KNOWN_BAD): cuDNN would build
+    it, and it would be wrong. ``window`` names the row; the message says
+    what, on which target, and the row's source. Stored as a negative entry
+    (step ``known_bad``) like any refusal, and refused before the store is
+    asked, so a plan stored before the window was known is never served."""
+
+    def __init__(self, message: str, window: str = "") -> None:
+        super().__init__(message, step="known_bad")
+        self.window = window
+
+
 class BuildError(GraphCacheError):
     """A build failed for a reason that is not a property of the spec on its
     target: a missing driver or NVRTC, out of memory, an internal cuDNN
@@ -79,7 +92,7 @@ class CorruptArtifact(GraphCacheError):
     Corrupt data is never deserialized: treat it as a miss. ``reason`` is a
     short code (bad_magic, truncated, unknown_version, bad_header,
     header_digest_mismatch, digest_mismatch, key_not_recomputable,
-    key_mismatch, unsigned, bad_signature) for metrics and HTTP errors.
+    key_mismatch, unsigned, bad_signature, unreadable) for metrics and HTTP errors.
     """
 
     def __init__(self, message: str, reason: str = "corrupt") -> None:
@@ -87,8 +100,35 @@ class CorruptArtifact(GraphCacheError):
         self.reason = reason
 
 
+# Every CorruptArtifact reason, for counters declared at zero from the start.
+CORRUPT_REASONS = (
+    "bad_magic",
+    "truncated",
+    "unknown_version",
+    "bad_header",
+    "header_digest_mismatch",
+    "digest_mismatch",
+    "key_not_recomputable",
+    "key_mismatch",
+    "unreadable",
+)
+SIGNATURE_REASONS = ("unsigned", "bad_signature")
+
+
 class SignatureError(CorruptArtifact):
     """An artifact is unsigned or wrongly signed where a signature is required."""
+
+
+class UnreadableEntry(CorruptArtifact):
+    """A stored entry whose value cannot be read as a file: an I/O error, no
+    permission, or something else in the value file's place (a directory, a
+    FIFO, a symlink, which is never followed). Its reason is ``unreadable``;
+    handled as a corrupt entry (the service sets it aside, clients count it
+    and go on). ``path`` is the value file's."""
+
+    def __init__(self, message: str, path: str = "") -> None:
+        super().__init__(message, "unreadable")
+        self.path = path
 
 
 class TargetMismatch(GraphCacheError):
@@ -138,6 +178,18 @@ class ExecutionError(GraphCacheError, ValueError):
 
 class ManifestError(GraphCacheError, ValueError):
     """A manifest file is malformed; the message names the file, entry and field."""
+
+
+class ManifestTooLarge(ManifestError):
+    """A manifest names more specs than one manifest may (GRAPHCACHE_MAX_SPECS),
+    or its YAML aliases expand past what a manifest may hold; it was refused
+    before it was expanded. ``limit`` is the bound, ``named`` what it names
+    (as far as it was counted)."""
+
+    def __init__(self, message: str, *, limit: int, named: int) -> None:
+        super().__init__(message)
+        self.limit = limit
+        self.named = named
 
 
 class NotFound(GraphCacheError, KeyError):

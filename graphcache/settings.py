@@ -16,6 +16,11 @@ DEFAULT_BODY_BUDGET = 16 * MiB  # read-route bodies (manifests of 1 MiB, batches
 log = logging.getLogger(__name__)
 DEFAULT_HEADER_TIMEOUT = 10.0
 DEFAULT_SEND_TIMEOUT = 30.0
+# Specs one manifest may name, counted before it is expanded. The largest
+# real deploy measured (`graphcache manifest docs/examples/configs/llama-3-8b
+# --max-batch 64 --max-seq 8192`) names 182 (224 on route graphcache, 287
+# with --chunk 512): this holds a dozen such models in one manifest.
+DEFAULT_MAX_SPECS = 4096
 
 
 class SettingsError(GraphCacheError, ValueError):
@@ -53,6 +58,8 @@ class Settings:
                                                (then the connection is closed; service.transport)
     canary           GRAPHCACHE_CANARY         run each loaded cuDNN plan once on the canary input (1/0, default 1)
     max_batch        GRAPHCACHE_MAX_BATCH      most keys one POST /v1/batch may ask for (then 413)
+    max_specs        GRAPHCACHE_MAX_SPECS      most specs one manifest may name, counted before it is expanded
+                                               (then 413, or a one-line CLI error; default 4096)
     http_max_age     GRAPHCACHE_HTTP_MAX_AGE   seconds HTTP caches may keep an artifact when reads are open
     shape_classes    GRAPHCACHE_SHAPE_CLASSES  length-class policy: pow2 (default) or exact (graphcache.spec.classes)
     class_slack      GRAPHCACHE_CLASS_SLACK    a larger stored class serves a call when it declares at most this
@@ -83,6 +90,7 @@ class Settings:
     build: bool = True
     canary: bool = True
     max_batch: int = 1024
+    max_specs: int = DEFAULT_MAX_SPECS
     http_max_age: int = 86400
     shape_classes: str = "pow2"
     class_slack: float = 4.0
@@ -113,6 +121,8 @@ class Settings:
                 values[name.lower()] = _int("GRAPHCACHE_" + name, v)
         if (v := get("MAX_BATCH")) is not None:
             values["max_batch"] = _int("GRAPHCACHE_MAX_BATCH", v, unit="keys")
+        if (v := get("MAX_SPECS")) is not None:
+            values["max_specs"] = _int("GRAPHCACHE_MAX_SPECS", v, unit="specs")
         if (v := get("HTTP_MAX_AGE")) is not None:
             values["http_max_age"] = _int("GRAPHCACHE_HTTP_MAX_AGE", v, allow_zero=True, unit="seconds")
         for name in ("WRITE_TOKENS", "READ_TOKENS", "ADMIN_TOKENS"):

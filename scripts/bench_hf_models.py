@@ -73,6 +73,9 @@ def cell(case: Case) -> str:
     text = f"{case.fraction:.0%} ({case.hits}/{case.calls}), {tokens}"
     if case.fallbacks:
         text += "; " + ", ".join(f"{k} {n}" for k, n in sorted(case.fallbacks.items()))
+    copies = [f"{role} {why} {n}" for role, reasons in sorted(case.copied.items()) for why, n in reasons.items()]
+    if copies:  # tensors copied into a layout a graph reads (stats()["copied"]); none where none is listed
+        text += "; copied: " + ", ".join(copies)
     return text
 
 

@@ -3,7 +3,9 @@
 with the cold build against the warm load, as one table. Run by
 scripts/gpu_check.sh; not yet run on a GPU.
 
-For each kind (dense, class, bias, softcap, ragged, paged) one spec:
+For each kind (dense, class, bias, softcap, ragged, paged, and issue 40's
+tensor layouts: sequence-first, a fused projection's views, a prompt's q
+beside the cache, gpt_bigcode's row, a sequence-first class) one spec:
 - a kind this tree cannot express (the spec field is not there yet, or is
   refused) reads "not supported by this tree" with the spec's own error;
 - on a GPU, a fresh GraphCache over an empty DiskStore builds it (the cold
@@ -45,6 +47,12 @@ KINDS: dict[str, dict[str, Any]] = {
     "softcap": dict(_LLAMA, batch=2, seq_q=256, mask="causal", softcap=30.0),  # Gemma 2's tanh capping (issue 25)
     "ragged": dict(_LLAMA, batch=4, seq_q=512, layout="thd", mask="causal_bottom_right"),
     "paged": dict(_LLAMA, batch=4, seq_q=1, layout="thd", page_size=64, num_pages=64, pages_per_seq=16),
+    # Issue 40: each tensor in the layout real code hands torch (graphcache/spec/layouts.py).
+    "mha-sbhd": dict(batch=4, heads_q=8, seq_q=256, head_dim=64, dtype="bfloat16", layout="sbhd"),
+    "vit-fused": dict(batch=4, heads_q=3, seq_q=197, head_dim=64, dtype="bfloat16", layout="bs[3]hd"),
+    "hf-prefill": dict(_LLAMA, batch=2, seq_q=512, mask="causal", layout="bhsd", layout_q="bshd"),
+    "bigcode-mqa": dict(_LLAMA, heads_kv=1, batch=4, seq_q=256, bias="b1ss", layout_q="bs[+2]hd"),
+    "class-sbhd": dict(batch=4, heads_q=8, seq_q=256, head_dim=64, dtype="bfloat16", layout="sbhd", shapes="class"),
 }
 
 
@@ -113,7 +121,7 @@ def on_cpu(name: str, spec: GraphSpec, why_no_gpu: str) -> dict[str, Any]:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = [f"{'kind':8} {'status':22} {'cold build':>11} {'warm load':>10} {'ratio':>7}  spec / why"]
+    lines = [f"{'kind':11} {'status':22} {'cold build':>11} {'warm load':>10} {'ratio':>7}  spec / why"]
     for r in rows:
         cold, warm = r.get("cold_s"), r.get("warm_s")
         times = (
@@ -125,11 +133,11 @@ def table(rows: list[dict[str, Any]]) -> str:
         extra = r.get("why") or (
             f"engine {r.get('engine')}, error {r.get('validation_error')}" if "engine" in r else ""
         )
-        lines.append(f"{r['kind']:8} {r['status']:22} {times}  {detail}")
+        lines.append(f"{r['kind']:11} {r['status']:22} {times}  {detail}")
         if extra:
-            lines.append(f"{'':8} {extra}")
+            lines.append(f"{'':11} {extra}")
         if r.get("declared"):
-            lines.append(f"{'':8} declared: {r['declared']}")
+            lines.append(f"{'':11} declared: {r['declared']}")
     return "\n".join(lines)
 
 

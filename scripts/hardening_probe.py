@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""The issue-27 and issue-33 probes, with figures: `graphcache serve` (one worker) on 127.0.0.1.
+"""The issue-27, -33 and -41 probes, with figures: `graphcache serve` (one worker) on 127.0.0.1.
 
     python scripts/hardening_probe.py [--slow 1000] [--readers 200] [--non-readers 1000] [--held 260]
-        [--redis-url redis://...] [--tree PATH] [--only body|budget|slow|redis|held|stalled|rss]
+        [--entries 20000] [--redis-url redis://...] [--tree PATH]
+        [--only body|budget|slow|redis|held|stalled|rss|bomb|burst|swap]
 
 1. A body declared 2 GiB (1 MiB of it sent) to POST /v1/build without a
    token, with write tokens set: the status, how long it took, the server's
@@ -30,6 +31,25 @@
 7. (issue 33) 16 concurrent uploads of real 63 MiB artifacts, the budget
    raised so that all are taken in at once: their answers and the server's
    RSS before and at its peak (VmHWM).
+
+8. (issue 41) Manifest bombs posted to the status page (``POST /``, open
+   to anyone where reads are open): 3,978 bytes naming 10**9 specs
+   (``batch: &v [1..1000]``, ``seq_q: *v``, ``seq_kv: *v``), then 420 bytes
+   of nested aliases: each answer's status, size and time (the client waits
+   at most 10 s, then leaves), and the server's RSS before, and 10 s after
+   the first (peak, VmHWM).
+9. (issue 41) 64 concurrent tokenless ``GET /`` on an ``--entries`` store
+   (20,000 entries of 4 KiB), write tokens set: meanwhile ``/healthz``
+   every 0.1 s (timeout 1 s) and an authenticated 50 KB PUT after each:
+   how many /healthz answered 200 within 1 s, the slowest, and how many PUTs
+   were stored, until the 64 pages are answered (at most 240 s).
+10. (issue 41) The spool swap: a Redis store, uploads spooled in
+   ``$TMPDIR/graphcache-uploads-UID``. As another local user (uid 54321, no
+   account; needs root) the folder is made first, mode 0777; then a 4 MiB
+   upload whose file that user replaces, mid-upload, with a forged
+   envelope of the same key: whether the server started, what the upload
+   was answered, and whether GET serves the forged bytes. Then the same
+   swap by the server's own user racing the path (DiskStore and Redis).
 
 ``--tree`` serves from another checkout (``git archive COMMIT | tar -x -C
 /tmp/base``) for the figures before a change.
@@ -389,6 +409,221 @@ def probe_upload_rss(folder: str) -> None:
     )
 
 
+BOMB = (
+    "defaults: {heads_q: 8, head_dim: 64}\ngraphs:\n  - name: bomb\n"
+    f"    batch: &v [{','.join(str(n) for n in range(1, 1001))}]\n    seq_q: *v\n    seq_kv: *v\n"
+)
+
+
+def nested_aliases(levels: int = 9) -> str:
+    """About 420 bytes whose aliases name 9**levels values: anchors made in a
+    known field's list (dtype), the last one named by batch, so a spec error
+    quoting batch's value once printed 9**8 numbers (191 MB)."""
+    made = ["&a0 [1,1,1,1,1,1,1,1,1]"] + [f"&a{n} [{','.join([f'*a{n - 1}'] * 9)}]" for n in range(1, levels)]
+    return (
+        f"defaults: {{heads_q: 8, head_dim: 64, seq_q: 128, dtype: [{', '.join(made)}]}}\n"
+        f"graphs: [{{name: x, batch: [*a{levels - 1}]}}]\n"
+    )
+
+
+def probe_manifest_bomb(folder: str) -> None:
+    """Manifest bombs to POST /: answers, times, the server's memory."""
+    where = Path(folder) / "bomb"
+    store = DiskStore(where)
+    art = artifact(1, 4096)
+    store.put(art.key, art.encode())
+    store.close()
+    for name, body in (("10**9 specs", BOMB), ("nested aliases", nested_aliases())):
+        with serve({"GRAPHCACHE_DIR": str(where)}) as (url, proc):
+            httpx.get(f"{url}/", timeout=30)
+            before = rss_mib(proc.pid)
+            start = time.monotonic()
+            try:
+                got = httpx.post(f"{url}/", content=body, timeout=10)
+                took = time.monotonic() - start
+                answer = f"{got.status_code} {got.headers.get('content-type', '').split(';')[0]} of {len(got.content):,} bytes"
+                answer += f" in {took * 1000:.0f} ms"
+            except httpx.TransportError as exc:
+                answer = f"no answer within 10 s ({type(exc).__name__}); the client left"
+            time.sleep(max(0.0, 10 - (time.monotonic() - start)))
+            after, peak = rss_mib(proc.pid), rss_mib(proc.pid, "VmHWM")
+            alive = proc.poll() is None
+            print(
+                f"manifest bomb, {name} ({len(body):,} bytes) to POST /: {answer}; server RSS {before:.0f} MiB "
+                f"before, {after:.0f} MiB 10 s after it was sent (peak {peak:.0f} MiB: +{peak - before:.0f} MiB)"
+                + ("" if alive else "; the server died")
+            )
+
+
+def probe_status_burst(folder: str, entries: int) -> None:
+    """64 tokenless GET / on a filled store vs /healthz and authenticated PUTs."""
+    where = Path(folder) / "burst"
+    store = DiskStore(where)
+    payload = os.urandom(4096)
+    for n in range(entries):
+        spec = GraphSpec.from_dict({"batch": 1 + n % 64, "heads_q": 8, "seq_q": 128 + n // 64, "head_dim": 64})
+        made = Artifact(spec=spec, target=TARGET, payload=payload)
+        store.put(made.key, made.encode())
+    store.close()
+    env = {"GRAPHCACHE_DIR": str(where), "GRAPHCACHE_WRITE_TOKENS": WRITE}
+    auth = {"authorization": f"Bearer {WRITE}"}
+    with serve(env) as (url, _):
+        pages: list[str] = []
+
+        def page() -> None:
+            try:
+                pages.append(str(httpx.get(f"{url}/", timeout=240).status_code))
+            except httpx.TransportError as exc:
+                pages.append(type(exc).__name__)
+
+        threads = [threading.Thread(target=page) for _ in range(64)]
+        start = time.monotonic()
+        for thread in threads:
+            thread.start()
+        health: list[tuple[str, float]] = []
+        puts: list[str] = []
+        n = 0
+        # Kept-alive clients: what is timed is the server's answer, not a
+        # client made per request (each made an SSL context: seconds, on a busy host).
+        with httpx.Client(base_url=url, timeout=1) as checker, httpx.Client(base_url=url, timeout=5) as writer:
+            while any(t.is_alive() for t in threads) and time.monotonic() - start < 240:
+                began = time.monotonic()
+                try:
+                    health.append((str(checker.get("/healthz").status_code), time.monotonic() - began))
+                except httpx.TransportError as exc:
+                    health.append((type(exc).__name__, time.monotonic() - began))
+                made = artifact(1000 + n, 50_000)
+                try:
+                    puts.append(
+                        str(writer.put(f"/v1/artifacts/{made.key}", content=made.encode(), headers=auth).status_code)
+                    )
+                except httpx.TransportError as exc:
+                    puts.append(type(exc).__name__)
+                n += 1
+                time.sleep(max(0.0, 0.1 - (time.monotonic() - began)))
+        wall = time.monotonic() - start
+        for thread in threads:
+            thread.join(1)
+    good = sum(1 for status, took in health if status == "200" and took < 1.0)
+    slowest = max((took for _, took in health), default=0.0)
+    print(
+        f"64 GET / on a {entries:,}-entry store: pages {dict(Counter(pages))} after {wall:.1f} s; /healthz "
+        f"{good} of {len(health)} answered 200 within 1 s (slowest {slowest:.2f} s, {dict(Counter(s for s, _ in health))}); "
+        f"authenticated PUTs {dict(Counter(puts))}"
+    )
+
+
+OTHER_UID = 54321
+
+
+def swap_upload(url: str, good: Artifact, forged: Artifact, folder: Path, swapper: Any) -> tuple[int, str]:
+    """PUT ``good``; when its file is in ``folder``, ``swapper(path, forged)``
+    replaces it; then the rest is sent. (status, what GET serves)."""
+    data = good.encode()
+    head = f"PUT /v1/artifacts/{good.key} HTTP/1.1\r\nhost: p\r\nauthorization: Bearer {WRITE}\r\n"
+    port = int(url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(f"{head}content-length: {len(data)}\r\n\r\n".encode() + data[: 3 * 1024**2])
+        deadline = time.monotonic() + 10
+        while not (files := sorted(folder.glob(".upload-*"))) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if files:
+            swapper(files[0], forged)
+        sock.sendall(data[3 * 1024**2 :])
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            answer += chunk
+    status = int(answer.split(b" ", 2)[1]) if answer else 0
+    served = httpx.get(f"{url}/v1/artifacts/{good.key}", timeout=30).content
+    what = "the forged envelope" if served == forged.encode() else "what was sent" if served == data else "nothing"
+    return status, what
+
+
+def probe_spool_swap(folder: str, redis_url: str | None) -> None:
+    base = Path(tempfile.mkdtemp(prefix="graphcache-probe-", dir="/tmp"))
+    os.chmod(base, 0o711)
+    pairs = []
+    for n in range(3):  # one key per scenario (they share one Redis)
+        good = artifact(77 + n, 4 * 1024**2)
+        pairs.append(
+            (good, Artifact(spec=good.spec, target=TARGET, payload=os.urandom(4 * 1024**2), created_at="forged"))
+        )
+
+    def replace_as(uid: int | None) -> Any:
+        def swap(path: Path, art: Artifact) -> None:
+            staged = base / f"forged-{uid}"
+            staged.write_bytes(art.encode())
+            os.chmod(staged, 0o644)
+            if uid is None:
+                os.replace(staged, path)
+            else:  # copied into the folder (theirs, mode 0777) as that user, then moved over the file
+                own = path.parent / ".forged"
+                script = f"cp {staged} {own} && mv -f {own} {path}"
+                subprocess.run(["sh", "-c", script], check=False, user=uid, group=uid, timeout=30)
+
+        return swap
+
+    proc = None
+    try:
+        if redis_url is None:
+            port = free_port()
+            proc = subprocess.Popen(
+                [
+                    shutil.which("redis-server") or "/usr/bin/redis-server",
+                    "--port",
+                    str(port),
+                    "--bind",
+                    "127.0.0.1",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            redis_url = f"redis://127.0.0.1:{port}/0"
+            time.sleep(0.5)
+        if os.geteuid() == 0:
+            tmp = base / "tmp-other"
+            tmp.mkdir()
+            os.chmod(tmp, 0o1777)
+            spool = tmp / f"graphcache-uploads-{os.getuid()}"
+            subprocess.run(["mkdir", "-m", "777", str(spool)], check=True, user=OTHER_UID, group=OTHER_UID, timeout=30)
+            env = {"TMPDIR": str(tmp), "GRAPHCACHE_WRITE_TOKENS": WRITE, "GRAPHCACHE_DIR": str(base / "d1")}
+            try:
+                with serve(env, "--store", redis_url) as (url, _):
+                    status, what = swap_upload(url, *pairs[0], spool, replace_as(OTHER_UID))
+                    print(
+                        f"spool swap by another local user (uid {OTHER_UID} made the folder first): server started; upload {status}; GET serves {what}"
+                    )
+            except AssertionError:
+                print(
+                    f"spool swap by another local user (uid {OTHER_UID} made the folder first): the server refused to start"
+                )
+        else:
+            print("spool swap by another local user: skipped (needs root to act as another user)")
+        for n, kind in enumerate(("disk", "redis"), 1):
+            tmp = base / f"tmp-{kind}"
+            tmp.mkdir()
+            env = {"TMPDIR": str(tmp), "GRAPHCACHE_WRITE_TOKENS": WRITE, "GRAPHCACHE_DIR": str(base / f"d-{kind}")}
+            args = ("--store", redis_url) if kind == "redis" else ()
+            spool = tmp / f"graphcache-uploads-{os.getuid()}" if kind == "redis" else base / f"d-{kind}" / "incoming"
+            with serve(env, *args) as (url, _):
+                status, what = swap_upload(url, *pairs[n], spool, replace_as(None))
+                print(
+                    f"spool swap by the server's own user racing the path ({kind}): upload {status}; GET serves {what}"
+                )
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(10)
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--slow", type=int, default=1000)
@@ -397,7 +632,12 @@ def main() -> None:
     parser.add_argument("--held", type=int, default=260)
     parser.add_argument("--redis-url", default=None)
     parser.add_argument("--tree", type=Path, default=ROOT, help="serve from this checkout (a baseline worktree)")
-    parser.add_argument("--only", choices=("body", "budget", "slow", "redis", "held", "stalled", "rss"), default=None)
+    parser.add_argument("--entries", type=int, default=20_000)
+    parser.add_argument(
+        "--only",
+        choices=("body", "budget", "slow", "redis", "held", "stalled", "rss", "bomb", "burst", "swap"),
+        default=None,
+    )
     args = parser.parse_args()
     global TREE  # noqa: PLW0603 - read by serve()
     TREE = args.tree.resolve()
@@ -416,6 +656,12 @@ def main() -> None:
             probe_non_readers(folder, args.non_readers)
         if args.only in (None, "rss"):
             probe_upload_rss(folder)
+        if args.only in (None, "bomb"):
+            probe_manifest_bomb(folder)
+        if args.only in (None, "burst"):
+            probe_status_burst(folder, args.entries)
+        if args.only in (None, "swap"):
+            probe_spool_swap(folder, args.redis_url)
 
 
 if __name__ == "__main__":

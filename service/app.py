@@ -16,9 +16,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 from fastapi import FastAPI
 
 from graphcache.settings import Settings
@@ -48,8 +51,20 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None, 
         # FastAPI's native OpenTelemetry hook looks up the environment on
         # every request (~30 us); we export Prometheus metrics instead.
         options["telemetry"] = {"tracing": False, "metrics": False, "logs": False}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: Any) -> AsyncIterator[None]:
+        try:
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(state.housekeeping)
+                yield
+                tasks.cancel_scope.cancel()
+        finally:
+            state.scans.close()
+
     app = GraphcacheApp(
         title="graphcache",
+        lifespan=lifespan,
         version="0.1.0",
         description="Prebuilt cuDNN attention graphs, keyed by spec and target, verified end to end.",
         # Swagger UI from the service's own assets (service.docs), not a CDN;

@@ -15,6 +15,7 @@ from graphcache.errors import (
     BuildError,
     CorruptArtifact,
     GraphCacheError,
+    ManifestTooLarge,
     NoGpu,
     NotFound,
     NotSerializable,
@@ -79,6 +80,8 @@ def from_library(exc: Exception) -> ServiceError:
         # The build host failed (driver, NVRTC, memory, a plan that failed its
         # checks): the server's fault, not the request's; nothing was stored.
         return ServiceError(500, "build_failed", str(exc))
+    if isinstance(exc, ManifestTooLarge):
+        return ServiceError(413, "too_many_specs", str(exc), extra={"limit": exc.limit})
     if isinstance(exc, GraphCacheError):
         return ServiceError(400, "bad_request", str(exc))
     return ServiceError(500, "internal", f"internal error ({type(exc).__name__}); see the server log")

@@ -44,9 +44,10 @@ from typing import Any
 
 import anyio
 
+from graphcache.errors import StoreError, StoreFull
 from graphcache.key import is_key
 from graphcache.settings import SettingsError
-from service.errors import JSON, RAW_BODY, ServiceError, bad_json, body, json_problem
+from service.errors import JSON, RAW_BODY, ServiceError, bad_json, body, from_library, json_problem
 from service.metrics import route_label
 from service.state import State
 from service.transport import ARRIVING
@@ -190,6 +191,8 @@ class BodyGate:
             if declared is not None and declared > rule.limit:
                 state.metrics.rejected.labels("too_large").inc()
                 raise _too_large(declared, rule)
+            if rule.upload and declared and (err := await self._no_room(declared)) is not None:
+                raise err
         except ServiceError as err:
             await self._refuse(scope, send, err)
             return
@@ -217,6 +220,22 @@ class BodyGate:
             hold.release()
             if upload is not None:
                 upload.discard()  # unless the store took it: refused, cut short, or gone
+
+    async def _no_room(self, declared: int) -> ServiceError | None:
+        """The 507 of an upload the store cannot take at its declared size
+        (a Redis whose maxmemory cannot hold it: RedisStore.room_for), before
+        any byte of it is read, so none reaches the store."""
+        room_for = getattr(self.state.store, "room_for", None)
+        if room_for is None:
+            return None
+        try:
+            why = await self.state.store_call(room_for, declared)
+        except StoreError:
+            return None  # Redis did not answer: the put will say so
+        if why is None:
+            return None
+        self.state.metrics.rejected.labels("store_full").inc()
+        return from_library(StoreFull(why, needed=declared))
 
     async def _read(
         self, scope: dict[str, Any], receive: Any, send: Any, rule: Rule, charge: Hold | None, upload: Upload | None

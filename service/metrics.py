@@ -20,7 +20,12 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from graphcache.errors import CORRUPT_REASONS, SIGNATURE_REASONS
 from service import workers
+
+# Why service.intake and the upload route refuse an upload, besides a corrupt
+# envelope (CORRUPT_REASONS) and its signature (SIGNATURE_REASONS).
+UPLOAD_REFUSALS = ("too_large", "budget", "body_budget", "timeout", "store_full")
 
 
 class SizeHistogram(Collector):
@@ -167,6 +172,23 @@ class Metrics:
             multiprocess_mode="liveall",  # one series per running worker, its pid as a label
         )
         self._server_info: dict[str, Any] | None = None
+        self._declare_at_zero()
+
+    def _declare_at_zero(self) -> None:
+        """Every known label value of the labelled counters, at 0 from the
+        start: a series a dashboard's rate() or increase() reads exists on a
+        fresh replica, and, where workers share a folder, in the server's
+        sum (which only lists series some worker has created)."""
+        for result in ("created", "identical"):
+            self.uploads.labels(result)
+        for reason in (*UPLOAD_REFUSALS, *CORRUPT_REASONS, *SIGNATURE_REASONS):
+            self.rejected.labels(reason)
+        for reason in SIGNATURE_REASONS:
+            self.refused.labels(reason)
+        for reason in CORRUPT_REASONS:
+            self.quarantined.labels(reason)
+        for result in ("built", "failed"):
+            self.builds.labels(result)
 
     def watch_store(self, unwritable: Callable[[], str | None], store: Any) -> None:
         """Read at each scrape: whether the store takes writes (0 on a full

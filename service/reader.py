@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -16,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from graphcache.artifact import Artifact
-from graphcache.errors import CorruptArtifact, SignatureError, StoreError
+from graphcache.errors import CorruptArtifact, SignatureError, StoreError, UnreadableEntry
 from graphcache.stores import Store
-from graphcache.stores.disk import read_all
+from graphcache.stores.valuefile import private_folder, read_value, write_private
 from service.metrics import Metrics
 
 log = logging.getLogger("graphcache.service")
@@ -93,7 +94,17 @@ class ArtifactReader:
 
     def lookup(self, key: str) -> Served | Unverified | None:
         """Fast part, safe on the event loop: a Served entry when these exact
-        bytes were verified before, else the bytes still to verify."""
+        bytes were verified before, else the bytes still to verify. An entry
+        whose value file cannot be read (never followed, never blocking:
+        graphcache.stores.valuefile) is set aside and its UnreadableEntry
+        raised."""
+        try:
+            return self._lookup(key)
+        except UnreadableEntry as exc:
+            self.set_aside(key, exc)
+            raise
+
+    def _lookup(self, key: str) -> Served | Unverified | None:
         hot = self._hot.get(key)
         if hot is not None and self._stat is not None:
             if self._stat(key) == hot[0]:
@@ -113,7 +124,7 @@ class ArtifactReader:
         if memo is not None and memo[0] == identity and size >= STREAM_MIN:
             return Served(None, memo[1], size, handle=value, build_seconds=memo[2])
         with value:
-            data = read_all(value, size)
+            data = read_value(value, size)
         if memo is not None and memo[0] == identity:
             served = Served(data, memo[1], size, build_seconds=memo[2])
             self._keep_hot(key, identity, served)
@@ -198,11 +209,35 @@ class ArtifactReader:
         self.forget(key)
         if self.quarantine is not None:
             try:
-                self.quarantine.mkdir(parents=True, exist_ok=True)
-                (self.quarantine / f"{key}.{int(time.time())}.{exc.reason}").write_bytes(data)
-            except OSError as err:
+                # A private copy (0600, in a 0700 folder of the server's own):
+                # what a planted entry held is no one else's to read.
+                write_private(private_folder(self.quarantine, "quarantine"), _aside_name(key, exc.reason), data)
+            except (OSError, StoreError) as err:
                 log.error("could not write quarantine copy of %s: %s", key, err)
         try:
             self.store.delete(key)
         except StoreError as err:
             log.error("could not remove corrupt entry %s: %s", key, err)
+
+    def set_aside(self, key: str, exc: UnreadableEntry) -> None:
+        """An entry whose value cannot be read: its file (whatever is there,
+        never followed) moved into quarantine where the store can, and the
+        entry removed, counted as quarantined (``unreadable``)."""
+        log.error("stored entry %s cannot be read (%s): set aside", key, exc)
+        self.metrics.quarantined.labels(exc.reason).inc()
+        self.forget(key)
+        aside = getattr(self.store, "set_aside", None)
+        try:
+            if aside is not None and self.quarantine is not None:
+                aside(key, private_folder(self.quarantine, "quarantine"), _aside_name(key, exc.reason))
+                return
+        except (OSError, StoreError) as err:
+            log.error("could not move unreadable entry %s into quarantine, removing it: %s", key, err)
+        try:
+            self.store.delete(key)
+        except (OSError, StoreError) as err:
+            log.error("could not remove unreadable entry %s: %s", key, err)
+
+
+def _aside_name(key: str, reason: str) -> str:
+    return f"{key}.{int(time.time())}.{secrets.token_hex(4)}.{reason}"

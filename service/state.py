@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import anyio
 
 from graphcache.cache import GraphCache
-from graphcache.errors import GraphCacheError, NoGpu, StoreError, StoreFull
+from graphcache.errors import CorruptArtifact, GraphCacheError, NoGpu, StoreError, StoreFull
 from graphcache.key import is_key
 from graphcache.settings import Settings
 from graphcache.stores import Store
@@ -22,6 +22,7 @@ from service.auth import Auth
 from service.errors import ServiceError
 from service.metrics import Metrics
 from service.reader import ArtifactReader, Served, Unverified
+from service.scans import Scans
 
 OCTET = b"application/octet-stream"
 log = logging.getLogger("graphcache.service")
@@ -30,6 +31,7 @@ T = TypeVar("T")
 # builds): calls to a hung store that time out keep their thread until the
 # store's own timeout ends them, and must not starve the rest.
 STORE_THREADS = 64
+SWEEP_EVERY = 60.0  # seconds between two sweeps of the uploads' folder
 
 
 class State:
@@ -46,6 +48,7 @@ class State:
         keys = settings.verify_keys if settings.require_signed else ()
         self.reader = ArtifactReader(store, self.metrics, quarantine, settings.hot_cache_bytes, keys)
         self.metrics.watch_store(self.unwritable, store)
+        self.scans = Scans(store, self.unwritable)  # whole-store reads, apart from store_call's pool
         sweep = getattr(store, "sweep_orphans", None)
         if sweep is not None:
             # Value files a crash left behind (a write killed before it was
@@ -54,7 +57,12 @@ class State:
                 sweep()
             except (OSError, sqlite3.Error) as exc:
                 log.warning("could not sweep orphan files of %r: %s", store, exc)
-        if swept := upload.sweep(store):  # uploads a killed server was taking in
+        # The uploads' folder is the server's own, or the server does not start.
+        upload.checked_folder(store)
+        self.spool_age = upload.spool_age(settings.upload_timeout, settings.timeout)
+        if hasattr(store, "spool_age"):
+            store.spool_age = self.spool_age  # what its full-disk sweep removes too
+        if swept := upload.sweep(store, self.spool_age):  # uploads a killed server was taking in
             log.warning("removed %d upload file(s) a stopped server left in %s", swept, upload.folder_for(store))
         # DiskStore is read on the event loop (an open() and a read of a
         # local file, the fast path); any other store only from threads.
@@ -70,6 +78,16 @@ class State:
             self.cache_control = f"public, max-age={settings.http_max_age}".encode()
         else:
             self.cache_control = b"private"
+
+    async def housekeeping(self) -> None:
+        """While the server runs: upload files that outlived their upload
+        (an upload that died) removed every ``SWEEP_EVERY`` seconds."""
+        while True:
+            await anyio.sleep(SWEEP_EVERY)
+            try:
+                await anyio.to_thread.run_sync(upload.sweep, self.store, self.spool_age)
+            except OSError as exc:
+                log.warning("could not sweep upload files: %s", exc)
 
     async def store_call(self, fn: Callable[..., T], *args: Any, bounded: bool = True) -> T:
         """``fn(*args)`` (a store call) in a thread, never on the event loop.
@@ -165,6 +183,11 @@ class State:
             )
         try:
             found = await self.read_entry(key)
+        except CorruptArtifact as exc:  # unreadable (the reader set it aside)
+            self.metrics.misses.inc()
+            raise ServiceError(
+                404, "not_found", f"no servable artifact for key {key} (quarantined: {exc.reason})"
+            ) from None
         except (StoreError, OSError) as exc:
             self.metrics.store_errors.inc()
             raise ServiceError(503, "store_unavailable", f"the store did not answer: {exc}") from exc

@@ -10,6 +10,15 @@ time. The upload budget (service.intake) so bounds the disk an upload takes
 while it arrives, not memory: per upload the server holds one
 ``SPOOL_CHUNK`` of it.
 
+The folder is the server's own (``checked_folder``: mode 0700, owned by the
+server's user, not a symlink; the server refuses to start otherwise) and
+the file (0600) is opened once: what is verified is read back, or renamed
+into the store, through that one descriptor, never by its path again, so
+what is published is exactly the bytes that were verified. No file
+outlives its upload (a small one, which the store copies into its index,
+included); ``sweep`` removes what a killed server left, at start and while
+the server runs.
+
 A full disk while the file is written: a DiskStore first makes room as a
 put does (least recently used entries under GRAPHCACHE_SIZE_LIMIT) and the
 write is tried once more; else the file is removed at once and the store's
@@ -23,21 +32,25 @@ server left are removed at the next start (``sweep``).
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
 import tempfile
-import time
 from collections.abc import MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from graphcache.artifact import Artifact
 from graphcache.envelope_check import CheckedEnvelope, EnvelopeCheck
 from graphcache.errors import StoreError, StoreFull
-from graphcache.stores import Store
-from graphcache.stores.space import ORPHAN_AGE, free_bytes, human, is_full
+from graphcache.settings import Settings
+from graphcache.stores import Store, disk_folder
+from graphcache.stores.disk import INCOMING
+from graphcache.stores.space import ORPHAN_AGE, SPOOL_PREFIX, free_bytes, human, is_full, sweep_spool
+from graphcache.stores.valuefile import private_folder
 
 SPOOL_CHUNK = 1024 * 1024  # bytes held in memory before they are written (in a worker thread)
-PREFIX = ".upload-"
+PREFIX = SPOOL_PREFIX
 UPLOAD = "graphcache.upload"  # the scope key under which service.intake hands the route its Upload
 
 
@@ -46,6 +59,27 @@ def folder_for(store: Store) -> Path:
     incoming = getattr(store, "incoming", None)
     if incoming is not None:
         return Path(incoming)
+    return _temporary()
+
+
+def checked_folder(store: Store) -> Path:
+    """``folder_for(store)``, made or checked as this server's own
+    (graphcache.stores.valuefile.private_folder); StoreError saying what
+    is wrong and what to do otherwise."""
+    elsewhere = "GRAPHCACHE_DIR" if getattr(store, "incoming", None) is not None else "TMPDIR"
+    return private_folder(folder_for(store), "uploads on their way in", elsewhere)
+
+
+def checked_location(settings: Settings, location: str | None = None) -> Path:
+    """``checked_folder`` of the store ``location`` names, without opening
+    it (`graphcache serve`, before its workers start)."""
+    folder = disk_folder(settings, location)
+    if folder is None:
+        return private_folder(_temporary(), "uploads on their way in", "TMPDIR")
+    return private_folder(folder / INCOMING, "uploads on their way in", "GRAPHCACHE_DIR")
+
+
+def _temporary() -> Path:
     return Path(tempfile.gettempdir()) / f"graphcache-uploads-{os.getuid()}"
 
 
@@ -62,6 +96,7 @@ class Upload:
         self.error: StoreError | None = None  # the file could not be written (the body is still read)
         self._fd: int | None = None
         self._written = 0
+        self.checked: CheckedEnvelope | None = None
 
     def write(self, chunks: Sequence[bytes]) -> None:
         """The next bytes of the body, checked and written (blocking: run it
@@ -89,10 +124,15 @@ class Upload:
 
     def _write(self, data: bytes | memoryview) -> None:
         if self._fd is None:
-            self.folder.mkdir(parents=True, exist_ok=True)
+            try:
+                checked_folder(self.store)  # a folder removed or replaced since the start is made or refused again
+            except StoreError as exc:
+                raise OSError(errno.EACCES, str(exc)) from exc
             path = self.folder / f"{PREFIX}{secrets.token_hex(8)}"
-            # Mode 0666 less the umask, as diskcache's own value files.
-            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            # Readable: its bytes are read back (or checked) through this
+            # descriptor. Private: no one else's to read or replace.
+            flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            self._fd = os.open(path, flags, 0o600)
             self.path = path
         view = memoryview(data)
         while view:
@@ -120,27 +160,31 @@ class Upload:
         """The checked envelope, once the whole body was written: CorruptArtifact
         (SignatureError) for what is refused, as ``Artifact.decode`` refuses it;
         then the error that stopped the file being written (StoreFull, StoreError)."""
-        self._close()
         checked = self.check.finish(expected_key=key)
         if signing_keys:
             checked.verify_signature(signing_keys)
         if self.error is not None:
             raise self.error
+        self.checked = checked
         return checked
 
     def publish(self) -> bool:
-        """Hand the verified file to the store (blocking: a store call); True
-        when it was stored, False when identical bytes were already there."""
+        """Hand the verified file to the store (blocking: a store call), through
+        the descriptor it was written with; True when it was stored, False
+        when identical bytes were already there. The file is the caller's to
+        remove (``discard``) whatever this returns."""
         put_file = getattr(self.store, "put_file", None)
-        path = self.path
-        if path is None:  # an empty body verifies as nothing: never here
+        path, fd = self.path, self._fd
+        if path is None or fd is None or self.checked is None:  # an empty body verifies as nothing: never here
             raise StoreError("no upload file to store")
-        if put_file is None or path.parent != Path(getattr(self.store, "incoming", "")):
-            return self.store.put(self.key, path.read_bytes())
-        created = bool(put_file(self.key, path))
-        if created:
-            self.path = None  # renamed into the store: no longer this upload's to remove
-        return created
+        if put_file is not None and path.parent == Path(getattr(self.store, "incoming", "")):
+            return bool(put_file(self.key, path, fd=fd))
+        data = _read_back(fd, self.checked.size)
+        if len(data) != self.checked.size or Artifact.decode(data, expected_key=self.key).payload_sha256 != (
+            self.checked.payload_sha256
+        ):
+            raise StoreError("the upload's file changed after it was verified; nothing was stored")
+        return self.store.put(self.key, data)
 
     def _close(self) -> None:
         if self._fd is not None:
@@ -157,22 +201,31 @@ class Upload:
             self.path = None
 
 
+def _read_back(fd: int, size: int) -> bytes:
+    """The ``size`` bytes of the upload's file, read through its descriptor."""
+    parts, done = [], 0
+    while done < size:
+        chunk = os.pread(fd, min(SPOOL_CHUNK * 8, size - done), done)
+        if not chunk:
+            break
+        parts.append(chunk)
+        done += len(chunk)
+    return b"".join(parts)
+
+
 def sweep(store: Store, min_age: float = ORPHAN_AGE) -> int:
-    """Remove upload files older than ``min_age`` seconds from ``store``'s
-    upload folder (left by a server killed mid-upload); how many."""
-    folder = folder_for(store)
-    cutoff = time.time() - min_age
-    removed = 0
-    try:
-        entries = list(os.scandir(folder))
-    except OSError:
-        return 0
-    for entry in entries:
-        with contextlib.suppress(OSError):
-            if entry.name.startswith(PREFIX) and entry.stat(follow_symlinks=False).st_mtime < cutoff:
-                os.remove(entry.path)
-                removed += 1
-    return removed
+    """Remove upload files not written for ``min_age`` seconds from
+    ``store``'s upload folder (left by an upload that died, or a server
+    killed mid-upload); how many."""
+    return sweep_spool(folder_for(store), min_age)[0]
+
+
+def spool_age(upload_timeout: float, store_timeout: float) -> float:
+    """How long an upload file may go unwritten before it is an orphan: an
+    upload writes its file as it arrives, within GRAPHCACHE_UPLOAD_TIMEOUT,
+    and stores it within GRAPHCACHE_TIMEOUT after (twice that, and at least
+    two minutes, for another server on the same folder with other settings)."""
+    return max(120.0, 2 * (upload_timeout + store_timeout))
 
 
 def handed(scope: MutableMapping[str, Any]) -> Upload | None:

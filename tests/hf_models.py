@@ -108,6 +108,8 @@ SMALL_CONFIGS: dict[str, dict[str, Any]] = {
     "qwen3_moe": {**_DECODER, "head_dim": 32, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 128},
     "granitemoe": {**_DECODER, "num_local_experts": 4},
     "falcon": {**_DECODER, "num_key_value_heads": None},  # multi-query: one key/value head
+    # StarCoder 1: multi-query, one fused c_attn row per token (q's heads, one key head, one value head)
+    "gpt_bigcode": dict(n_embd=256, n_layer=2, n_head=8, n_positions=2048, multi_query=True),
     "opt": {**_DECODER, "ffn_dim": 512, "word_embed_proj_dim": 256},
     "gpt_neox": _DECODER,
     "phi": _DECODER,
@@ -197,7 +199,6 @@ def build(name: str, attn: str = "graphcache") -> Any:
     return classes[kind(name)].from_config(cfg, attn_implementation=attn).eval().to(torch.bfloat16)
 
 
-
 PROBE = "graphcache-probe"
 
 
@@ -227,6 +228,7 @@ def dispatches(name: str) -> bool:
     with torch.no_grad():
         model(torch.arange(1, 5).unsqueeze(0))
     return bool(calls)
+
 
 def batch(lengths: tuple[int, ...], left: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Random prompts of ``lengths`` (no pad token in them), padded on the
@@ -284,6 +286,7 @@ class Case:
     fallbacks: dict[str, int] = field(default_factory=dict)
     tie: bool = False  # tokens differ only where torch's own choice was a near tie (TIE)
     gap: float | None = None  # the largest such logit gap
+    copied: dict[str, dict[str, int]] = field(default_factory=dict)  # stats()["copied"]: tensors copied, by reason
 
     @property
     def fraction(self) -> float:
@@ -422,7 +425,8 @@ def serve_cases(
             gaps = [tie_gap(model, p, w, g) for (p, beams), w, g in zip(runs, want, got, strict=True) if beams == 1]
             gap = max((t for t in gaps if t is not None), default=None)
             tie = len(gaps) == len(runs) and (gap is None or gap < TIE)
-        found.append(Case(case, stats["calls"], stats["hits"], equal, dict(stats["fallbacks"]), tie, gap))
+        fallbacks = dict(stats["fallbacks"])
+        found.append(Case(case, stats["calls"], stats["hits"], equal, fallbacks, tie, gap, stats.get("copied", {})))
     return found
 
 

@@ -82,6 +82,7 @@ class RedisServer:
                 return self
             except redis.ConnectionError:
                 if time.monotonic() > deadline:
+                    self.stop()  # not left running when the caller's `with` never began
                     raise RuntimeError("redis-server did not start") from None
                 time.sleep(0.05)
 
@@ -347,7 +348,11 @@ def serve_workers(env: dict[str, str], *args: str, workers: int, tree: Any = Non
             yield url, proc
         finally:
             proc.terminate()
-            proc.wait(15)
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:  # a server busy past its grace (a baseline tree's probe)
+                proc.kill()
+                proc.wait(15)
 
     return running()
 

@@ -31,6 +31,7 @@ from graphcache.spec.classes import class_of
 
 torch = pytest.importorskip("torch", reason="the class graph's execute path runs on torch tensors")
 
+from graphcache.compilers.classgraph import bhsd_view, storage_view  # noqa: E402
 from graphcache.compilers.cudnn import override  # noqa: E402
 from graphcache.compilers.cudnn.loaded import CudnnGraph  # noqa: E402
 
@@ -194,11 +195,10 @@ class StandinFrontendGraph:
         b, _, sq, _ = read("q").shape
         real = spec.at(b, sq, read("k").shape[2])
         lq, lkv = read("seq_len_q"), read("seq_len_kv")
-        bhsd = {r: read(r) for r in ("q", "k", "v")}
-        store = {r: t.transpose(1, 2) if real.layout == "bshd" else t for r, t in bhsd.items()}
+        store = {r: storage_view(real, r, read(r)) for r in ("q", "k", "v")}  # each in its own layout
         out, stats = reference(real.replace(padding=True), store["q"], store["k"], store["v"], lq, lkv)
         o = read("o")
-        o.copy_((out.transpose(1, 2) if real.layout == "bshd" else out).to(o.dtype))
+        o.copy_(bhsd_view(real, "o", out).to(o.dtype))
         if uids["stats"] in given:
             if self.stats_bug == "declared":
                 read("stats", declared=True)[: stats.shape[0], :, : stats.shape[2]].copy_(stats.flip(2))
@@ -245,8 +245,13 @@ def _restore_workspace_property():
         {"layout": "bhsd"},
         {"seq_q": 256, "mask": "causal", "generate_stats": True},
         {"seq_q": 128, "mask": "causal_bottom_right", "seq_kv": 256},
+        # issue 40: each tensor read where it lies, every one a view into a NaN-filled buffer of a longer call's strides
+        {"seq_q": 256, "layout": "sbhd"},
+        {"seq_q": 256, "heads_kv": 8, "layout": "bs[3]hd"},
+        {"seq_q": 256, "mask": "causal", "layout": "bhsd", "layout_q": "bshd"},
+        {"seq_q": 256, "heads_kv": 1, "layout_q": "bs[+2]hd"},
     ],
-    ids=["decode-bshd", "decode-bhsd", "prefill-stats", "bottom-right"],
+    ids=["decode-bshd", "decode-bhsd", "prefill-stats", "bottom-right", "sbhd", "vit", "hf-prefill", "bigcode"],
 )
 def test_the_build_check_passes_a_plan_that_honours_the_overrides_and_names_shapes_where_one_does_not(fields):
     spec = klass(batch=2, **fields)

@@ -14,7 +14,7 @@ import pytest
 
 ROOT = Path(__file__).parent.parent
 CLI = ROOT / "graphcache" / "cli"
-VERB_MODULES = ["bench", "deploy", "doctor", "manifest", "serve", "store"]
+VERB_MODULES = ["bench", "deploy", "doctor", "launch", "manifest", "serve", "store"]
 
 
 def imported(path: Path) -> set[str]:

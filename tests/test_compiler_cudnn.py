@@ -5,6 +5,7 @@ import pytest
 from graphcache import GraphSpec, UidMap, UnsupportedSpec
 from graphcache.compilers.cudnn import build_graph, payload_bytes, payload_for_frontend
 from graphcache.errors import BuildError
+from graphcache.spec import layouts
 from tests import cudnn_standins as fe
 
 MASKS = [
@@ -139,6 +140,39 @@ def _has_driver() -> bool:
     except OSError:
         return False
     return True
+
+
+# Issue 40: the tensor layouts real modules hand torch (tests/test_torch_layouts.py).
+LAYOUTS = {
+    "mha-sbhd": dict(layout="sbhd"),
+    "vit-fused": dict(layout="bs[3]hd"),
+    "neox-fused": dict(layout="bsh[3]d", mask="causal"),
+    "hf-prefill": dict(layout="bhsd", layout_q="bshd", heads_kv=2, mask="causal"),
+    "bigcode-mqa": dict(layout="bshd", layout_q="bs[+2]hd", heads_kv=1, mask="causal"),
+    "modernbert-v": dict(layout="bshd", layout_v="bs[3]hd", padding=True),
+    "class": dict(layout="sbhd", shapes="class", dtype="bfloat16"),
+}
+
+
+@pytest.mark.cudnn
+@pytest.mark.parametrize("changes", list(LAYOUTS.values()), ids=list(LAYOUTS))
+def test_real_frontend_takes_every_tensor_in_its_own_layout(changes):
+    """The graph declares each tensor with its layout's strides; 1.32's own
+    SDPA analyzer reads them back as a dense layout it takes (head dim
+    contiguous, no broadcast, no aliasing: sdpa/graph_analyzer.py dense_layout_ok)."""
+    cudnn = _frontend_1_32()
+    from cudnn.sdpa.graph_analyzer import analyze
+
+    spec = make(**changes)
+    built = build_graph(cudnn, spec, lower=False)
+    for role in ("q", "k", "v", "o"):
+        t = built.tensors[role]
+        assert list(t.get_dim()) == list(spec.dims(role)) and list(t.get_stride()) == list(spec.strides(role)), role
+    built.graph.build_operation_graph()
+    facts = analyze(built.graph)
+    assert facts.dense_layout
+    # Its stricter fact, what THD kernels need: every tensor in b, s, h, d order (groups allowed).
+    assert facts.bshd_layout == all(layouts.layout(spec, r).order == "bshd" for r in ("q", "k", "v", "o"))
 
 
 @pytest.mark.cudnn

@@ -158,6 +158,19 @@ def test_the_manifest_from_a_config_example_traces_llama(tmp_path):
     assert len(manifest.load(tmp_path / "work" / "llama.yaml")) > 100  # every batch and length class
 
 
+@pytest.mark.slow
+def test_the_vision_and_diffusers_manifest_examples_trace_their_tiny_configs(tmp_path):
+    pytest.importorskip("transformers")
+    pytest.importorskip("diffusers")
+    out = run(example("manifest-media"), tmp_path)
+    assert "wrote vit.yaml: 6 graph(s) for vit on route sdpa" in out.stdout, out.stdout
+    assert re.search(r"wrote sd3\.yaml: \d+ graph\(s\) for SD3Transformer2DModel on route sdpa", out.stdout), out.stdout
+    from graphcache import manifest
+
+    # 512 px: 64 x 64 latents in patches of 2, 1024 tokens after 333 prompt tokens (class 2048); 768 px: 2304 + 333.
+    assert {s.seq_q for s in manifest.load(tmp_path / "work" / "sd3.yaml")} == {2048, 4096}
+
+
 def test_the_bias_cast_script_prints_the_table_above_it(tmp_path):
     pytest.importorskip("torch")
     block = example("bias-cast")

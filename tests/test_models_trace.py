@@ -97,9 +97,16 @@ def test_encoders_and_their_padding_are_traced_on_both_routes():
 
 def test_a_vision_tower_is_traced_beside_the_language_model():
     text = {**hf_models.SMALL_CONFIGS["gemma3_text"], "vocab_size": hf_models.VOCAB, "pad_token_id": 0}
-    vision = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, image_size=224)
+    vision = dict(
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        image_size=224,
+        patch_size=14,
+    )
     config = transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=256).to_dict()
-    traced = trace(config, "gemma3", Sizes(2, 256), "sdpa")
+    traced = trace(config, "gemma3", Sizes(2, 512), "sdpa")  # 512: a prompt holding the image's 256 tokens
     towers = {s for s, us in traced.specs.users.items() if any("vision_config (images)" in u for u in us)}
     # 224 / 14 = 16 patches a side: 256 tokens, bidirectional, batches of images 1 and 2.
     assert {(s.batch, s.seq_q, s.seq_kv, s.mask, s.heads_q) for s in towers} == {
@@ -107,6 +114,9 @@ def test_a_vision_tower_is_traced_beside_the_language_model():
         (2, 256, 256, "none", 4),
     }
     assert not traced.untraced
+    # Text and image together: a prompt holding the image's tokens, then a decode step on its cache.
+    users = {u for us in traced.specs.users.values() for u in us}
+    assert any("prefill with an image" in u for u in users) and any("decode after an image" in u for u in users)
 
 
 @pytest.mark.parametrize(

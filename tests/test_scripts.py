@@ -31,6 +31,9 @@ def test_bench_torch_dropin_runs_and_reports_every_case():
     for case in ("bias decode bool b1ss", "bias decode float 1hss", "bias q128 bool b1ss"):
         assert case in out.stdout, out.stdout
     assert "fallbacks {'dtype': " in out.stdout and "'mask'" not in out.stdout, "masked calls are bias-graph hits"
+    for case in ("aten bhsd", "aten bshd"):  # the aten door's hit beside patch()'s (issue 42)
+        assert case in out.stdout, out.stdout
+    assert "by door: sdpa " in out.stdout and "aten " in out.stdout, out.stdout
 
 
 @pytest.mark.torch

@@ -128,3 +128,89 @@ def test_masked_calls_are_bias_graph_hits_with_torchs_answer_and_no_host_sync(ca
     assert gt.stats()["built_here"] == 2 and gt.stats()["fallbacks"] == {}, gt.stats()
     assert not got.isnan().any() and (got[0, :, 5] == 0).all()
     assert relative_error(got, want) < TOLERANCE["bfloat16"]
+
+
+# -- issue 40: the strides real code makes, served where they lie ---------------------
+
+
+def served_without_copies(run, classes: str = "exact"):  # noqa: ANN001, ANN201
+    """``run()`` unpatched, then under patch() from fresh graphs (on_miss
+    build): (got, want, stats)."""
+    with torch.no_grad():
+        want = run()
+        with gt.patch():
+            got = run()
+    stats = gt.stats()
+    assert stats["calls"] and stats["hits"] == stats["calls"] and stats["fallbacks"] == {}, stats
+    assert stats["copies"] == 0 and stats["copied"] == {}, stats
+    return got, want, stats
+
+
+def test_multihead_attention_and_an_encoder_at_batch_4_are_read_sequence_first(cached):
+    torch.manual_seed(0)
+    for batch_first in (False, True):
+        mha = torch.nn.MultiheadAttention(256, 4, batch_first=batch_first).to("cuda", torch.bfloat16).eval()
+        x = torch.randn((4, 96, 256) if batch_first else (96, 4, 256), device="cuda", dtype=torch.bfloat16)
+        pad = torch.zeros(4, 96, dtype=torch.bool, device="cuda")
+        pad[-1, 70:] = True
+        for mask in (None, pad):
+            got, want, _ = served_without_copies(lambda: mha(x, x, x, need_weights=False, key_padding_mask=mask)[0])  # noqa: B023
+            assert relative_error(got, want) < TOLERANCE["bfloat16"]
+    layer = torch.nn.TransformerEncoderLayer(256, 4, 512, batch_first=True)
+    encoder = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).to("cuda", torch.bfloat16).eval()
+    x = torch.randn(4, 96, 256, device="cuda", dtype=torch.bfloat16)
+    got, want, stats = served_without_copies(lambda: encoder(x))
+    assert relative_error(got, want) < TOLERANCE["bfloat16"]
+    assert any(s["layout"] == "sbhd" for s in _loaded_specs())
+
+
+def test_a_sequence_first_class_graph_serves_shapes_below_it(tmp_path):
+    from graphcache.compilers.cudnn import CudnnCompiler
+
+    gt.reset()
+    gt.configure(GraphCache(DiskStore(tmp_path / "s"), CudnnCompiler(), shape_classes="pow2"), on_miss="build")
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(256, 4).to("cuda", torch.bfloat16).eval()
+    for b, s in ((3, 100), (4, 128), (1, 77)):  # the override strides of sbhd at each real shape
+        x = torch.randn(s, b, 256, device="cuda", dtype=torch.bfloat16)
+        got, want, _ = served_without_copies(lambda: mha(x, x, x, need_weights=False)[0])  # noqa: B023
+        assert relative_error(got, want) < TOLERANCE["bfloat16"]
+    gt.reset()
+
+
+def test_timms_vit_reads_q_k_v_from_its_fused_projection(cached):
+    timm = pytest.importorskip("timm", reason="needs timm")
+    torch.manual_seed(0)
+    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, dynamic_img_size=True)
+    model = model.to("cuda", torch.bfloat16).eval()
+    x = torch.randn(4, 3, 224, 224, device="cuda", dtype=torch.bfloat16)
+    got, want, stats = served_without_copies(lambda: model(x).float())
+    assert relative_error(got, want) < 3e-2, "12 bf16 blocks: logits within bf16 tolerance"
+    assert [s["layout"] for s in _loaded_specs()] == ["bs[3]hd"]
+
+
+def test_gpt_bigcodes_padded_batch_reads_its_fused_row_and_one_expanded_head(cached):
+    transformers = pytest.importorskip("transformers", reason="needs Hugging Face transformers")
+    torch.manual_seed(0)
+    config = transformers.AutoConfig.for_model(
+        "gpt_bigcode", n_embd=256, n_layer=2, n_head=8, n_positions=512, vocab_size=128, multi_query=True
+    )
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    model = model.to("cuda", torch.bfloat16).eval()
+    ids = torch.randint(3, 120, (4, 48), device="cuda")
+    mask = torch.ones_like(ids)
+    mask[1, :20] = 0  # left padding
+
+    def run():
+        first = model(ids, attention_mask=mask, use_cache=True)
+        token = first.logits[:, -1:].argmax(-1)
+        second = model(token, attention_mask=torch.cat([mask, mask[:, :1]], 1), past_key_values=first.past_key_values)
+        return first.logits.float(), second.logits.float()
+
+    got, want, stats = served_without_copies(run)
+    rows = mask.bool()
+    assert relative_error(got[0][rows], want[0][rows]) < 3e-2 and relative_error(got[1], want[1]) < 3e-2
+
+
+def _loaded_specs() -> list[dict]:
+    return [graph.spec.to_dict() | {"layout": graph.spec.layout} for graph in gt.RUNTIME._graphs.values()]

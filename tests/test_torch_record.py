@@ -41,13 +41,14 @@ def test_torch_modules_record_exactly_their_specs(tmp_path):
         mha(one, one, one, need_weights=False)
         tel(one)
         tel(one, src_mask=causal, is_causal=True)
-        mha(two, two, two, need_weights=False)  # (s, b*h, d) views: no packed layout for batch > 1
-    base = dict(batch=1, heads_q=4, seq_q=16, head_dim=64, layout="bshd")
-    assert manifest.load(path) == [spec(**base, mask="none"), spec(**base, mask="causal")]
-    assert recorder.specs == {spec(**base, mask="none"): 2, spec(**base, mask="causal"): 1}
-    text = path.read_text()
-    assert "# 4 SDPA call(s); 2 distinct" in text
-    assert "#   layout: 1 call(s): key strides" in text
+        mha(two, two, two, need_weights=False)
+    # (s, b*h, d) views of the in-projection: sequence-first at every batch
+    # (at batch 1 its batch stride says so), read where they lie.
+    base = dict(batch=1, heads_q=4, seq_q=16, head_dim=64, layout="sbhd")
+    two_spec = spec(**{**base, "batch": 2, "seq_q": 24}, mask="none")
+    assert manifest.load(path) == [spec(**base, mask="none"), spec(**base, mask="causal"), two_spec]
+    assert recorder.specs == {spec(**base, mask="none"): 2, spec(**base, mask="causal"): 1, two_spec: 1}
+    assert "# 4 SDPA call(s); 3 distinct" in path.read_text() and not recorder.ineligible
 
 
 def test_record_round_trips_every_kind_of_spec(tmp_path):
@@ -120,10 +121,11 @@ assert out.shape == (1, prompt + 4)
 
 def llama_expected(prompt: int) -> list[GraphSpec]:
     """What Llama's sdpa attention asks for: a causal prefill (q a transposed
-    projection, k/v the contiguous cache: bhsd) and one-token decode steps over
-    a growing cache; 8 query heads share 2 key/value heads; head_dim 256/8."""
+    projection, bshd; k/v the contiguous cache, bhsd) and one-token decode
+    steps over a growing cache (bhsd: a one-token q fits it); 8 query heads
+    share 2 key/value heads; head_dim 256/8."""
     base = dict(batch=1, heads_q=8, heads_kv=2, head_dim=32, layout="bhsd")
-    prefill = spec(**base, seq_q=prompt, mask="causal")
+    prefill = spec(**base, seq_q=prompt, mask="causal", layout_q="bshd")
     return [prefill] + [spec(**base, seq_q=1, seq_kv=prompt + n) for n in (1, 2, 3)]
 
 
@@ -246,3 +248,57 @@ def test_graphcache_record_shows_a_raising_scripts_traceback_as_python_would(tmp
     assert f"argv ['{script}', 'raise', '--flag']" in out.stdout and "file_is_absolute True" in out.stdout
     out = cli("record", "-o", str(path), str(script), "exit")
     assert out.returncode == 1 and "a message, as sys.exit(str) gives" in out.stderr and not path.exists()
+
+
+def test_lengthened_grows_each_call_shape_to_every_length_class_up_to_max_seq():
+    from graphcache.models.specs import lengthened
+
+    square = spec(batch=2, heads_q=8, seq_q=300, head_dim=64, layout="bshd", mask="none")
+    assert {(s.seq_q, s.seq_kv) for s in lengthened(square, 1024)} == {(n, n) for n in (128, 256, 512, 1024)}
+    assert all(s.is_class and s.batch == 2 for s in lengthened(square, 1024))
+    decode = spec(batch=1, heads_q=8, heads_kv=2, seq_q=1, seq_kv=700, head_dim=64, layout="bhsd", mask="none")
+    assert {(s.seq_q, s.seq_kv) for s in lengthened(decode, 300)} == {(1, 128), (1, 256), (1, 512), (1, 1024)}
+    # Cross-attention (image tokens to 77 prompt tokens): either side may grow.
+    cross = spec(batch=2, heads_q=8, seq_q=256, seq_kv=77, head_dim=64, layout="bshd", mask="none")
+    grown = {(s.seq_q, s.seq_kv) for s in lengthened(cross, 512)}
+    assert grown == {(q, kv) for q in (128, 256, 512) for kv in (128, 256, 512)}
+    # A causal call with fewer queries than keys (a chunk on a cache) keeps fewer queries.
+    chunk = spec(batch=1, heads_q=8, seq_q=100, seq_kv=300, head_dim=64, layout="bhsd", mask="causal_bottom_right")
+    assert all(s.seq_q <= s.seq_kv for s in lengthened(chunk, 512))
+
+
+def test_record_max_seq_writes_every_length_class_so_a_longer_input_is_served(tmp_path):
+    mha = torch.nn.MultiheadAttention(64, 4, batch_first=True).eval()
+    path = tmp_path / "m.yaml"
+    with torch.no_grad(), gt.record(path, dtype="bfloat16", shape_classes="pow2", max_seq=600):
+        mha(*(torch.randn(1, 100, 64),) * 3, need_weights=False)
+    specs = manifest.load(path)
+    assert {(s.batch, s.seq_q, s.seq_kv) for s in specs} == {(1, n, n) for n in (128, 256, 512, 1024)}
+    assert "# Widened to lengths up to 600 (graphcache record --max-seq)" in path.read_text()
+    longer = GraphSpec.from_dict({**specs[0].to_dict(), "seq_q": 900, "seq_kv": 900, "shapes": "exact"})
+    assert class_of(longer, "pow2") in specs  # a call of 900 tokens finds its class
+    with pytest.raises(ManifestError, match="max_seq=600: widening to length classes needs .* pow2"):
+        with gt.record(tmp_path / "x.yaml", shape_classes="exact", max_seq=600):
+            pass
+
+
+def test_graphcache_record_max_seq_and_max_batch_widen_together(tmp_path):
+    script = tmp_path / "attend.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import torch
+            q = torch.randn(1, 4, 256, 32, dtype=torch.bfloat16)
+            torch.nn.functional.scaled_dot_product_attention(q, q, q)
+            """
+        )
+    )
+    path = tmp_path / "m.yaml"
+    args = ("--max-seq", "1024", "--max-batch", "2", "--shape-classes", "pow2")
+    out = cli("record", "-o", str(path), *args, str(script))
+    assert out.returncode == 0, out.stderr
+    specs = manifest.load(path)
+    dense = {(s.batch, s.seq_q) for s in specs if s.bias is None}
+    assert dense == {(b, n) for b in (1, 2) for n in (128, 256, 512, 1024)}
+    # Batch 2 may be a padded batch: transformers' sdpa passes its mask, a bias graph, at every length too.
+    assert {(s.batch, s.seq_q) for s in specs if s.bias} == {(2, n) for n in (128, 256, 512, 1024)}

@@ -31,8 +31,9 @@ from graphcache.spec import GraphSpec
 
 def _manifest_specs(manifest: str | None, spec_args: tuple[str, ...]) -> list[GraphSpec]:
     from graphcache.ops import manifest as manifest_mod
+    from graphcache.settings import Settings
 
-    specs = manifest_mod.load(manifest) if manifest else []
+    specs = manifest_mod.load(manifest, max_specs=Settings.from_env().max_specs) if manifest else []
     for text in spec_args:
         specs.append(parse_spec_arg(text))
     if not specs:

@@ -29,6 +29,7 @@ from graphcache.errors import GraphCacheError, NotFound, SpecError, StoreError, 
 from graphcache.key import is_key
 from graphcache.settings import Settings
 from graphcache.spec import GraphSpec
+from graphcache.spec.bounds import shown
 from graphcache.stores import Store, disk_folder, open_store
 from graphcache.target import Target
 
@@ -191,19 +192,24 @@ def looks_like_key(text: str) -> bool:
 
 
 def _read_mapping(path: str) -> Any:
-    """A JSON or YAML file's data (SpecError naming the file and line)."""
-    import yaml
-
-    from graphcache.ops.manifest import parse_error_text
+    """A JSON or YAML file's data (SpecError naming the file and line; YAML
+    read as a manifest is, aliases bounded: ``graphcache.ops.manifest.parse``)."""
+    from graphcache.ops.manifest import parse, parse_error_text
 
     try:
         text = Path(path).read_text()
     except FileNotFoundError:
         raise SpecError(f"{path}: no such file") from None
+    if path.endswith((".yaml", ".yml")):
+        return parse(text, path)
     try:
-        return yaml.safe_load(text) if path.endswith((".yaml", ".yml")) else json.loads(text)
-    except (yaml.YAMLError, json.JSONDecodeError) as exc:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
         raise SpecError(parse_error_text(path, exc)) from exc
+    except (RecursionError, ValueError) as exc:  # nested too deep; a number past 4,300 digits
+        raise SpecError(
+            f"{path}: not valid JSON: {'nested too deep' if isinstance(exc, RecursionError) else exc}"
+        ) from None
 
 
 def load_spec_file(path: str) -> GraphSpec:
@@ -220,13 +226,14 @@ def is_manifest(data: Any) -> bool:
     return isinstance(data, dict) and ("graphs" in data or "defaults" in data)
 
 
-def load_specs(path: str, name: str | None = None) -> tuple[list[GraphSpec], bool]:
+def load_specs(path: str, name: str | None = None, *, max_specs: int | None = None) -> tuple[list[GraphSpec], bool]:
     """``(specs, from_manifest)``: every spec of the manifest at ``path``
     (only its family ``name`` when given), or the one flat spec the file
     holds (docs/examples/spec.yaml and llama3-8b.yaml show both formats).
 
     Raises SpecError / ManifestError naming the file and the field, and for
-    a ``name`` no family has, the names there are.
+    a ``name`` no family has, the names there are; ManifestTooLarge past
+    ``max_specs`` (default: GRAPHCACHE_MAX_SPECS).
     """
     from graphcache.ops.manifest import expand
 
@@ -239,10 +246,11 @@ def load_specs(path: str, name: str | None = None) -> tuple[list[GraphSpec], boo
         families = [g for g in data["graphs"] or [] if isinstance(g, dict)]
         chosen = [g for g in families if g.get("name") == name]
         if not chosen:
-            names = ", ".join(str(g.get("name")) for g in families)
-            raise SpecError(f"{path}: no family named {name!r}; --name takes one of: {names}")
+            names = ", ".join(str(g.get("name"))[:64] for g in families[:50])
+            raise SpecError(f"{path}: no family named {shown(name)}; --name takes one of: {names}")
         data = {**data, "graphs": chosen}
-    return expand(data, source=path), True
+    cap = Settings.from_env().max_specs if max_specs is None else max_specs
+    return expand(data, source=path, max_specs=cap), True
 
 
 def human_size(n: float) -> str:

@@ -1,6 +1,5 @@
 """Deploy verbs: warm (build and upload, or --check coverage), prefetch (fill
-a local store from a server), explain (why a spec misses) and record (a
-script's SDPA calls as a manifest)."""
+a local store from a server) and explain (why a spec misses)."""
 
 from __future__ import annotations
 
@@ -77,7 +76,7 @@ def warm_cmd(
     from graphcache.ops import manifest as manifest_mod
     from graphcache.target import Target
 
-    specs = manifest_mod.load(manifest)
+    specs = manifest_mod.load(manifest, max_specs=ctx.settings.max_specs)
     store = server_store(ctx, server)
     policy = ctx.settings.shape_classes
     if check_only:
@@ -89,15 +88,23 @@ def warm_cmd(
             )
         table = Table("spec", "key", "status", "served by")
         for row in rows:
+            status = Text("present", "green") if row.present else Text("missing", "red")
             table.add_row(
                 row.spec.summary(),
                 row.key[:12],
-                Text("present", "green") if row.present else Text("missing", "red"),
+                Text("refused", "yellow") if row.refused else status,
                 f"class {row.served_by.summary()}" if row.served_by else "",
             )
         console.print(table)
-        missing = sum(not r.present for r in rows)
-        console.print(f"{len(rows) - missing}/{len(rows)} present for {tgt} in {store!r}")
+        for row in rows:
+            if row.refused:  # served by torch at every door, never a graph: not missing
+                console.print(f"refused: {row.refused}", highlight=False)
+        missing = sum(not r.present and not r.refused for r in rows)
+        refusals = sum(bool(r.refused) for r in rows)
+        console.print(
+            f"{len(rows) - missing - refusals}/{len(rows)} present for {tgt} in {store!r}"
+            + (f", {refusals} refused (a known-bad window)" if refusals else "")
+        )
         if json_out:
             Path(json_out).write_text(
                 json.dumps(
@@ -109,6 +116,7 @@ def warm_cmd(
                                 "key": r.key,
                                 "present": r.present,
                                 "served_by": r.served_by.to_dict() if r.served_by else None,
+                                "refused": r.refused or None,
                             }
                             for r in rows
                         ],
@@ -134,7 +142,7 @@ def warm_cmd(
         task = bar.add_task("warm", total=len({class_of(s, policy) for s in specs}))  # one row per class
         built_rows = ops.warm(specs, cache, jobs=jobs, pin=not no_pin, progress=lambda: bar.advance(task))
     table = Table("spec", "key", "status", "detail")
-    colour = {"present": "green", "built": "cyan", "unsupported": "yellow", "failed": "red"}
+    colour = {"present": "green", "built": "cyan", "unsupported": "yellow", "refused": "yellow", "failed": "red"}
     for built in built_rows:
         table.add_row(built.spec.summary(), built.key[:12], Text(built.status, colour[built.status]), built.detail)
     console.print(table)
@@ -178,7 +186,7 @@ def prefetch_cmd(
     from graphcache.stores import HttpStore, TieredStore
     from graphcache.target import Target
 
-    specs = manifest_mod.load(manifest)
+    specs = manifest_mod.load(manifest, max_specs=ctx.settings.max_specs)
     url = server or ctx.settings.server
     if not url:
         raise click.UsageError("prefetch fetches from a server: give --server URL or set GRAPHCACHE_SERVER")
@@ -282,6 +290,9 @@ def _explain(ctx: Context, spec: Any, tgt: Any, store: Any) -> bool:
     result = ops.explain(
         spec, tgt, store, shape_classes=ctx.settings.shape_classes, class_slack=ctx.settings.class_slack
     )
+    if result.refused:  # a known-bad window: torch serves it at every door, whatever is stored
+        console.print(f"refused: {result.refused}", highlight=False)
+        return True
     if result.klass is not None:
         state = "stored" if result.class_present else "not stored (or refused on this target)"
         console.print(
@@ -318,78 +329,3 @@ def _explain(ctx: Context, spec: Any, tgt: Any, store: Any) -> bool:
         for diff in cand.differences:
             console.print(f"  - {diff}")
     return False
-
-
-@main.command(
-    "record",
-    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
-)
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Manifest file to write.")
-@click.option(
-    "--dtype",
-    type=click.Choice(["float16", "bfloat16"]),
-    default=None,
-    help="Record every spec in this dtype (a float32 CPU run records what the GPU will run).",
-)
-@click.option(
-    "--shape-classes",
-    type=click.Choice(["pow2", "exact"]),
-    default=None,
-    help="Write the calls' length classes (pow2) or their exact specs (default: $GRAPHCACHE_SHAPE_CLASSES, else pow2).",
-)
-@click.option(
-    "--max-batch",
-    default=None,
-    type=click.IntRange(1, 65536),
-    help="Also write every call's graphs for each batch class up to N (beams included: batch x beams), "
-    "unpadded and padded, so a batch-1 recording serves padded batches.",
-)
-@click.option(
-    "--backward",
-    is_flag=True,
-    help="Record a training step: every call's backward graph too (kind: backward), and a call that needs "
-    "gradients as the forward that writes the stats its backward reads.",
-)
-@click.argument("script", type=click.Path(exists=True, dir_okay=False))
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def record_cmd(output: str, script: str, args: tuple[str, ...], **options: Any) -> None:
-    """Run SCRIPT [ARGS...] as python would, and write the manifest of its SDPA calls.
-
-    Every torch scaled_dot_product_attention call the script makes (directly,
-    through nn.MultiheadAttention, or a model library's "sdpa" attention) is
-    noted; the manifest is what 'graphcache warm' reads. Runs on a CPU host.
-    Under length classes (the default) it names one graph per class, with
-    the exact shapes each serves in comments.
-    """
-    try:
-        from graphcache.torch.recording import run_script
-    except ImportError as exc:
-        raise click.UsageError(
-            f"graphcache record needs torch ({exc}): pip install torch (a CPU build is enough)"
-        ) from exc
-    try:
-        recorder = run_script(script, args, output, **options)  # dtype, shape_classes, max_batch, backward
-    except SystemExit as exc:
-        status = exc.code
-        if not isinstance(status, int):
-            # sys.exit("message"): python prints the message and exits 1.
-            err_console.print(str(status))
-            status = 1
-        err_console.print(
-            Text.assemble(("error:", "red"), f" {script} exited with status {status}; no manifest written")
-        )
-        sys.exit(status)
-    graphs = len(recorder.graphs())
-    console.print(
-        f"wrote {output}: {len(recorder.specs)} spec(s) from {recorder.calls()} SDPA call(s)"
-        + (
-            f", {graphs} graph(s) under shape classes {recorder.shape_classes}"
-            if recorder.shape_classes != "exact"
-            else ""
-        )
-        + (f"; {len(recorder.backwards)} backward spec(s)" if recorder.training else ""),
-        highlight=False,
-    )
-    for what, reasons in (("not a cuDNN graph", recorder.ineligible), ("no backward graph", recorder.no_backward)):
-        for (code, message), count in sorted(reasons.items()):
-            console.print(f"  {what} ({code}, {count} call(s)): {message}", highlight=False)

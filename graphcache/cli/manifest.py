@@ -1,25 +1,92 @@
 """The ``manifest`` verb: every graph a model can call, from its config.json:
-traced from the model itself (graphcache.models.trace, the default), or read
+traced from the model itself (graphcache.models.trace, the default; a
+diffusers ``_class_name`` config by graphcache.models.diffusion), or read
 from the config by the offline reader of the families it knows
 (graphcache.models.config and graphcache.models.specs, ``--method config``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
 from graphcache.cli.common import console, main
-from graphcache.models.config import FAMILIES, describe, read
-from graphcache.models.specs import DEFAULT_ROUTE, ROUTES, SECONDS_PER_BUILD, ModelSpecs, render, specs_for
+from graphcache.errors import ManifestError
+from graphcache.models.config import FAMILIES, describe, locate, read
+from graphcache.models.specs import (
+    DEFAULT_ROUTE,
+    ROUTES,
+    SECONDS_PER_BUILD,
+    ModelSpecs,
+    lengthened,
+    render,
+    specs_for,
+)
 
 METHODS = ("trace", "config")
+# Kinds of model whose input size is the user's choice, not a length: --max-seq widens their calls.
+_SIZED = ("vision encoder", "diffusion", "video diffusion")
+
+
+def _sizes(order: str) -> Any:
+    """A click callback: repeated ``AxB`` values as (A, B) pairs of positive ints."""
+
+    def parse(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> tuple[tuple[int, int], ...]:
+        out = []
+        for text in values:
+            first, sep, second = text.lower().partition("x")
+            if not (sep and first.isdigit() and second.isdigit() and int(first) > 0 and int(second) > 0):
+                raise click.BadParameter(f"{text!r} is not {order} (two positive integers, e.g. 224x224)")
+            out.append((int(first), int(second)))
+        return tuple(out)
+
+    return parse
 
 
 @main.command("manifest")
 @click.argument("config", type=click.Path(exists=True))
 @click.option("--max-batch", required=True, type=click.IntRange(1, 65536), help="Largest batch the model serves.")
-@click.option("--max-seq", required=True, type=click.IntRange(1, 1 << 24), help="Longest sequence (prompt + output).")
+@click.option(
+    "--max-seq",
+    default=None,
+    type=click.IntRange(1, 1 << 24),
+    help="Longest sequence (prompt + output); audio: samples of raw audio, or frames of features. Vision "
+    "encoders and diffusers models need none (their sizes are --image-size / --resolution): given, it widens "
+    "their calls to every length class up to N.",
+)
+@click.option(
+    "--image-size",
+    "image_sizes",
+    multiple=True,
+    callback=_sizes("HxW"),
+    metavar="HxW",
+    help="Images of this size (pixels; repeatable) for a vision model or a multimodal model's vision towers "
+    "(default: the config's image_size).",
+)
+@click.option(
+    "--resolution",
+    "resolutions",
+    multiple=True,
+    callback=_sizes("WxH"),
+    metavar="WxH",
+    help="diffusers models: images (or video frames) of this size in pixels (repeatable; default: the config's "
+    "sample_size).",
+)
+@click.option("--frames", default=None, type=click.IntRange(1, 1 << 16), help="diffusers video models: frames a clip.")
+@click.option(
+    "--text-len",
+    default=None,
+    type=click.IntRange(1, 1 << 20),
+    help="diffusers models: the prompt length the pipeline pads to (default its own: 77 CLIP tokens for "
+    "Stable Diffusion's UNet, 512 T5 tokens for Flux and Wan, 256 T5 tokens after CLIP's 77 for SD3).",
+)
+@click.option(
+    "--guidance/--no-guidance",
+    default=True,
+    show_default=True,
+    help="diffusers models: each image is classifier-free guidance's pair of rows (batches up to 2 x --max-batch).",
+)
 @click.option(
     "--route",
     type=click.Choice(ROUTES),
@@ -64,7 +131,12 @@ METHODS = ("trace", "config")
 def manifest_cmd(
     config: str,
     max_batch: int,
-    max_seq: int,
+    max_seq: int | None,
+    image_sizes: tuple[tuple[int, int], ...],
+    resolutions: tuple[tuple[int, int], ...],
+    frames: int | None,
+    text_len: int | None,
+    guidance: bool,
     route: str,
     dtype: str,
     decode: bool,
@@ -77,19 +149,33 @@ def manifest_cmd(
 ) -> None:
     """Write every graph the model of CONFIG can call, as a manifest 'warm' reads.
 
-    CONFIG is a transformers config.json or a model folder holding one (read
-    offline, no hub). By default the model is traced: transformers builds it
+    CONFIG is a transformers config.json, a diffusers model's config.json (a
+    _class_name config), or a folder holding one (a model folder, or a
+    diffusers pipeline folder: its transformer/ or unet/), read offline, no
+    hub. By default the model is traced: transformers (diffusers) builds it
     from CONFIG on the meta device (no weights, no GPU) and it runs prompts
     (unpadded, left- and right-padded), decode steps on a cache, --chunk
-    prefill, its encoder and cross-attention, for batches up to --max-batch
-    (x --beams) and sequences up to --max-seq, through --route; each call is
-    noted as the graph graphcache would look up. Each entry's comment names
-    the layers and phases that call it; calls no graph serves are named by
-    feature. Needs no GPU.
+    prefill, its encoder and cross-attention, images (--image-size) and
+    audio, for batches up to --max-batch (x --beams) and sequences up to
+    --max-seq, through --route; a diffusers denoiser runs a step at each
+    --resolution (and --frames) for batches up to --max-batch images, each
+    a guidance pair. Each call is noted as the graph graphcache would look
+    up. Each entry's comment names the layers and phases that call it;
+    calls no graph serves are named by feature. Needs no GPU.
     """
-    data = read(config)
+    data = read(config)  # a folder without a config.json is named here
+    file = locate(config)
+    diffusers = "_class_name" in data
+    _check_options(diffusers, method, max_seq, image_sizes, resolutions, frames, text_len, guidance)
     command = (
-        f"graphcache manifest {config} --max-batch {max_batch} --max-seq {max_seq} --route {route} --dtype {dtype}"
+        f"graphcache manifest {config} --max-batch {max_batch}"
+        + (f" --max-seq {max_seq}" if max_seq else "")
+        + "".join(f" --image-size {h}x{w}" for h, w in image_sizes)
+        + "".join(f" --resolution {w}x{h}" for w, h in resolutions)
+        + (f" --frames {frames}" if frames else "")
+        + (f" --text-len {text_len}" if text_len else "")
+        + ("" if guidance or not diffusers else " --no-guidance")
+        + f" --route {route} --dtype {dtype}"
         + ("" if decode else " --no-decode")
         + (f" --chunk {chunk}" if chunk else "")
         + (f" --beams {beams}" if beams > 1 else "")
@@ -97,13 +183,15 @@ def manifest_cmd(
         + (" --backward" if backward else "")
     )
     if method == "config":
+        assert max_seq is not None  # _check_options
         model = describe(data, str(config))
         specs = specs_for(
             model, max_batch=max_batch, max_seq=max_seq, route=route, dtype=dtype, decode=decode, chunk=chunk
         )
         kind, how, missing = model.model_type, list[str](), list(specs.missing)
     else:
-        specs, kind, how, missing = _traced(data, config, max_batch, max_seq, route, dtype, decode, chunk, beams)
+        sizes = (max_batch, max_seq, image_sizes, resolutions, frames, text_len, guidance, beams)
+        specs, kind, how, missing = _traced(data, config, file.parent, sizes, route, dtype, decode, chunk)
     if backward:
         missing += _with_backward(specs)
     count = len(specs.users)
@@ -126,32 +214,72 @@ def manifest_cmd(
         _stderr(f"not covered: {what}")
 
 
+def _check_options(
+    diffusers: bool,
+    method: str,
+    max_seq: int | None,
+    image_sizes: tuple[tuple[int, int], ...],
+    resolutions: tuple[tuple[int, int], ...],
+    frames: int | None,
+    text_len: int | None,
+    guidance: bool,
+) -> None:
+    """Options that do not apply to CONFIG's kind of model, refused naming the one that does."""
+    if diffusers:
+        if method == "config":
+            raise ManifestError("--method config reads transformers configs; a diffusers config is traced")
+        if image_sizes:
+            raise ManifestError(
+                "--image-size is for transformers' vision models: a diffusers model takes --resolution WxH"
+            )
+        return
+    given = [
+        name for name, value in (("--resolution", resolutions), ("--frames", frames), ("--text-len", text_len)) if value
+    ]
+    given += [] if guidance else ["--no-guidance"]
+    if given:
+        raise ManifestError(
+            f"{', '.join(given)}: for diffusers models (a _class_name config); a transformers vision model takes "
+            "--image-size HxW"
+        )
+    if method == "config" and not max_seq:
+        raise ManifestError("--method config needs --max-seq N, the longest sequence (prompt + output)")
+
+
 def _traced(
-    data: dict,
-    config: str,
-    max_batch: int,
-    max_seq: int,
-    route: str,
-    dtype: str,
-    decode: bool,
-    chunk: int | None,
-    beams: int,
+    data: dict, config: str, folder: Path, sizes: tuple, route: str, dtype: str, decode: bool, chunk: int | None
 ) -> tuple[ModelSpecs, str, list[str], list[str]]:
-    from graphcache.models.build import libraries
+    """The trace of CONFIG (``folder`` holds its config.json: a pipeline's VAE is looked for beside it)."""
+    max_batch, max_seq, image_sizes, resolutions, frames, text_len, guidance, beams = sizes
+    if "_class_name" in data:
+        from graphcache.models import diffusion  # imports diffusers when it traces: its error names the extra
 
-    libraries()  # torch and transformers, or the one-line error naming the extra
-    from graphcache.models import scenarios
-    from graphcache.models.trace import trace
+        pictures = diffusion.Sizes(max_batch, resolutions, frames, text_len, guidance)
+        traced = diffusion.trace(data, config, pictures, route, dtype, folder)
+    else:
+        from graphcache.models.build import libraries
 
-    sizes = scenarios.Sizes(max_batch, max_seq, chunk, decode, beams)
-    traced = trace(data, str(config), sizes, route, dtype)
+        libraries()  # torch and transformers, or the one-line error naming the extra
+        from graphcache.models import scenarios
+        from graphcache.models.trace import trace
+
+        wanted = scenarios.Sizes(max_batch, max_seq or 0, chunk, decode, beams, image_sizes)
+        traced = trace(data, config, wanted, route, dtype)
     how = [
-        f"traced: a {traced.kind} on the meta device through route {route}, {traced.calls} attention call(s) "
+        f"traced: {'an' if traced.kind[0] in 'aeiou' else 'a'} {traced.kind} on the meta device through route {route}, {traced.calls} attention call(s) "
         f"in {traced.seconds:.1f} s; {traced.layers}",
     ]
+    specs = traced.specs
+    if max_seq and traced.kind in _SIZED:
+        specs = ModelSpecs()
+        for spec, users in traced.specs.users.items():
+            for long in lengthened(spec, max_seq):
+                for user in users:
+                    specs.add(long, user if long == spec else f"{user} (widened to --max-seq {max_seq})")
+        how.append(f"widened to every length class up to --max-seq {max_seq}")
     missing = [f"{code}: {message} ({'; '.join(users)})" for (code, message), users in sorted(traced.refused.items())]
     missing += [f"tower not traced: {why}" for why in traced.untraced]
-    return traced.specs, traced.model_type, how, missing
+    return specs, traced.model_type, how, missing
 
 
 def _with_backward(specs: ModelSpecs) -> list[str]:

@@ -8,6 +8,7 @@ import click
 
 from graphcache.cli.common import Context, err_console, main, pass_ctx, store_options
 from graphcache.stores import check_location
+from graphcache.stores.base import shown_url
 
 
 @main.command("serve")
@@ -60,12 +61,17 @@ def serve_cmd(
     # Workers are separate processes: hand them the settings through the
     # environment, which create_app_from_env reads once at start.
     check_location(ctx.location if ctx.location is not None else ctx.settings.store)
+    _check_upload_folder(ctx)
     os.environ["GRAPHCACHE_DIR"] = str(ctx.settings.cache_dir)
     if ctx.location is not None:
         os.environ["GRAPHCACHE_STORE"] = ctx.location
     if not ctx.location and not ctx.settings.store:
         ctx.settings.cache_dir.mkdir(parents=True, exist_ok=True)
-    where = ctx.location or ctx.settings.store or str(ctx.settings.cache_dir)
+    where = (
+        shown_url(ctx.location or ctx.settings.store)
+        if (ctx.location or ctx.settings.store)
+        else str(ctx.settings.cache_dir)
+    )
     err_console.print(f"graphcache serving {where} on http://{host}:{port} ({workers} worker(s)); docs at /docs")
     # Several workers count in one folder (service.workers), so that the
     # status page, /v1/stats and /metrics are the server's, whichever answers.
@@ -82,3 +88,12 @@ def serve_cmd(
                 timeout_keep_alive=timeout_keep_alive,
             ),
         )
+
+
+def _check_upload_folder(ctx: Context) -> None:
+    """Refuse to start, in one line, where the folder uploads are written to
+    while they arrive is not this server's own (service.upload.checked_folder):
+    before any worker starts, not once in each."""
+    from service.upload import checked_location
+
+    checked_location(ctx.settings, ctx.location)

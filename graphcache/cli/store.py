@@ -109,7 +109,11 @@ def inspect_cmd(ctx: Context, what: str) -> None:
     else:
         store = ctx.store(read_only=True)
         expected = resolve_key(store, what)
-        data = store.get(expected)
+        try:
+            data = store.get(expected)
+        except CorruptArtifact as exc:  # its value cannot be read (UnreadableEntry): said, in the same shape
+            click.echo(json.dumps({"key": expected, "verified": False, "problem": str(exc)}, indent=2, sort_keys=True))
+            sys.exit(1)
     if data is None:
         raise NotFound(f"key {expected} is not stored")
     try:

@@ -16,6 +16,7 @@ from typing import Any
 
 from graphcache.errors import ExecutionError
 from graphcache.spec import GraphSpec
+from graphcache.spec import layouts as spec_layouts
 
 
 def real_spec(klass: GraphSpec, q: Any, k: Any) -> GraphSpec:
@@ -26,13 +27,11 @@ def real_spec(klass: GraphSpec, q: Any, k: Any) -> GraphSpec:
     """
     for role, t in (("q", q), ("k", k)):
         if getattr(t, "dim", None) is None or t.dim() != 4:
-            raise ExecutionError(f"{role} must be a 4-D tensor in the class's layout {klass.layout}")
-    if klass.layout == "bshd":
-        b, sq, _, _ = q.shape
-        _, skv, _, _ = k.shape
-    else:
-        b, _, sq, _ = q.shape
-        _, _, skv, _ = k.shape
+            raise ExecutionError(
+                f"{role} must be a 4-D tensor in the class's layout {spec_layouts.of(klass, role)} (its storage order)"
+            )
+    q_order, k_order = spec_layouts.layout(klass, "q").order, spec_layouts.layout(klass, "k").order
+    b, sq, skv = q.shape[q_order.index("b")], q.shape[q_order.index("s")], k.shape[k_order.index("s")]
     try:
         spec = klass.at(int(b), int(sq), int(skv))
     except ValueError as exc:  # a zero length: SpecError
@@ -78,16 +77,29 @@ class BoundGraph:
         return run_views(self, q, k, v, bias)
 
 
-def run_views(graph: Any, q: Any, k: Any, v: Any, bias: Any = None) -> Any:
+def run_views(graph: Any, q: Any, k: Any, v: Any, bias: Any = None, **extra: Any) -> Any:
     """``run_views`` for a graph whose ``execute`` takes tensors in the spec's
     storage layout (the torch fallback graph, a bound class graph without a
     ``run_views`` of its own): the (b, h, s, d) views torch's SDPA takes, in
-    and out; a bias spec's ``bias`` (packed whatever the layout) passed on."""
+    and out; a bias spec's ``bias`` (packed whatever the layout) and any other
+    keyword of ``execute`` (seq lens, sink) passed on."""
     spec = graph.spec
-    extra = {} if bias is None else {"bias": bias}
-    if spec.layout == "bshd":
-        return graph.execute(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), **extra).transpose(1, 2)
-    return graph.execute(q, k, v, **extra)
+    if bias is not None:
+        extra["bias"] = bias
+    stored = (storage_view(spec, r, t) for r, t in (("q", q), ("k", k), ("v", v)))
+    return bhsd_view(spec, "o", graph.execute(*stored, **extra))
+
+
+def storage_view(spec: GraphSpec, role: str, t: Any) -> Any:
+    """A (b, h, s, d) view of q, k, v or o as its layout stores it (no copy)."""
+    perm = spec_layouts.layout(spec, role).to_storage
+    return t if perm == (0, 1, 2, 3) else t.permute(perm)
+
+
+def bhsd_view(spec: GraphSpec, role: str, t: Any) -> Any:
+    """The inverse of ``storage_view``."""
+    perm = spec_layouts.layout(spec, role).to_bhsd
+    return t if perm == (0, 1, 2, 3) else t.permute(perm)
 
 
 def bind(graph: Any, spec: GraphSpec) -> Any:

@@ -106,7 +106,7 @@ class TorchSdpaGraph:
         check_inputs(spec, given)
         if spec.sinks or sink is not None:  # torch's SDPA has no sinks: the float32 reference serves them
             return _with_sinks(spec, q, k, v, out, seq_len_q, seq_len_kv, bias, sink)
-        qb, kb, vb = (to_bhsd(spec, t) for t in (q, k, v))
+        qb, kb, vb = (to_bhsd(spec, t, r) for r, t in (("q", q), ("k", k), ("v", v)))
         group = spec.heads_q // (spec.heads_kv or spec.heads_q)
         if group > 1:
             kb = kb.repeat_interleave(group, dim=1)

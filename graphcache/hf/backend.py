@@ -313,6 +313,6 @@ def _tokens(t: torch.Tensor) -> torch.Tensor:
 
 def _count(reason: str, message: str) -> None:
     """Count one call that no graph serves, in the drop-in's stats and recorders."""
-    gt.RUNTIME.count(Plan(None, None, reason, message))
+    gt.RUNTIME.count(Plan(None, None, reason, message), "hf")
     for recorder in list(gt.RUNTIME.recorders):
         recorder.count((reason, message))

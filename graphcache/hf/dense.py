@@ -24,9 +24,10 @@ from typing import Any
 import torch
 
 import graphcache.torch as gt
+from graphcache.compilers.classgraph import run_views
 from graphcache.errors import UnsupportedCall
 from graphcache.spec import GraphSpec
-from graphcache.torch.derive import Derived, derive, packed
+from graphcache.torch.derive import Derived, derive
 from graphcache.torch.plan import Plan, needs_grad
 
 _MEMO_TAG = "hf-dense"  # shares the runtime's memo (configure/reset clear it), never its keys
@@ -49,7 +50,7 @@ def dense_spec(
     changes: dict[str, Any] = {"sinks": True} if sinks else {"padding": window is None}
     if window is not None:
         changes.update(mask="sliding_window", window_left=window - 1, window_right=0)
-    return Derived(found.spec.replace(**changes), found.copy_q, copy_kv=found.copy_kv)
+    return Derived(found.spec.replace(**changes), found.copies, found.bias, found.expanded)
 
 
 def run_dense(
@@ -99,12 +100,12 @@ def run_dense(
         try:
             out = _run(plan, q, k, v, lengths, sink)
         except Exception as exc:  # noqa: BLE001 - never into the model: the exact graph, else transformers' sdpa
-            replan = partial(runtime._plan_for, Derived(plan.spec, plan.copy_q), q.device)
+            replan = partial(runtime._plan_for, Derived(plan.spec, plan.copies, None, plan.expanded), q.device)
             plan = runtime.execute_failed(memo_key, plan, exc, plan.spec, replan)  # graphcache.torch.guard
             continue
-        runtime.count(plan)
+        runtime.count(plan, "hf")
         return out
-    runtime.count(plan)
+    runtime.count(plan, "hf")
     return None
 
 
@@ -114,23 +115,14 @@ def _run(plan: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths:
     assert plan.graph is not None and plan.spec is not None
     if lengths is None and sink is None:
         return plan.run(q, k, v).transpose(1, 2).contiguous()
-    spec = plan.spec
     extra: dict[str, Any] = {}
     if lengths is not None:  # every query row (s_q each), each sequence's keys its tokens: see the module's docs
         lens = lengths.view(q.shape[0], 1, 1, 1)
         extra.update(seq_len_q=torch.full_like(lens, q.shape[2]), seq_len_kv=lens)
     if sink is not None:  # float32 (1, h_q, 1, 1), a device cast (no host read)
         extra["sink"] = sink.to(torch.float32).reshape(1, -1, 1, 1).contiguous()
-    if plan.copy_kv:
-        k, v = packed(k, spec.layout), packed(v, spec.layout)
-    if spec.layout == "bshd":
-        qs = q.transpose(1, 2)
-        qs = qs.contiguous() if plan.copy_q else qs
-        out = plan.graph.execute(qs, k.transpose(1, 2), v.transpose(1, 2), **extra)
-        return out
-    qs = q.contiguous() if plan.copy_q else q
-    out = plan.graph.execute(qs, k, v, **extra)
-    return out.transpose(1, 2).contiguous()
+    q, k, v = plan.reads(q, k, v)  # copies and expanded heads (graphcache.torch.derive)
+    return run_views(plan.graph, q, k, v, **extra).transpose(1, 2).contiguous()
 
 
 def _plan(

@@ -42,18 +42,31 @@ def config_of(data: dict[str, Any], source: str) -> Any:
     _, transformers = libraries()
     from transformers import CONFIG_MAPPING
 
+    from graphcache.models.config import special_floats
+
+    data = special_floats(data)  # {"__float__": "Infinity"}, as transformers 5 writes it
     kind = data.get("model_type")
     if kind is None:
         raise ManifestError(f"{source}: model_type is missing (a transformers config.json names its model_type)")
+    if kind == "mistral" and "layer_types" in data:
+        kind = "ministral"  # AutoConfig.from_pretrained's own rule: alternating attention is ministral's
     if kind not in CONFIG_MAPPING:
         raise ManifestError(
             f"{source}: model_type {kind!r} is not a model transformers {transformers.__version__} knows "
             "(models that need trust_remote_code are not traced): record a run with graphcache record"
         )
     try:
-        return CONFIG_MAPPING[kind].from_dict(dict(data))
-    except (ValueError, TypeError, KeyError, AttributeError) as exc:
-        raise ManifestError(f"{source}: transformers cannot read this {kind} config: {exc}") from None
+        return CONFIG_MAPPING[kind].from_dict({**data, "model_type": kind})
+    except Exception as exc:  # noqa: BLE001 - transformers' (and huggingface_hub's strict dataclass) refusal, named
+        raise ManifestError(f"{source}: transformers cannot read this {kind} config: {one_line(exc)}") from None
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception's text on one line: huggingface_hub's strict-dataclass
+    errors ("Validation error for field 'x':" then the cause) put the field
+    on the first line and the reason on the next."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return " ".join(lines) or type(exc).__name__
 
 
 def model_of(config: Any, route: str, dtype: str, source: str) -> Any:

@@ -59,6 +59,11 @@ class Attention:
     position_bias: bool = False
     # The layout its prompts' k/v arrive in where the model makes them contiguous (Whisper: bhsd).
     layout: str | None = None
+    # q's layout against a cache where it is not its projection's transposed view (bshd), as
+    # graphcache.torch.derive reads it: contiguous (Whisper, Phi-3's rotary of a fused slice:
+    # bhsd) or a fused projection's view (GPT-2's c_attn: bs[3]hd, and at a decode step b[3]shd).
+    q_layout: str | None = None
+    q_decode_layout: str | None = None
 
     def users(self) -> str:
         """``decoder layers 0-31 (sliding window 4096)``: who makes these calls."""
@@ -78,23 +83,72 @@ class Model:
         return any(a.role == "cross" for a in self.attentions)
 
 
+# A diffusers pipeline folder's denoiser: the component graphcache manifest traces.
+DENOISERS = ("transformer", "unet", "prior", "decoder")
+
+
+def locate(path: str | Path) -> Path:
+    """The config.json ``path`` names: itself, the one in a model folder, or
+    a diffusers pipeline folder's (``model_index.json``) denoiser's.
+
+    Raises ManifestError naming the folder where it holds none."""
+    path = Path(path)
+    if not path.is_dir():
+        return path
+    if (path / "config.json").is_file() or not (path / "model_index.json").is_file():
+        return path / "config.json"
+    for name in DENOISERS:
+        if (path / name / "config.json").is_file():
+            return path / name / "config.json"
+    raise ManifestError(
+        f"{path}: a diffusers pipeline folder (model_index.json) with no {' or '.join(DENOISERS)} folder holding a "
+        "config.json: give the denoiser's folder or its config.json"
+    )
+
+
 def read(path: str | Path) -> dict[str, Any]:
-    """The config mapping in ``path``: a config.json, or a folder holding one.
+    """The config mapping in ``path``: a config.json, or a folder holding one
+    (``locate``), its values as transformers reads them (``special_floats``).
 
     Raises ManifestError naming the path and what is wrong."""
     path = Path(path)
-    file = path / "config.json" if path.is_dir() else path
+    file = locate(path)
     if path.is_dir() and not file.is_file():
         raise ManifestError(f"{path}: no config.json in this folder (give a model folder or its config.json)")
     try:
-        data = json.loads(file.read_text())
+        data = json.loads(file.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ManifestError(f"{file}: cannot read: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ManifestError(
+            f"{file}: not UTF-8 text ({exc.reason} at byte {exc.start}): a config.json is JSON"
+        ) from exc
     except json.JSONDecodeError as exc:
         raise ManifestError(f"{file}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}") from exc
     if not isinstance(data, dict):
         raise ManifestError(f"{file}: a config.json is a JSON object")
-    return data
+    return special_floats(data)
+
+
+# transformers 5 writes the floats JSON has no literal for as {"__float__": "Infinity"}
+# (PreTrainedConfig._encode_special_floats: Granite 4.0-H's and Falcon-H1's
+# time_step_limit) and reads them back with _decode_special_floats; the bare
+# literals Infinity / NaN that Python's json writes are read by json.loads itself.
+_FLOAT_TAG = "__float__"
+_FLOAT_VALUES = {"Infinity": float("inf"), "-Infinity": float("-inf"), "NaN": float("nan")}
+
+
+def special_floats(value: Any) -> Any:
+    """``value`` with every ``{"__float__": "Infinity" | "-Infinity" | "NaN"}``
+    replaced by its float, as transformers' config reader decodes it (a tag
+    it does not know stays as it is, as there)."""
+    if isinstance(value, dict):
+        if set(value) == {_FLOAT_TAG} and isinstance(value[_FLOAT_TAG], str) and value[_FLOAT_TAG] in _FLOAT_VALUES:
+            return _FLOAT_VALUES[value[_FLOAT_TAG]]
+        return {k: special_floats(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [special_floats(v) for v in value]
+    return value
 
 
 def describe(config: dict[str, Any], source: str = "config.json") -> Model:
@@ -164,7 +218,13 @@ def _decoder(f: _Fields, kind: str) -> tuple[Attention, ...]:
                 "own scale (1/sqrt(d)/(layer+1)), not written out per layer here"
             )
         scale = head_dim**-0.5 if c.get("scale_attn_weights", True) else 1.0
-        return (Attention("self", tuple(range(layers)), heads, heads, head_dim, scale, True),)
+        # q: a view of c_attn's (b, s, 3 * E) output, at a prompt and at a decode step
+        layers_ = tuple(range(layers))
+        return (
+            Attention(
+                "self", layers_, heads, heads, head_dim, scale, True, q_layout="bs[3]hd", q_decode_layout="b[3]shd"
+            ),
+        )
     heads, layers = f.int("num_attention_heads"), f.int("num_hidden_layers")
     heads_kv = f.int("num_key_value_heads", heads)
     head_dim = f.int("head_dim", f.int("hidden_size") // heads)
@@ -185,8 +245,10 @@ def _decoder(f: _Fields, kind: str) -> tuple[Attention, ...]:
                 f"{f.source}: layer_types[{index}]={layer_type!r} cannot be described: graphcache manifest "
                 "reads full_attention and sliding_attention layers"
             )
+    q_layout = "bhsd" if kind == "phi3" else None  # rotary of a fused qkv_proj slice: a contiguous q
     return tuple(
-        Attention("self", tuple(members), heads, heads_kv, head_dim, scale, True, w) for w, members in groups.items()
+        Attention("self", tuple(members), heads, heads_kv, head_dim, scale, True, w, q_layout=q_layout)
+        for w, members in groups.items()
     )
 
 
@@ -231,7 +293,9 @@ def _encoder_decoder(f: _Fields, kind: str) -> tuple[Attention, ...]:
     return (
         Attention("encoder", enc, enc_heads, enc_heads, enc_dim, enc_scale, False, fixed_kv=fixed, layout=layout),
         Attention("self", dec, dec_heads, dec_heads, dec_dim, dec_scale, True, max_q=max_q, layout=layout),
-        Attention("cross", dec, dec_heads, dec_heads, dec_dim, dec_scale, False, fixed_kv=fixed, max_q=max_q),
+        Attention(
+            "cross", dec, dec_heads, dec_heads, dec_dim, dec_scale, False, fixed_kv=fixed, max_q=max_q, q_layout=layout
+        ),
     )
 
 

@@ -20,7 +20,18 @@ alike between those. Per batch and length:
   the encoder's input padded; lengths capped at the model's own
   ``max_source_positions`` / ``max_target_positions`` where it has them,
   and a speech encoder's input at the length its config fixes (Whisper:
-  ``2 x max_source_positions`` mel frames).
+  ``2 x max_source_positions`` mel frames);
+- a vision encoder (ViT, DINOv2, SigLIP's and CLIP's vision models): images
+  at each of ``image_sizes`` (default: the config's ``image_size``), never
+  padded;
+- an audio encoder (wav2vec2, HuBERT, ...): inputs of each length class's
+  longest up to ``max_seq`` samples (frames, for ``input_features``),
+  unpadded and right-padded, as its processor pads (with a padding mask
+  where the processor makes one);
+- a multimodal model's towers (graphcache.models.media): each vision tower
+  through the model's ``get_image_features`` at each image size, and
+  prompts holding an image's tokens with the image beside them (and a
+  decode step on their cache), at each length class that holds them.
 
 ``probe=True`` runs a few of these (batch 2, the longest length): enough
 to tell a model's kinds of layers apart
@@ -32,10 +43,12 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
 
+from graphcache.models import media
 from graphcache.spec.classes import MIN_LENGTH
 
 _THRESHOLD_WORDS = ("window", "chunk")
@@ -85,6 +98,7 @@ class Sizes:
     chunk: int | None = None
     decode: bool = True
     beams: int = 1
+    image_sizes: tuple[tuple[int, int], ...] = ()  # (H, W); none: each vision config's own image_size
 
     @property
     def rows(self) -> int:
@@ -107,6 +121,7 @@ class Runner:
         self.cache_name = "cache" if "cache" in params else "past_key_values"
         self.features = model.main_input_name == "input_features"
         self.notes: dict[str, str] = {}  # what a tower could not be traced for, by tower
+        self.result: Any = None  # the last call _failed made
 
     # inputs -------------------------------------------------------------------------
 
@@ -213,42 +228,143 @@ class Runner:
             cache = {self.cache_name: self.cache_of(out)}
             self.forward(f"decoder decode{padded}", decoder_input_ids=self.ids(b, 1), **kwargs, **cache)
 
+    def vision(self, sizes: Sizes, probe: bool) -> None:
+        """A vision encoder's images (the model's own config is the vision config)."""
+        for size in self._image_sizes(sizes, self.config, "images"):
+            for b in [2] if probe else batches(sizes.max_batch):
+                kwargs = media.image_call(self.model.forward, self.config, size, b, self.model.dtype)
+                self.forward(f"images {size[0]}x{size[1]}", **kwargs)
+
+    def audio(self, sizes: Sizes, probe: bool) -> None:
+        """An audio encoder's inputs, unpadded and right-padded (as its processor pads)."""
+        lens = media.audio_lengths(self.model, sizes.max_seq)
+        masked = media.audio_masked(self.config)
+        for b in [2] if probe else batches(sizes.max_batch):
+            for n in lens[-1:] if probe else lens:
+                for pad in ["none", "right"] if b > 1 else ["none"]:
+                    kwargs = {self.model.main_input_name: media.audio(self.model, b, n)}
+                    if masked:
+                        kwargs["attention_mask"] = self.mask(b, n, pad)
+                    self.forward(f"audio{_padded(pad)}", **kwargs)
+
+    def _image_sizes(self, sizes: Sizes, sub: Any, name: str) -> list[tuple[int, int]]:
+        own = media.own_size(sub)
+        found = list(sizes.image_sizes) or ([own] if own else [])
+        if not found:
+            self.notes[name] = (
+                f"{name} ({getattr(sub, 'model_type', '?')}): its config fixes no image size "
+                "(no image_size): pass --image-size HxW for the sizes you serve"
+            )
+        return found
+
     def towers(self, sizes: Sizes, probe: bool) -> None:
-        """A vision tower (a ``vision_config``) on images of the size its
-        config says, in batches up to ``max_batch``; an audio tower on
-        Whisper-style mel features where its config says their size. A
-        tower the trace cannot run is noted (``notes``), never skipped."""
+        """A multimodal model's vision towers (a ``vision_config``) on images
+        of each size in batches up to ``max_batch``, then prompts holding an
+        image; an audio tower on Whisper-style mel features where its config
+        says their size. A tower the trace cannot run is noted (``notes``),
+        never skipped."""
         for name in getattr(self.config, "sub_configs", {}) or {}:
             sub = getattr(self.config, name, None)
             if name == "text_config" or sub is None or not ("vision" in name or "audio" in name):
                 continue
-            tower = next((m for m in self.model.modules() if getattr(m, "config", None) is sub), None)
             what = f"{name} ({getattr(sub, 'model_type', '?')})"
+            if "vision" in name:
+                self._vision_tower(name, sub, what, sizes, probe)
+                continue
+            tower = next((m for m in self.model.modules() if getattr(m, "config", None) is sub), None)
             if tower is None:
                 self.notes[name] = f"{what}: no module of the model holds this config"
                 continue
             try:
-                inputs = _tower_inputs(name, sub, self.model.dtype)
+                shape = (int(sub.num_mel_bins), 2 * int(sub.max_source_positions))
             except (AttributeError, TypeError, ValueError) as exc:
                 self.notes[name] = f"{what}: the trace does not know this tower's input ({exc})"
                 continue
             for b in [2] if probe else batches(sizes.max_batch):
-                self.phase(f"{name} ({'images' if 'vision' in name else 'audio'})")
-                try:
-                    with torch.no_grad():
-                        tower(**{k: v.expand(b, *v.shape[1:]) for k, v in inputs.items()})
-                except Exception as exc:  # noqa: BLE001 - the tower's own failure, named
-                    self.notes[name] = f"{what}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                self.phase(f"{name} (audio)")
+                features = torch.zeros((b, *shape), dtype=self.model.dtype, device="meta")
+                if self._failed(name, what, partial(tower, input_features=features)):
                     break
 
+    def _failed(self, key: str, what: str, call: Callable[[], Any]) -> bool:
+        """Run ``call``; where it raises, note why under ``key`` and say so."""
+        try:
+            with torch.no_grad():
+                self.result = call()
+            return False
+        except Exception as exc:  # noqa: BLE001 - the model's own failure, named
+            self.notes[key] = f"{what}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            return True
 
-def _tower_inputs(name: str, sub: Any, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    if "vision" in name:
-        size = sub.image_size
-        size = tuple(size) if isinstance(size, (list, tuple)) else (int(size), int(size))
-        return {"pixel_values": torch.zeros((1, int(sub.num_channels), *size), dtype=dtype, device="meta")}
-    frames = 2 * int(sub.max_source_positions)
-    return {"input_features": torch.zeros((1, int(sub.num_mel_bins), frames), dtype=dtype, device="meta")}
+    def _vision_tower(self, name: str, sub: Any, what: str, sizes: Sizes, probe: bool) -> None:
+        """The tower through the model's ``get_image_features`` (its
+        projector too, and the grid or sizes it reads), then prompts holding
+        an image; where that fails, the module holding its config alone."""
+        fn = getattr(self.model, "get_image_features", None)
+        module = next((m for m in self.model.modules() if getattr(m, "config", None) is sub), None)
+        calls = [c for c in (fn, module) if c is not None]
+        if not calls:
+            self.notes[name] = f"{what}: no module of the model holds this config"
+            return
+        for size in self._image_sizes(sizes, sub, name):
+            at, key = f"{what} at {size[0]}x{size[1]}", f"{name} {size}"
+            per_image = None
+            for b in [2] if probe else batches(sizes.max_batch):
+                self.phase(f"{name} (images)")
+                errors = []
+                for call in calls:
+                    signature = call.forward if isinstance(call, torch.nn.Module) else call
+                    try:
+                        kwargs = media.image_call(signature, sub, size, b, self.model.dtype)
+                    except ValueError as exc:
+                        errors.append(str(exc))
+                        continue
+                    if not self._failed(key, at, partial(call, **kwargs)):
+                        break
+                    errors.append(self.notes.pop(key).split(": ", 1)[-1])
+                else:
+                    self.notes[key] = f"{at}: {'; '.join(errors)}"
+                    break
+                if call is fn:
+                    per_image = media.tokens_per_image(self.result, b)
+                else:  # the tower ran alone: no image features for a prompt
+                    self.notes[f"{key} prompt"] = f"{at}: get_image_features: {errors[0]}; the tower traced alone"
+            if per_image is not None and self.kind == "decoder":
+                self._prompts_with_images(name, sub, at, size, per_image, sizes, probe)
+
+    def _prompts_with_images(
+        self, name: str, sub: Any, at: str, size: tuple[int, int], per_image: int, sizes: Sizes, probe: bool
+    ) -> None:
+        """Prompts holding one image's tokens (after the first token), the
+        image beside them, then a decode step on the cache: text and images
+        together, as a server runs a vision-language model."""
+        token = media.image_token(self.config)
+        if token is None or "pixel_values" not in inspect.signature(self.model.forward).parameters:
+            return
+        # A prompt one short of each length, then a decode step: kv reaches the length, as decoder() runs it.
+        lens = [n - 1 for n in samples(sizes.max_seq, self.text) if n >= per_image + 3]
+        if not lens:
+            self.notes[f"{name} {size} prompt"] = f"{at}: its {per_image} tokens do not fit --max-seq {sizes.max_seq}"
+            return
+        for b in [2] if probe else batches(sizes.rows):
+            for n in lens[-1:] if probe else lens:
+                ids = self.ids(b, n)
+                ids[:, 1 : 1 + per_image] = token
+                mask = self.mask(b, n, "none")
+                kwargs = media.image_call(self.model.forward, sub, size, b, self.model.dtype)
+                self.phase("prefill with an image")
+                prompt = dict(input_ids=ids, attention_mask=mask, use_cache=True, **kwargs)
+                if self._failed(f"{name} {size} prompt", f"{at}, a prompt holding it", partial(self.model, **prompt)):
+                    return
+                if sizes.decode:
+                    grown = torch.cat([mask, torch.ones((b, 1), dtype=mask.dtype, device=mask.device)], dim=1)
+                    step = {"input_ids": self.ids(b, 1), "attention_mask": grown, "use_cache": True}
+                    step[self.cache_name] = self.cache_of(self.result)
+                    self.phase("decode after an image")
+                    if self._failed(
+                        f"{name} {size} decode", f"{at}, a decode step after it", partial(self.model, **step)
+                    ):
+                        return
 
 
 def _padded(pad: str, what: str = "") -> str:

@@ -12,8 +12,12 @@ graphcache; read from transformers 5.24 and checked by recording tiny models
 of each family through ``graphcache.torch.record``):
 
 - a decoder's self-attention: prefill causal with as many queries as keys
-  (``bhsd``: q and the cache's k/v as transformers' sdpa sees them), decode
-  one query over the cache (mask none). A sliding window in reach (more keys
+  (``bhsd`` with ``layout_q: bshd``: the cache's k/v contiguous per head, q
+  its projection's transposed view, as transformers' sdpa hands them over
+  and graphcache.torch.derive reads them; a model's own q layout where
+  ``Attention.q_layout`` names one: Phi-3 and Whisper contiguous, GPT-2 a
+  view of its fused c_attn), decode one query over the cache (mask none;
+  ``bhsd``: a one-token q fits k's layout, but GPT-2's above batch 1). A sliding window in reach (more keys
   than the window) and a padded batch (batch > 1) arrive as a mask tensor on
   route ``sdpa``, served by bias graphs (``bias: b1ss``); on route
   ``graphcache`` (graphcache.hf) they are ragged graphs with bottom-right
@@ -44,8 +48,26 @@ from dataclasses import dataclass, field
 from graphcache.models.config import Attention, Model
 from graphcache.spec import GraphSpec
 from graphcache.spec.classes import MIN_LENGTH, class_of
+from graphcache.spec.layouts import FIELDS
+
+LAYOUT_FIELDS = ("layout", *FIELDS)
 
 ROUTES = ("sdpa", "graphcache")
+# A prompt's q against the KV cache: q its projection's transposed view, k/v the cache.
+ON_CACHE: dict[str, str] = {"layout": "bhsd", "layout_q": "bshd"}
+Layouts = str | dict[str, str]  # a layout, or the spec's layout fields
+
+
+def on_cache(a: Attention, decode: bool = False, batch: int = 2) -> Layouts:
+    """The layouts of ``a``'s calls against the KV cache (k/v bhsd): a
+    prompt's q (``ON_CACHE``, or the model's own ``q_layout``), a decode
+    step's (k's layout, which a one-token q fits, or its ``q_decode_layout``
+    above batch 1: at batch 1 torch's view gives the one-token q the strides
+    of a contiguous tensor, GPT-2's included)."""
+    q = (a.q_decode_layout if batch > 1 else None) if decode else (a.q_layout or "bshd")
+    return {"layout": "bhsd", "layout_q": q} if q else "bhsd"
+
+
 DEFAULT_ROUTE = "sdpa"
 # The cold-build estimate's default: ~0.4 s per cuDNN SDPA build, reported in
 # sglang#4650 (docs/benchmarks.md, "Graphs per workload"); cited, not measured here.
@@ -122,11 +144,13 @@ def specs_for(
                 keys = lengths(attention.fixed_kv)[-1:] if attention.fixed_kv else lengths(max_seq)
                 for kv in keys:
                     if decode:
-                        maker.call(attention, batch, 1, kv, "bhsd", "decode", not attention.fixed_kv)
+                        maker.call(
+                            attention, batch, 1, kv, on_cache(attention, True, batch), "decode", not attention.fixed_kv
+                        )
                     for q in lengths(longest):
-                        maker.call(attention, batch, q, kv, "bhsd", "prefill", not attention.fixed_kv)
+                        maker.call(attention, batch, q, kv, on_cache(attention), "prefill", not attention.fixed_kv)
             else:
-                prefill = attention.layout or ("bshd" if model.encoder_decoder else "bhsd")
+                prefill = attention.layout or ("bshd" if model.encoder_decoder else on_cache(attention))
                 padded = not model.encoder_decoder  # a decoder's own inputs are not padded in an encoder-decoder
                 for s in lengths(longest):
                     maker.call(attention, batch, s, s, prefill, "prefill", padded)
@@ -136,12 +160,20 @@ def specs_for(
                     # A sliding layer's cache holds its window (transformers' sliding cache layers).
                     reach = min(longest, attention.window) if attention.window else longest
                     for kv in lengths(reach):
-                        maker.call(attention, batch, 1, kv, "bhsd", "decode", padded, min(kv, reach))
+                        maker.call(
+                            attention, batch, 1, kv, on_cache(attention, True, batch), "decode", padded, min(kv, reach)
+                        )
                 for q in lengths(chunk) if chunk else []:
                     for kv in lengths(longest):
                         if kv > q:
                             maker.call(
-                                attention, batch, q, kv, "bhsd", f"chunked prefill (chunks up to {chunk})", padded
+                                attention,
+                                batch,
+                                q,
+                                kv,
+                                on_cache(attention),
+                                f"chunked prefill (chunks up to {chunk})",
+                                padded,
                             )
     return out
 
@@ -163,17 +195,18 @@ def _position_biased(
             if a.role == "cross":
                 for kv in kv_lengths:
                     for q in ([1] if decode else []) + lengths(max_seq):
-                        maker.biased(a, batch, q, kv, "bhsd", "decode" if q == 1 else "prefill", padded=True)
+                        layout = "bhsd" if q == 1 else ON_CACHE
+                        maker.biased(a, batch, q, kv, layout, "decode" if q == 1 else "prefill", padded=True)
                 continue
             for s in kv_lengths:
-                maker.biased(a, batch, s, s, "bhsd", "prefill")
+                maker.biased(a, batch, s, s, ON_CACHE, "prefill")
             if decode:
                 maker.biased(a, batch, 1, MIN_LENGTH, "bshd", "first decode step")
                 for kv in kv_lengths:
                     maker.biased(a, batch, 1, kv, "bhsd", "decode")
             for q in lengths(chunk) if chunk else []:
                 for kv in (kv for kv in kv_lengths if kv > q):
-                    maker.biased(a, batch, q, kv, "bhsd", f"chunked prefill (chunks up to {chunk})")
+                    maker.biased(a, batch, q, kv, ON_CACHE, f"chunked prefill (chunks up to {chunk})")
 
 
 class _Maker:
@@ -186,7 +219,7 @@ class _Maker:
         batch: int,
         q: int,
         kv: int,
-        layout: str,
+        layout: Layouts,
         phase: str,
         padded: bool = True,
         kv_max: int | None = None,
@@ -211,7 +244,7 @@ class _Maker:
         if padded and batch > 1:
             self._masked(a, batch, q, kv, layout, user + ", padded batch", False, most)
 
-    def biased(self, a: Attention, b: int, q: int, kv: int, layout: str, phase: str, padded: bool = False) -> None:
+    def biased(self, a: Attention, b: int, q: int, kv: int, layout: Layouts, phase: str, padded: bool = False) -> None:
         """One class of calls whose every call carries a float mask (T5's
         position bias): its bias graphs, by the bias dims the drop-in derives."""
         kinds = ["bhss"] if b == 1 else ["1hss", "bhss"] if padded else ["1hss"]
@@ -220,7 +253,7 @@ class _Maker:
             self.out.add(self._dense(a, b, q, kv, layout, "none", bias=kind), user)
 
     def _masked(
-        self, a: Attention, batch: int, q: int, kv: int, layout: str, user: str, unpadded: bool, most: int
+        self, a: Attention, batch: int, q: int, kv: int, layout: Layouts, user: str, unpadded: bool, most: int
     ) -> None:
         if self.route == "sdpa":
             if not self.bias:
@@ -258,10 +291,10 @@ class _Maker:
         heads_kv = a.heads_kv if a.head_dim <= 256 else a.heads_q
         return dict(heads_q=a.heads_q, heads_kv=heads_kv, head_dim=a.head_dim, dtype=self.dtype, attn_scale=scale)
 
-    def _dense(self, a: Attention, b: int, q: int, kv: int, layout: str, mask: str, **extra: object) -> GraphSpec:
-        fields = self._fields(a)
+    def _dense(self, a: Attention, b: int, q: int, kv: int, layout: Layouts, mask: str, **extra: object) -> GraphSpec:
+        fields = {**self._fields(a), **({"layout": layout} if isinstance(layout, str) else layout)}
         return GraphSpec.from_dict(
-            {**fields, "batch": b, "seq_q": q, "seq_kv": kv, "layout": layout, "mask": mask, "shapes": "class", **extra}
+            {**fields, "batch": b, "seq_q": q, "seq_kv": kv, "mask": mask, "shapes": "class", **extra}
         )
 
     def _thd(self, a: Attention, b: int, q: int, kv: int, mask: dict[str, object]) -> GraphSpec:
@@ -294,15 +327,42 @@ def widened(spec: GraphSpec, route: str, max_batch: int, windows: frozenset[int]
     scale = spec.attn_scale if spec.attn_scale is not None else spec.head_dim**-0.5
     seq_kv = klass.seq_kv if klass.seq_kv is not None else klass.seq_q
     heads_kv = spec.heads_kv or spec.heads_q
+    layout = {name: getattr(spec, name) for name in LAYOUT_FIELDS if getattr(spec, name) is not None}
     for kind in {causal, False} if spec.seq_q == 1 else {causal}:
         for window in {own} if own is not None or not kind else {None, *windows}:
             a = Attention("self", (), spec.heads_q, heads_kv, spec.head_dim, scale, kind, window)
             for b in batches(max_batch):
-                maker.call(a, b, klass.seq_q, seq_kv, spec.layout, "widened")
+                maker.call(a, b, klass.seq_q, seq_kv, layout, "widened")
                 if route == "graphcache" and kind and b > 1 and spec.seq_q == seq_kv and window is None:
                     # graphcache.hf: a right-padded causal prompt is a padded dense graph.
-                    out.add(maker._dense(a, b, klass.seq_q, seq_kv, spec.layout, "causal", padding=True), "")
+                    out.add(maker._dense(a, b, klass.seq_q, seq_kv, layout, "causal", padding=True), "")
     return list(out.users)
+
+
+def lengthened(spec: GraphSpec, max_seq: int) -> list[GraphSpec]:
+    """The class specs that calls of ``spec``'s shape make at every length
+    class up to ``max_seq`` (its own class among them): what ``graphcache
+    record --max-seq`` adds for a call it saw, so a run recorded at one
+    resolution or prompt length serves others. As many queries as keys
+    (self-attention, a prompt, a diffusion model's joint attention) grow
+    together; a one-query call (a decode step) grows its keys; any other
+    call (cross-attention: image tokens to a prompt's) grows each side,
+    keeping which side is the longer where a mask depends on it (not for
+    mask none). A paged spec's keys are its page table's reach: kept."""
+    klass = class_of(spec, "pow2") if spec.layout != "thd" else spec
+    if spec.page_size is not None:
+        return [klass]
+    q, kv = klass.seq_q, klass.seq_kv if klass.seq_kv is not None else klass.seq_q
+    sizes = lengths(max_seq)
+    if q == kv:
+        pairs = {(n, n) for n in sizes}
+    elif q == 1:
+        pairs = {(1, n) for n in sizes}
+    else:
+        free = spec.mask == "none"
+        pairs = {(a, b) for a in sizes for b in sizes if free or (a <= b) == (q <= kv)}
+    pairs.add((q, kv))
+    return [klass.replace(seq_q=a, seq_kv=b) for a, b in sorted(pairs)]
 
 
 def render(specs: ModelSpecs, header: list[str]) -> str:

@@ -51,23 +51,31 @@ def stacks(model: torch.nn.Module) -> dict[str, torch.nn.ModuleList]:
         if not isinstance(module, torch.nn.ModuleList) or len(module) < 2:
             continue
         kinds = {type(m) for m in module}
-        if len(kinds) == 1 and _attention_modules(module[0]):
+        # Any member holding attention: a hybrid's first layers may be Mamba ones (Granite 4.0-H).
+        if len(kinds) == 1 and any(_attention_modules(m) for m in module):
             out[path] = module
     return out
 
 
 class Where:
     """The site of the call being made now (``site``), kept by hooks on the
-    model's stacks; ``remove()`` takes the hooks off."""
+    model's stacks, and on attention modules outside any stack (a UNet's
+    blocks of one transformer layer each: their path is the site, layer -1);
+    ``remove()`` takes the hooks off."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self._frames: list[tuple[str, Any]] = []
         self._handles: list[Any] = []
+        inside: set[int] = set()
         for path, stack in stacks(model).items():
             for index, layer in enumerate(stack):
                 self._hook(layer, ("layer", (path, index)))
+                inside.update(id(m) for m in layer.modules())
                 for name, attention in _attention_modules(layer):
                     self._hook(attention, ("attention", name))
+        for path, attention in _attention_modules(model):
+            if id(attention) not in inside:
+                self._hook(attention, ("layer", (path, -1)))
 
     def _hook(self, module: torch.nn.Module, frame: tuple[str, Any]) -> None:
         def enter(*_: Any) -> None:

@@ -22,7 +22,7 @@ are named by feature (softcap, sinks in a padded call, ...), never skipped.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,7 +44,7 @@ class Traced:
     model ran, and the calls no graph serves, by reason."""
 
     model_type: str
-    kind: str  # "decoder", "encoder" or "encoder-decoder"
+    kind: str  # "decoder", "encoder", "encoder-decoder", "vision encoder" or "audio encoder"
     route: str
     specs: ModelSpecs
     calls: int
@@ -66,6 +66,48 @@ def trace(
     started = time.perf_counter()
     config = build.config_of(data, source)
     model = build.model_of(config, route, dtype, source)
+    # Values are kept up to the largest padding mask the scenarios make (rows x keys).
+    limit = max(1 << 16, 2 * sizes.rows * (sizes.max_seq + (sizes.chunk or 0) + 2))
+
+    def start(phase: Callable[[str], None]) -> tuple[str, Callable[[bool], None], dict[str, str]]:
+        kind = _kind(model, scenarios.Runner(model, "", phase))
+        if not sizes.max_seq and kind != "vision encoder":
+            what = "samples or frames of audio" if kind == "audio encoder" else "tokens"
+            raise ManifestError(
+                f"{source}: model_type {config.model_type!r} is {'an' if kind[0] in 'aeiou' else 'a'} {kind}: "
+                f"pass --max-seq N, the most {what} it takes"
+            )
+        towers = [name for name in getattr(config, "sub_configs", {}) or {} if "vision" in name]
+        if sizes.image_sizes and kind != "vision encoder" and not towers:
+            raise ManifestError(f"{source}: --image-size: model_type {config.model_type!r} takes no images")
+        runner = scenarios.Runner(model, kind, phase)
+        return kind, lambda probe: _scenarios(runner, sizes, probe), runner.notes
+
+    traced = run(model, config.model_type, f"model_type {config.model_type!r}", source, route, dtype, limit, cut, start)
+    traced.seconds = time.perf_counter() - started
+    return traced
+
+
+def run(
+    model: Any,
+    name: str,
+    what: str,
+    source: str,
+    route: str,
+    dtype: str,
+    limit: int,
+    cut_layers: bool,
+    start: Callable[[Callable[[str], None]], tuple[str, Callable[[bool], None], dict[str, str]]],
+) -> Traced:
+    """Run a model's scenarios under the recorder and collect what it calls.
+
+    ``start(phase)`` (called inside the recording, on the meta device with
+    shadows of up to ``limit`` elements) gives the model's kind, its
+    scenarios (``probe``: the few that tell its layers apart) and the notes
+    its towers leave; ``what`` names the model in errors. Shared by
+    transformers' models (``trace``) and diffusers' (graphcache.models.diffusion)."""
+    started = time.perf_counter()
+    from graphcache.models.shadows import Shadows
     from graphcache.torch.recording import Recorder
 
     class _Noting(Recorder):
@@ -85,47 +127,29 @@ def trace(
     where = Where(model)
     recorder.site = where.site
 
-    def phase(name: str) -> None:
-        recorder.phase = name
+    def phase(text: str) -> None:
+        recorder.phase = text
         where.reset()
 
     try:
-        with _recording(recorder, route):
-            from graphcache.models.shadows import Shadows
-
-            # Values are kept up to the largest padding mask the scenarios make (rows x keys).
-            limit = max(1 << 16, 2 * sizes.rows * (sizes.max_seq + (sizes.chunk or 0) + 2))
-            with Shadows(limit):
-                kind = _kind(model, scenarios.Runner(model, "", phase))
-                runner = scenarios.Runner(model, kind, phase)
-                layers, plan = _run(runner, recorder, model, sizes, cut)
+        with _recording(recorder, route), Shadows(limit):
+            kind, scenario, notes = start(phase)
+            layers, plan = _run(scenario, recorder, model, cut_layers)
     except ManifestError:
         raise
     except Exception as exc:  # noqa: BLE001 - the model's own failure on the meta device, named
-        raise ManifestError(
-            f"{source}: tracing model_type {config.model_type!r} failed: {type(exc).__name__}: {exc}"
-        ) from None
+        text = str(exc).splitlines()[0] if str(exc) else ""
+        raise ManifestError(f"{source}: tracing {what} failed: {type(exc).__name__}: {text}") from None
     finally:
         where.remove()
     if route == "graphcache" and not recorder.noted:
-        raise build.no_backend(config.model_type, source)
-    out = _collect(recorder.noted, plan)
-    traced = Traced(
-        config.model_type,
-        kind,
-        route,
-        out[0],
-        len(recorder.noted),
-        time.perf_counter() - started,
-        layers,
-        out[1],
-        list(runner.notes.values()),
-    )
+        raise build.no_backend(name, source)
+    specs, refused = _collect(recorder.noted, plan)
+    took = time.perf_counter() - started
+    traced = Traced(name, kind, route, specs, len(recorder.noted), took, layers, refused, list(notes.values()))
     if not traced.specs.users:
         reasons = "; ".join(f"{code}: {message}" for code, message in traced.refused) or "no attention call was made"
-        raise ManifestError(
-            f"{source}: no attention call of model_type {config.model_type!r} can be a graph: {reasons}"
-        )
+        raise ManifestError(f"{source}: no attention call of {what} can be a graph: {reasons}")
     return traced
 
 
@@ -143,9 +167,14 @@ def _recording(recorder: Any, route: str) -> Iterator[None]:
 
 
 def _kind(model: Any, runner: scenarios.Runner) -> str:
-    """decoder (a forward returns a cache), encoder, or encoder-decoder."""
+    """decoder (a forward returns a cache), encoder, encoder-decoder, or a
+    vision or audio encoder (a model whose input is images or audio)."""
     if getattr(model.config, "is_encoder_decoder", False):
         return "encoder-decoder"
+    if model.main_input_name == "pixel_values":
+        return "vision encoder"
+    if model.main_input_name in ("input_values", "input_features"):
+        return "audio encoder"
     try:
         out = runner.forward(
             "kind", input_ids=runner.ids(1, 2), attention_mask=runner.mask(1, 2, "none"), use_cache=True
@@ -161,42 +190,44 @@ def _scenarios(runner: scenarios.Runner, sizes: scenarios.Sizes, probe: bool) ->
         runner.decoder(sizes, probe)
     elif runner.kind == "encoder":
         runner.encoder(sizes, probe)
+    elif runner.kind == "vision encoder":
+        runner.vision(sizes, probe)
+    elif runner.kind == "audio encoder":
+        runner.audio(sizes, probe)
     else:
         runner.encoder_decoder(sizes, probe)
     runner.towers(sizes, probe)
 
 
-def _run(
-    runner: scenarios.Runner, recorder: Any, model: Any, sizes: scenarios.Sizes, cut_layers: bool
-) -> tuple[str, Cut]:
+def _run(scenario: Callable[[bool], None], recorder: Any, model: Any, cut_layers: bool) -> tuple[str, Cut]:
     """Probe at full depth, cut, check the cut, then run every scenario."""
     recorder.noted.clear()
     lengths = {path: len(stack) for path, stack in stacks(model).items()}
     if not cut_layers:
-        _scenarios(runner, sizes, probe=False)
+        scenario(False)
         kinds = kinds_of([(site, found) for site, _, found in recorder.noted], lengths).kinds
         return _depth(Cut(lengths, dict(lengths), kinds), "full depth (asked)"), Cut(lengths, dict(lengths), kinds)
-    _scenarios(runner, sizes, probe=True)
+    scenario(True)
     probe = [(site, found) for site, _, found in recorder.noted]
     seen = _calls(recorder.noted)
     plan = kinds_of(probe, lengths)
     full = Cut(lengths, dict(lengths), plan.kinds)
     if not plan.changed:
         recorder.noted.clear()
-        _scenarios(runner, sizes, probe=False)
+        scenario(False)
         return _depth(full, "full depth (each layer a kind of its own)"), full
     recorder.noted.clear()
     with cut(model, plan):
         try:
-            _scenarios(runner, sizes, probe=True)
+            scenario(True)
             same = _calls(recorder.noted) == seen
         except Exception:  # noqa: BLE001 - a model that cannot run cut runs at full depth
             same = False
         recorder.noted.clear()
         if same:
-            _scenarios(runner, sizes, probe=False)
+            scenario(False)
             return _depth(plan, "cut to the prefix holding one layer of each kind"), plan
-    _scenarios(runner, sizes, probe=False)
+    scenario(False)
     return _depth(full, "full depth (the cut model called otherwise)"), full
 
 
@@ -236,6 +267,8 @@ def _collect(
 def _who(site: Site | None, plan: Cut) -> tuple[str, str]:
     if site is None:
         return ("model", "")
+    if site.layer < 0:  # an attention module outside any stack: its path
+        return (site.stack, "")
     members = plan.members(site.stack, site.layer)
     attention = f" {site.attention}" if site.attention else ""
     return (f"{site.stack} {ranges(members)}", attention)

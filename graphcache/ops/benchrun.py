@@ -127,7 +127,7 @@ def memory(spec: GraphSpec) -> dict[str, Any]:
         return int(torch.cuda.max_memory_allocated() - base)
 
     cudnn_peak = peak(lambda: graph.execute(**inputs)) + graph.workspace_size
-    q, k, v = (to_bhsd(spec, inputs[r]) for r in ("q", "k", "v"))
+    q, k, v = (to_bhsd(spec, inputs[r], r) for r in ("q", "k", "v"))
     gqa = spec.heads_q != spec.heads_kv
 
     def math() -> None:

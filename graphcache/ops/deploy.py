@@ -10,13 +10,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from graphcache.artifact import Artifact
 from graphcache.cache import GraphCache
 from graphcache.classindex import ClassIndex, check_slack, differences, slack_from_env
-from graphcache.errors import CorruptArtifact, GraphCacheError, SpecError, TargetError, UnsupportedSpec
+from graphcache.compilers.cudnn.releases import refused
+from graphcache.errors import CorruptArtifact, GraphCacheError, KnownBad, SpecError, TargetError, UnsupportedSpec
 from graphcache.key import key_for
 from graphcache.spec import GraphSpec
 from graphcache.spec.classes import ENV_VAR as SHAPES_VAR
 from graphcache.spec.classes import check_policy, class_of, has_class, policy_from_env
+from graphcache.spec.layouts import shown
 from graphcache.stores import stored_header, stored_headers
 from graphcache.stores.base import Store
 from graphcache.target import Target
@@ -28,7 +31,7 @@ Progress = Callable[[], None]
 class WarmRow:
     spec: GraphSpec
     key: str
-    status: str  # present | built | unsupported | failed
+    status: str  # present | built | unsupported | refused | failed
     detail: str = ""
     seconds: float = 0.0
     serves: tuple[GraphSpec, ...] = ()  # the manifest's exact specs this class graph serves
@@ -50,9 +53,12 @@ def warm(
     would have served are warmed instead, after it. Specs already stored are
     ``present``; a spec cuDNN cannot cache here is ``unsupported`` (recorded
     once as a negative entry, so the next run reports it without
-    rebuilding); any other error is ``failed`` with its reason. Warmed
-    entries are pinned where the store can pin. ``progress`` is called once
-    per row.
+    rebuilding); a spec a known-bad window of the release table forbids
+    here is ``refused``, its reason and source the row's detail, and stored
+    as that key's negative entry (over any plan stored before the window was
+    known, so that workers of older releases stop loading it); any other
+    error is ``failed`` with its reason. Warmed entries are pinned where the
+    store can pin. ``progress`` is called once per row.
     """
     target = cache.target()
     groups: dict[GraphSpec, list[GraphSpec]] = {}
@@ -69,6 +75,8 @@ def warm(
                 row.detail = f"built in {artifact.build_seconds:.2f}s"
             if pin and hasattr(cache.store, "pin"):
                 cache.store.pin(key)
+        except KnownBad as exc:
+            row = WarmRow(spec, key, "refused", str(exc) + _stored_refusal(cache, spec, target, key, exc))
         except UnsupportedSpec as exc:  # NotSerializable included
             row = WarmRow(spec, key, "unsupported", str(exc))
         except GraphCacheError as exc:
@@ -84,8 +92,20 @@ def warm(
         return row
 
     rows = list(_map(one, list(groups), jobs))
-    refused = [s for row in rows if row.status == "unsupported" for s in row.serves]
-    return rows + list(_map(one, refused, jobs))
+    exact = [s for row in rows if row.status == "unsupported" for s in row.serves]
+    return rows + list(_map(one, exact, jobs))
+
+
+def _stored_refusal(cache: GraphCache, spec: GraphSpec, target: Target, key: str, exc: KnownBad) -> str:
+    """Store ``exc`` as ``key``'s negative entry unless one is stored; '' or why it could not be."""
+    try:
+        stored = cache.lookup(spec, target)
+        if stored is None or stored.refusal() is None:
+            negative = Artifact.negative(spec, target, cache.uids, exc)
+            cache.store.put(key, (negative.signed(cache.signing_key) if cache.signing_key else negative).encode())
+    except GraphCacheError as err:
+        return f" (its negative entry was not stored: {err})"
+    return ""
 
 
 @dataclass
@@ -94,6 +114,7 @@ class CheckRow:
     key: str
     present: bool
     served_by: GraphSpec | None = None  # the class whose stored graph serves this exact spec
+    refused: str = ""  # why a known-bad window of the release table forbids the spec on the target
 
 
 def check(
@@ -114,7 +135,8 @@ def check(
     class within ``class_slack`` (default GRAPHCACHE_CLASS_SLACK) covers it
     (``served_by`` names the class, as ``GraphCache.load`` would pick it;
     the store is listed once, at the first such spec), else when its own
-    entry is stored."""
+    entry is stored. A spec a known-bad window forbids on ``target`` is
+    ``refused`` (the reason and its source), never present: no door serves it."""
     policy = policy_from_env() if shape_classes is None else check_policy(shape_classes, "shape_classes")
     slack = slack_from_env() if class_slack is None else check_slack(class_slack)
     index: list[ClassIndex] = []  # the store's classes on target, listed at the first class not stored
@@ -140,7 +162,9 @@ def check(
     def one(spec: GraphSpec) -> CheckRow:
         key = key_for(spec, target)
         klass = class_of(spec, policy)
-        if klass != spec and serves(klass):
+        if (refusal := refused(spec, target)) is not None:
+            row = CheckRow(spec, key, False, refused=str(refusal))
+        elif klass != spec and serves(klass):
             row = CheckRow(spec, key, True, klass)
         elif klass != spec and (bigger := larger(spec, klass)) is not None:
             row = CheckRow(spec, key, True, bigger)
@@ -230,6 +254,7 @@ class Explanation:
     serving: GraphSpec | None = None  # the stored class that would serve (its own class, or a larger one)
     serving_key: str = ""
     not_serving: list[str] = field(default_factory=list)  # why each other stored class of its family does not
+    refused: str = ""  # why a known-bad window of the release table forbids the spec on the target
 
 
 def explain(
@@ -251,9 +276,13 @@ def explain(
     exactly which spec or target fields differ.
 
     ``headers`` are stored headers to compare with (default: read every
-    entry of ``store``).
+    entry of ``store``). A spec a known-bad window of the release table
+    forbids on ``target`` is ``refused``: the reason and its source, and
+    nothing compared.
     """
     key = key_for(spec, target)
+    if (refusal := refused(spec, target)) is not None:
+        return Explanation(key, False, [], 0, refused=str(refusal))
     policy = policy_from_env() if shape_classes is None else check_policy(shape_classes, "shape_classes")
     found = class_of(spec, policy)
     klass = found if found != spec else None
@@ -315,7 +344,7 @@ def _field_differences(stored: GraphSpec, spec: GraphSpec, wanted: dict[str, Any
         if name == "shapes" and stored.is_class and not spec.is_class:
             diffs.append("stored a length class: a spec like this one (ragged, paged or with dropout) has no class")
             continue
-        diffs.append(f"spec.{name}: stored {value!r}, asked {wanted[name]!r}")
+        diffs.append(f"spec.{name}: stored {shown(stored, name)}, asked {shown(spec, name)}")
     return diffs
 
 

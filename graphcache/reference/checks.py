@@ -16,6 +16,7 @@ from typing import Any
 from graphcache.errors import ExecutionError
 from graphcache.reference.dense import bias_dtype, torch_dtype
 from graphcache.spec import GraphSpec
+from graphcache.spec import layouts as spec_layouts
 
 
 def check_inputs(
@@ -40,7 +41,7 @@ def check_inputs(
             if role == "o":
                 continue
             raise ExecutionError(f"{role} is missing")
-        _check_tensor(spec, role, t, spec.storage_shape(role), want_dtype)
+        _check_tensor(spec, role, t, spec.storage_shape(role), want_dtype, spec_layouts.storage_strides(spec, role))
         if device is None:
             device = t.device
         elif t.device != device:
@@ -90,15 +91,26 @@ def check_sink(spec: GraphSpec, sink: Any, q: Any) -> None:
             raise ExecutionError(f"sink is on {sink.device} but q is on {q.device}")
 
 
-def _check_tensor(spec: GraphSpec, role: str, t: Any, shape: tuple[int, ...], dtype: Any) -> None:
+def _check_tensor(
+    spec: GraphSpec, role: str, t: Any, shape: tuple[int, ...], dtype: Any, strides: tuple[int, ...] | None = None
+) -> None:
+    """``strides``: those of q, k, v or o in its layout (dims of size 1 aside,
+    as torch's contiguity ignores them); None: contiguous."""
     if tuple(t.shape) != tuple(shape):
         raise ExecutionError(f"{role} has shape {tuple(t.shape)}; the spec ({spec.summary()}) needs {tuple(shape)}")
     if t.dtype != dtype:
         raise ExecutionError(f"{role} is {t.dtype}; the spec needs {dtype}")
-    if not t.is_contiguous():
+    if strides is None:
+        packed = t.is_contiguous()
+    else:
+        packed = all(n == 1 or s == want for n, s, want in zip(t.shape, t.stride(), strides, strict=True))
+    if not packed:
+        layout = spec_layouts.of(spec, role) if role in spec_layouts.ROLES else "packed"
         raise ExecutionError(
-            f"{role} has strides {tuple(t.stride())}; pass a contiguous tensor in the "
-            f"spec's layout {spec.layout} (call .contiguous())"
+            f"{role} has strides {tuple(t.stride())}; pass it in the spec's layout {layout}, storage shape "
+            f"{tuple(shape)}"
+            + ("" if strides is None else f" and strides {tuple(strides)}")
+            + " (.contiguous() where packed)"
         )
 
 

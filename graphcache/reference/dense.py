@@ -14,6 +14,7 @@ from typing import Any
 
 from graphcache.reference.measure import lse_difference, relative_error
 from graphcache.spec import GraphSpec
+from graphcache.spec import layouts as spec_layouts
 
 
 def torch_dtype(spec: GraphSpec) -> Any:
@@ -57,13 +58,38 @@ def allowed_mask(
     return allowed
 
 
-def to_bhsd(spec: GraphSpec, tensor: Any) -> Any:
-    """A (b, h, s, d) view of a q/k/v/o tensor stored in the spec's layout."""
-    return tensor.transpose(1, 2) if spec.layout == "bshd" else tensor
+def to_bhsd(spec: GraphSpec, tensor: Any, role: str = "k") -> Any:
+    """A (b, h, s, d) view of a q/k/v/o tensor stored in its layout (``role``'s;
+    k's, the spec's ``layout``, by default)."""
+    return tensor.permute(spec_layouts.layout(spec, role).to_bhsd)
 
 
-def from_bhsd(spec: GraphSpec, tensor: Any) -> Any:
-    return tensor.transpose(1, 2).contiguous() if spec.layout == "bshd" else tensor.contiguous()
+def from_bhsd(spec: GraphSpec, tensor: Any, role: str = "o") -> Any:
+    """A (b, h, s, d) tensor stored (copied) in the packed order of ``role``'s layout (o's by default)."""
+    return tensor.permute(spec_layouts.layout(spec, role).to_storage).contiguous()
+
+
+def in_layout(spec: GraphSpec, role: str, values: Any, poisoned: bool = False) -> Any:
+    """``values`` (a tensor of the role's ``storage_shape``) placed in a
+    buffer with the strides of the role's layout (a fused projection's view
+    where it is grouped, at the role's own slot); ``values`` itself where the
+    layout is packed. ``poisoned``: in a NaN-filled buffer laid out for one
+    more batch element and 64 more query and key rows (a longer call's
+    strides), so a plan that reads or writes past the real extent shows as
+    non-finite output (the class graphs' build-time check)."""
+    import torch
+
+    big = spec
+    if poisoned:
+        big = spec.replace(batch=spec.batch + 1, seq_q=spec.seq_q + 64, seq_kv=(spec.seq_kv or spec.seq_q) + 64)
+    elif spec_layouts.layout(spec, role).gap is None:
+        return values
+    size, fill = spec_layouts.extent(big, role), float("nan") if poisoned else 0.0
+    buffer = torch.full((size,), fill, dtype=values.dtype, device=values.device)
+    view = buffer.as_strided(
+        spec.storage_shape(role), spec_layouts.storage_strides(big, role), spec_layouts.slot(big, role)
+    )
+    return view.copy_(values)
 
 
 # Bytes of float32 score matrices the reference holds at once. A prefill
@@ -101,7 +127,7 @@ def reference(
     import torch
 
     assert spec.attn_scale is not None and spec.seq_kv is not None
-    qb, kb, vb = (to_bhsd(spec, t) for t in (q, k, v))
+    qb, kb, vb = (to_bhsd(spec, t, r) for r, t in (("q", q), ("k", k), ("v", v)))
     group = spec.heads_q // (spec.heads_kv or spec.heads_q)
     # scores, probabilities and the softmax's temporaries: about three matrices per head
     per_head = 3 * 4 * spec.seq_q * spec.seq_kv
@@ -190,7 +216,7 @@ def valid_rows(spec: GraphSpec, tensor: Any, seq_len_q: Any = None, seq_len_kv: 
     keep = compared_rows(spec, seq_len_q, seq_len_kv, device=tensor.device, bias=bias)  # (b, s)
     if bool(keep.all()):
         return tensor
-    keep = keep.view(spec.batch, 1, spec.seq_q, 1) if spec.layout == "bhsd" else keep.view(spec.batch, spec.seq_q, 1, 1)
+    keep = keep.view(spec.batch, 1, spec.seq_q, 1).permute(spec_layouts.layout(spec, "o").to_storage)
     return torch.where(keep, tensor, torch.zeros((), dtype=tensor.dtype, device=tensor.device))
 
 
@@ -226,9 +252,13 @@ def random_inputs(spec: GraphSpec, device: str, seed: int = 0) -> dict[str, Any]
     gen = torch.Generator(device=device).manual_seed(seed)
     dtype = torch_dtype(spec)
     inputs = {
-        role: torch.randn(spec.storage_shape(role), generator=gen, device=device, dtype=torch.float32)
-        .mul_(0.5)
-        .to(dtype)
+        role: in_layout(
+            spec,
+            role,
+            torch.randn(spec.storage_shape(role), generator=gen, device=device, dtype=torch.float32)
+            .mul_(0.5)
+            .to(dtype),
+        )
         for role in ("q", "k", "v")
     }
     if spec.padding:

@@ -65,6 +65,15 @@ def check(spec: Any) -> None:
             "layout 'thd' (ragged / paged backward graphs are not served here): use a bshd or bhsd spec",
         ),
         ("sinks", spec.sinks, "sinks (their gradient, dSink, is not computed here): use sinks false"),
+        *(  # issue 40's per-tensor layouts: the backward graphs here read and write all in one packed layout
+            (
+                name,
+                getattr(spec, name) not in (("thd", "bshd", "bhsd") if name == "layout" else (None,)),
+                f"{name}={getattr(spec, name)!r} "
+                "(backward graphs here take q, k, v, o and their gradients in one layout, bshd or bhsd)",
+            )
+            for name in ("layout", "layout_q", "layout_v", "layout_o")
+        ),
     )
     for name, bad, why in refused:
         if bad:
@@ -78,7 +87,11 @@ def role_of(role: str) -> str:
 
 def backward_of(spec: Any) -> Any:
     """The backward spec of a forward spec: the same graph with ``kind``
-    backward. Raises SpecError (naming the field) where there is none."""
+    backward, in k's layout where q, v or o differ from it (a backward call
+    packs its tensors into the spec's one layout: graphcache.torch.backward).
+    Raises SpecError (naming the field) where there is none."""
+    if spec.layout in ("bshd", "bhsd"):
+        spec = spec.replace(layout_q=None, layout_v=None, layout_o=None)
     return spec.replace(kind="backward")
 
 

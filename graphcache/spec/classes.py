@@ -28,6 +28,7 @@ Policies (``GRAPHCACHE_SHAPE_CLASSES``):
 
 from __future__ import annotations
 
+from graphcache.errors import SpecError
 from graphcache.settings import DEFAULT_POLICY, ENV_VAR, POLICIES, check_policy, policy_from_env
 from graphcache.spec import GraphSpec
 
@@ -69,7 +70,10 @@ def class_of(spec: GraphSpec, policy: str | None = None) -> GraphSpec:
     policy = policy_from_env() if policy is None else check_policy(policy, "policy")
     if policy == "exact" or not has_class(spec):
         return spec
-    return spec.replace(shapes="class", **_rounded(spec))
+    try:
+        return spec.replace(shapes="class", **_rounded(spec))
+    except SpecError:
+        return spec  # rounded up past what cuDNN holds (spec/bounds.py): the exact graph serves it
 
 
 def declared(spec: GraphSpec, policy: str | None = None) -> GraphSpec:
@@ -83,7 +87,10 @@ def declared(spec: GraphSpec, policy: str | None = None) -> GraphSpec:
     policy = policy_from_env() if policy is None else check_policy(policy, "policy")
     if policy == "exact":
         return spec
-    return spec.replace(**_rounded(spec))
+    try:
+        return spec.replace(**_rounded(spec))
+    except SpecError:
+        return spec  # rounded up past what cuDNN holds (spec/bounds.py): the call's own sizes
 
 
 def _rounded(spec: GraphSpec) -> dict[str, int]:
@@ -98,12 +105,12 @@ def _rounded(spec: GraphSpec) -> dict[str, int]:
 
 
 def has_class(spec: GraphSpec) -> bool:
-    """Whether a class can serve ``spec``: a dense (bshd / bhsd, unpaged)
+    """Whether a class can serve ``spec``: a dense (any tensor layouts, unpaged)
     exact spec without dropout. Dropout graphs stay exact because nothing
     could guard their overrides: the build-time check compares a graph with
     the float32 reference, and a dropout graph's output has no reference to
     compare with. Ragged and paged (thd) graphs serve many lengths through
     their offsets and page tables already, with no override
     (``declared`` rounds them)."""
-    dense = spec.layout in ("bshd", "bhsd") and getattr(spec, "page_size", None) is None
+    dense = spec.layout != "thd" and getattr(spec, "page_size", None) is None
     return dense and not spec.is_class and not spec.dropout

@@ -12,6 +12,8 @@ from typing import Any
 from graphcache.errors import SpecError
 from graphcache.spec import backward as spec_backward
 from graphcache.spec import bias as spec_bias
+from graphcache.spec import bounds as spec_bounds
+from graphcache.spec import layouts as spec_layouts
 from graphcache.spec import ragged as spec_ragged
 from graphcache.spec import sinks as spec_sinks
 
@@ -22,10 +24,7 @@ SHAPES = ("exact", "class")
 MAX_HEAD_DIM = 256
 
 _SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16"}
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+_is_int = spec_bounds.is_int
 
 
 @dataclass(frozen=True)
@@ -49,7 +48,8 @@ class GraphSpec:
     Bias: ``bias`` (None, ``bhss``, ``b1ss``, ``1hss``, ``11ss``) is an
     additive score bias tensor, an input of the graph (an attn_mask), in the
     io dtype or ``bias_dtype`` (``float32``): see ``graphcache.spec.bias``. ``sinks`` (per-head sink logits, gpt-oss): see
-    ``graphcache.spec.sinks``.
+    ``graphcache.spec.sinks``. Layouts: ``layout`` (k's, and every tensor's
+    that names none), ``layout_q``, ``layout_v``, ``layout_o``: see ``graphcache.spec.layouts``.
 
     Shapes: ``shapes="exact"`` (the default) is a graph of exactly these
     sizes. ``shapes="class"`` is a length class: ``batch``, ``seq_q`` and
@@ -85,8 +85,12 @@ class GraphSpec:
     bias_dtype: str | None = None
     sinks: bool = False
     kind: str = "forward"
+    layout_q: str | None = None
+    layout_v: str | None = None
+    layout_o: str | None = None
 
     def __post_init__(self) -> None:
+        spec_bounds.check(self)  # single values, within cuDNN's sizes: every message below quotes them whole
         for name in ("batch", "heads_q", "seq_q", "head_dim"):
             _positive_int(name, getattr(self, name))
         spec_ragged.prepare(self)  # paged: seq_kv defaults to the block table's reach
@@ -115,7 +119,7 @@ class GraphSpec:
                     name,
                 )
         _choice("dtype", self.dtype, DTYPES)
-        _choice("layout", self.layout, LAYOUTS)
+        spec_layouts.check(self)  # any order of b, h, s, d (d last), or thd; q, v, o may differ
         _choice("mask", self.mask, MASKS)
         if self.shapes not in SHAPES:
             raise SpecError(
@@ -232,7 +236,7 @@ class GraphSpec:
             "seq_kv": {**size, "type": ["integer", "null"]},
             "head_dim_v": {**dim, "type": ["integer", "null"]},
             "dtype": {"enum": list(DTYPES)},
-            "layout": {"enum": list(LAYOUTS)},
+            "layout": {},  # its place among the fields; spec_layouts.json_schema_props says what it is
             "mask": {"enum": list(MASKS)},
             "window_left": optional,
             "window_right": optional,
@@ -245,6 +249,7 @@ class GraphSpec:
             **spec_bias.json_schema_props(),
             **spec_sinks.json_schema_props(),
             **spec_backward.json_schema_props(),
+            **spec_layouts.json_schema_props(),
         }
         return {
             "type": "object",
@@ -262,7 +267,7 @@ class GraphSpec:
         data = {name: getattr(self, name) for name in _FIELDS}
         if self.shapes == "exact":
             del data["shapes"]
-        for name in (*spec_ragged.PAGED_FIELDS, "bias", "bias_dtype"):  # likewise: only a paged / bias spec has them
+        for name in (*spec_ragged.PAGED_FIELDS, "bias", "bias_dtype", *spec_layouts.FIELDS):  # only where they are set
             if data[name] is None:
                 del data[name]
         for name, default in (("sinks", False), ("kind", "forward")):  # likewise: only a sink / backward spec
@@ -339,27 +344,22 @@ class GraphSpec:
         return shapes[role]
 
     def strides(self, role: str) -> tuple[int, ...]:
-        """Strides of a role's (b, h, s, d) dims in memory, fixed by the layout.
-
-        q, k, v and o follow the layout (bshd: interleaved heads, as most
-        models store them; bhsd: contiguous per head); stats, seq_len and
-        bias tensors (a bias's dims are (b|1, h|1, s_q, s_kv)) are always packed.
-        """
+        """Strides of a role's (b, h, s, d) dims in memory: q, k, v and o by
+        their layouts; stats, seq_len and bias tensors (b|1, h|1, s_q, s_kv) packed."""
         role = spec_backward.role_of(role)  # dQ, dK, dV and dO: as q, k, v and o
         if self.layout == "thd":
             return spec_ragged.strides(self, role)
+        if role in spec_layouts.ROLES:
+            return spec_layouts.strides(self, role)
         b, h, s, d = self.dims(role)
-        if role in ("q", "k", "v", "o") and self.layout == "bshd":
-            return (s * h * d, d, h * d, 1)
         return (h * s * d, s * d, d, 1)
 
     def storage_shape(self, role: str) -> tuple[int, ...]:
-        """The shape of a contiguous torch tensor holding a role in this layout."""
-        role = spec_backward.role_of(role)
-        b, h, s, d = self.dims(role)
-        if role in ("q", "k", "v", "o") and self.layout == "bshd":
-            return (b, s, h, d)
-        return (b, h, s, d)
+        """A role's dims in memory order (of a fused buffer's view, for a grouped layout)."""
+        role = spec_backward.role_of(role)  # dQ, dK, dV and dO: as q, k, v and o
+        if role in spec_layouts.ROLES and self.layout != "thd":
+            return spec_layouts.storage_shape(self, role)
+        return self.dims(role)
 
     def summary(self) -> str:
         """A short human form, e.g. ``b1 h32/8 s4096 d128 bf16 bshd causal``."""
@@ -371,7 +371,7 @@ class GraphSpec:
             mask = f"window({self.window_left},{self.window_right})"
         elif mask == "sliding_window_bottom_right":
             mask = spec_ragged.mask_text(self)
-        parts = [f"b{self.batch}", heads, seq, dim, _SHORT_DTYPE[self.dtype], self.layout, mask]
+        parts = [f"b{self.batch}", heads, seq, dim, _SHORT_DTYPE[self.dtype], *spec_layouts.summary_part(self), mask]
         parts += spec_ragged.summary_parts(self)
         parts += spec_bias.summary_part(self) + spec_sinks.summary_part(self) + spec_backward.summary_part(self)
         if self.padding:

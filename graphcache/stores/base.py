@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol, runtime_checkable
+from urllib.parse import urlsplit, urlunsplit
 
 
 @runtime_checkable
@@ -54,3 +55,23 @@ def get_many(store: Store, keys: Iterable[str], progress: Callable[[str], None] 
         if progress is not None:
             progress(key)
     return found
+
+
+def shown_url(url: str) -> str:
+    """A store URL as it may be shown (logs, errors, ``repr``, and so
+    /healthz, /v1/stats and the status page, which need no token): its
+    userinfo and every query parameter's value masked (``redis://***@host/0?password=***``):
+    redis-py takes a password in either place."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<a store URL that does not parse>"
+    netloc = parts.netloc
+    if "@" in netloc:
+        netloc = "***@" + netloc.rpartition("@")[2]
+    query = "&".join(
+        f"{name}=***" if sep else name
+        for name, sep, _ in (part.partition("=") for part in parts.query.split("&") if part)
+    )
+    head = f"{parts.scheme}://{netloc}" if "://" in url else urlunsplit((parts.scheme, netloc, "", "", ""))
+    return head + parts.path + (f"?{query}" if query else "") + ("#***" if parts.fragment else "")

@@ -15,21 +15,34 @@ import diskcache
 from graphcache.errors import StoreFull
 from graphcache.key import is_key
 from graphcache.stores.diskcodec import DiskLeases, NoPickleDisk, Spooled, open_index, read_all, same_bytes
+from graphcache.stores.diskindex import PINNED, IndexChanges
 from graphcache.stores.readonly import open_checked
-from graphcache.stores.space import ORPHAN_AGE, RESERVE_BYTES, Reserve, free_bytes, human, is_full, remove_file
+from graphcache.stores.space import (
+    ORPHAN_AGE,
+    RESERVE_BYTES,
+    Reserve,
+    free_bytes,
+    human,
+    is_full,
+    remove_file,
+    spooled_bytes,
+    sweep_spool,
+)
 from graphcache.stores.space import sweep_orphans as _sweep
+from graphcache.stores.valuefile import open_value, read_value
 
 __all__ = ["DEFAULT_SIZE_LIMIT", "PINNED", "DiskLeases", "DiskStore", "NoPickleDisk", "read_all"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_SIZE_LIMIT = 10 * 1024**3
-PINNED = "pinned"
+
 INCOMING = "incoming"  # uploads on their way in (DiskStore.incoming)
 _PATH_MEMO = 100_000
+REREADS = 3  # index reads of a key whose value file went between its row and its open
 
 
-class DiskStore:
+class DiskStore(IndexChanges):
     """Artifacts in a local folder, shared safely by threads and processes.
 
     diskcache writes each large value to its own file and publishes it with
@@ -55,6 +68,9 @@ class DiskStore:
         self.bookkeeping_errors = 0  # access-time updates that failed (a full disk): reads went on
         self.bookkeeping_watchers: list[Callable[[], object]] = []  # told of each (a server's counters)
         self._swept_at = 0.0
+        # Upload files in ``incoming`` older than this are left by an upload
+        # that died (a server lowers it to what its own timeouts allow).
+        self.spool_age = ORPHAN_AGE
         # Why the index is open read-only (a disk too full to open it the
         # ordinary way), or None; every write tries the ordinary open first.
         self.read_only: str | None = None
@@ -72,7 +88,8 @@ class DiskStore:
         """The stored bytes and the identity of the file they came from
         (inode, size, mtime_ns, ctime_ns), or None for values kept inline in
         the index. Any rewrite of the file changes its identity, so a reader
-        may remember that it verified these exact bytes.
+        may remember that it verified these exact bytes. UnreadableEntry
+        (a CorruptArtifact) for a value file that cannot be read.
         """
         opened = self.open(key)
         if opened is None:
@@ -81,13 +98,17 @@ class DiskStore:
         if identity is None:
             return value, None
         with value:
-            return read_all(value, identity[1]), identity
+            return read_value(value, identity[1]), identity
 
-    def open(self, key: str) -> tuple[Any, tuple[int, ...] | None] | None:
+    def open(self, key: str, *, touch: bool = True) -> tuple[Any, tuple[int, ...] | None] | None:
         """An open binary file of the value and its identity, or the bytes of
         a value kept inline in the index (identity None), or None when absent.
         The caller closes the file. Reading through the open handle is safe
         against eviction: the file may be unlinked, never changed under it.
+        A key being replaced is read, never reported absent. Raises
+        UnreadableEntry when the value's file is not a readable regular file
+        (valuefile.open_value: never followed, never blocking). ``touch``:
+        count it as a use for LRU (a listing does not).
         """
         path = self._paths.get(key)
         if path is not None:
@@ -96,16 +117,23 @@ class DiskStore:
             # deletes the old one, so an open that succeeds reads a complete
             # value of this key; one that fails falls back to the index.
             try:
-                fh = open(path, "rb", buffering=0)  # noqa: SIM115 - handed to the caller
+                fh = open_value(path)
             except FileNotFoundError:
                 self._paths.pop(key, None)
             else:
-                self._touch(key)
+                if touch:
+                    self._touch(key)
                 return fh, _identity(os.fstat(fh.fileno()))
-        value = self._cache.get(key, default=None, read=True, retry=True)
+        for _ in range(REREADS):
+            value = self._cache.get(key, default=None, read=True, retry=True)
+            # diskcache reads a value file unlinked between its row and its
+            # open (a put replacing the key) as a missing key: ask again.
+            if value is not None or not self.exists(key):
+                break
         if value is None:
             return None
-        self._touch(key)
+        if touch:
+            self._touch(key)
         if isinstance(value, bytes):
             return value, None
         if not hasattr(value, "fileno"):
@@ -157,15 +185,18 @@ class DiskStore:
         """
         return self._put(key, bytes(data), len(data), pin)
 
-    def put_file(self, key: str, path: str | os.PathLike[str], *, pin: bool = False) -> bool:
+    def put_file(self, key: str, path: str | os.PathLike[str], *, pin: bool = False, fd: int | None = None) -> bool:
         """``put`` of a value written whole to ``path``, a file on this
         store's filesystem (``incoming``): renamed into place, never read
         into memory or copied (one under diskcache's 32 KiB file threshold
-        is read into the index). False when identical bytes are already
-        stored. The file is gone once this returns True; otherwise, or when
-        it raises (StoreFull as ``put``), it may be left for the caller."""
-        size = os.stat(path).st_size
-        return self._put(key, Spooled(Path(path), size), size, pin)
+        is read into the index). ``fd``: the writer's open (readable)
+        descriptor of that file: what is stored is its bytes, whatever a
+        path may name by then (diskcodec.Spooled). False when identical
+        bytes are already stored. The file may be left for the caller to
+        remove (a small one always is); when this raises (StoreFull as
+        ``put``) too."""
+        size = os.fstat(fd).st_size if fd is not None else os.stat(path).st_size
+        return self._put(key, Spooled(Path(path), size, fd), size, pin)
 
     def _put(self, key: str, value: bytes | Spooled, size: int, pin: bool) -> bool:
         current, tag = self._cache.get(key, default=None, read=True, tag=True, retry=True)
@@ -176,8 +207,9 @@ class DiskStore:
         if self.read_only is not None:
             raise self.no_room(size, self.read_only)
         # Room first: on a disk full up to the size limit, the least recently
-        # used entries make room before the write, not after it failed.
-        self._evict(keep=key, room=size)
+        # used entries make room before the write, not after it failed (a
+        # spooled value's bytes are counted already, in ``incoming``).
+        self._evict(keep=key, room=0 if isinstance(value, Spooled) else size)
         disk = self._cache.disk
         disk.written.name = None
         try:
@@ -270,61 +302,18 @@ class DiskStore:
 
     def sweep_orphans(self, min_age: float = ORPHAN_AGE) -> tuple[int, int]:
         """Remove value files no entry names, older than ``min_age`` seconds
-        (left by a process killed mid-write); returns (files, bytes)."""
+        (left by a process killed mid-write), and upload files in
+        ``incoming`` not written for ``spool_age`` seconds; returns (files,
+        bytes)."""
         rows = self._cache._sql("SELECT filename FROM Cache WHERE filename IS NOT NULL").fetchall()  # noqa: SLF001
-        return _sweep(self.path, (row[0] for row in rows), min_age)
-
-    def _index_write(self, write: Any, what: str) -> Any:
-        """An index change that must work on a full disk (delete, pin): tried
-        again with the reserve given up; StoreFull saying what to do when even
-        that has no room."""
-        self._reopen()
-        if self.read_only is not None:
-            raise StoreFull(
-                f"{self.read_only}: its index is open read-only and cannot {what}; "
-                f"free at least {human(RESERVE_BYTES)} on that filesystem, then retry",
-                free=free_bytes(self.path),
-            )
-        error: sqlite3.OperationalError | None = None
-        # Once as things are, once more after giving the reserve's room back.
-        for retry in (False, True):
-            if retry and not self._reserve.release():
-                break
-            try:
-                return write()
-            except sqlite3.OperationalError as exc:
-                if not is_full(exc, self.path):
-                    raise
-                error = exc
-        raise StoreFull(
-            f"the disk holding {self.path} is full and its index has no room to {what} ({error}): "
-            f"free at least {human(RESERVE_BYTES)} on that filesystem (outside the store), then retry",
-            free=free_bytes(self.path),
-        ) from error
-
-    def pin(self, key: str) -> bool:
-        """Exempt a stored entry from eviction; False when absent."""
-        return self._set_tag(key, PINNED)
-
-    def unpin(self, key: str) -> bool:
-        return self._set_tag(key, None)
-
-    def pinned(self, key: str) -> bool:
-        # The tag only: diskcache's get(tag=True) would read the value too.
-        query = "SELECT tag FROM Cache WHERE key = ? AND raw = 1"
-        rows = self._cache._sql(query, (key,)).fetchall()  # noqa: SLF001
-        return bool(rows) and rows[0][0] == PINNED
-
-    def _set_tag(self, key: str, tag: str | None) -> bool:
-        # The tag alone: rewriting the value would need its size in free
-        # space again (a pin on a full disk).
-        query = "UPDATE Cache SET tag = ? WHERE key = ? AND raw = 1"
-        cursor = self._index_write(lambda: self._cache._sql(query, (tag, key)), f"pin or unpin {key[:12]}")  # noqa: SLF001
-        return bool(cursor.rowcount)
+        files, freed = _sweep(self.path, (row[0] for row in rows), min_age)
+        spooled, spool_freed = sweep_spool(self.incoming, self.spool_age)
+        return files + spooled, freed + spool_freed
 
     def _evict(self, keep: str, room: int = 0) -> None:
         """Remove least-recently-used unpinned entries until ``room`` more
-        bytes fit under size_limit."""
+        bytes fit under size_limit, counting the uploads on their way in."""
+        room += spooled_bytes(self.incoming)
         while self._cache.volume() + room > self.size_limit:
             # diskcache has no public "oldest key" query; its SQLite schema
             # (Cache.key, access_time, tag) has been stable since 4.x.
@@ -364,15 +353,16 @@ class DiskStore:
                 yield key
 
     def head(self, key: str, size: int) -> bytes | None:
-        """The first ``size`` bytes of a value: its header without the payload."""
-        opened = self.open(key)
+        """The first ``size`` bytes of a value: its header without the
+        payload (for listings: not counted as a use for LRU)."""
+        opened = self.open(key, touch=False)
         if opened is None:
             return None
         value, identity = opened
         if identity is None:
             return value[:size]
         with value:
-            return read_all(value, min(size, identity[1]))
+            return read_value(value, min(size, identity[1]))
 
     def leases(self) -> DiskLeases:
         """Build leases shared by every process using this folder."""

@@ -16,6 +16,7 @@ import diskcache
 
 from graphcache.errors import StoreFull
 from graphcache.stores.space import remove_file
+from graphcache.stores.valuefile import open_value, read_value
 
 log = logging.getLogger("graphcache.stores.disk")
 
@@ -41,11 +42,14 @@ class NoPickleDisk(diskcache.Disk):
                 return _as_bytes(value)
             mode = diskcache.core.MODE_BINARY
         if mode == diskcache.core.MODE_BINARY and filename is not None:
+            # Never through a symlink, never blocking on a FIFO, only a
+            # regular file (UnreadableEntry otherwise: not an OSError, so
+            # diskcache does not take it for a deleted key).
             path = os.path.join(self._directory, filename)
             if read:
-                return open(path, "rb")  # noqa: SIM115 - handed to the caller
-            with open(path, "rb") as reader:
-                return reader.read()
+                return open_value(path)
+            with open_value(path) as reader:
+                return read_value(reader, os.fstat(reader.fileno()).st_size, path)
         return b""
 
     def get(self, key: Any, raw: bool) -> Any:
@@ -73,13 +77,21 @@ class NoPickleDisk(diskcache.Disk):
 
     def _adopt(self, value: Spooled, key: Any) -> tuple[int, int, str | None, Any]:
         """A Spooled value's row: a small one read into the index (the file
-        stays, for its owner to remove), any other renamed into place."""
+        stays, for its owner to remove), any other renamed into place.
+        Where the writer's open file is given, what is stored is that file's
+        bytes: read from it, or renamed and then checked to be it (a file put
+        in its place by path is removed, and the writer's bytes copied)."""
         if value.size < self.min_file_size:
-            with open(value.path, "rb") as fh:
-                return 0, diskcache.core.MODE_RAW, None, sqlite3.Binary(fh.read())
+            with value.reader() as fh:
+                return 0, diskcache.core.MODE_RAW, None, sqlite3.Binary(read_value(fh, value.size))
         filename, full_path = self.filename(key, value)
         os.makedirs(os.path.dirname(full_path), exist_ok=True)
         os.rename(value.path, full_path)
+        if value.fd is not None and not _same_file(full_path, value.fd):
+            log.error("the upload file %s was replaced before it was stored: storing the verified bytes", value.path)
+            remove_file(full_path)
+            with value.reader() as fh:
+                return super().store(fh, True, key=key)  # type: ignore[no-any-return]
         return value.size, diskcache.core.MODE_BINARY, filename, None
 
     def _write(self, full_path: str, iterator: Any, mode: str, encoding: str | None = None) -> Any:
@@ -96,10 +108,26 @@ class NoPickleDisk(diskcache.Disk):
 class Spooled:
     """A value already written whole to a file on the store's filesystem
     (an upload streamed to ``incoming``): the codec renames it into place
-    instead of copying it."""
+    instead of copying it. ``fd``: the writer's own open descriptor of it
+    (readable), from which its bytes are read, never from the path again."""
 
     path: Path
     size: int
+    fd: int | None = None
+
+    def reader(self) -> Any:
+        """A binary file at the value's first byte: a new handle on ``fd``
+        (closing it leaves ``fd`` open), else the file at ``path``."""
+        if self.fd is None:
+            return open_value(self.path)
+        handle = os.fdopen(os.dup(self.fd), "rb", buffering=0)
+        handle.seek(0)
+        return handle
+
+
+def _same_file(path: str, fd: int) -> bool:
+    mine, there = os.fstat(fd), os.lstat(path)
+    return (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino)
 
 
 def same_bytes(current: Any, value: bytes | Spooled) -> bool:
@@ -107,7 +135,10 @@ def same_bytes(current: Any, value: bytes | Spooled) -> bool:
     holds exactly ``value``'s bytes, read a chunk at a time."""
     if isinstance(current, (bytes, bytearray, memoryview)):
         if isinstance(value, Spooled):
-            return value.size == len(current) and Path(value.path).read_bytes() == current
+            if value.size != len(current):
+                return False
+            with value.reader() as fh:
+                return read_value(fh, value.size) == current
         return bytes(current) == value
     with current:
         size = os.fstat(current.fileno()).st_size
@@ -115,7 +146,7 @@ def same_bytes(current: Any, value: bytes | Spooled) -> bool:
             return False
         if not isinstance(value, Spooled):
             return read_all(current, size) == value
-        with open(value.path, "rb") as other:
+        with value.reader() as other:
             while chunk := current.read(1 << 20):
                 if other.read(len(chunk)) != chunk:
                     return False

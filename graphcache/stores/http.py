@@ -14,6 +14,7 @@ import httpx
 from graphcache.artifact import Artifact
 from graphcache.batch import ENVELOPE, BatchParser
 from graphcache.errors import CorruptArtifact, StoreError, StoreFull, StoreLocationError, StoreUnavailable
+from graphcache.stores.base import shown_url
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,7 @@ class HttpStore:
         if not url.startswith(("http://", "https://")):
             raise StoreLocationError(f"server URL {url!r} must start with http:// or https://, e.g. http://cache:8080")
         self.url = url.rstrip("/")
+        self.shown = shown_url(self.url)  # what messages and repr show: no userinfo, no query values
         self.retry_after = retry_after
         headers = {"user-agent": "graphcache-httpstore"}
         if token:
@@ -71,7 +73,7 @@ class HttpStore:
         left = self._down_until - time.monotonic()
         if left > 0:
             raise StoreUnavailable(
-                f"{self.url} did not answer ({self._down_because}); not asked again for another {left:.0f}s"
+                f"{self.shown} did not answer ({self._down_because}); not asked again for another {left:.0f}s"
             )
 
     def _unavailable(self, exc: Exception) -> StoreUnavailable:
@@ -82,20 +84,20 @@ class HttpStore:
         # No log line here: the exception says it, and callers that carry
         # on without the service (TieredStore, GraphCache) log their own
         # warning; a CLI user gets one error line, not a warning and then it.
-        return StoreUnavailable(f"{self.url} did not answer: {type(exc).__name__}: {exc}")
+        return StoreUnavailable(f"{self.shown} did not answer: {type(exc).__name__}: {exc}")
 
     def _checked(self, response: httpx.Response) -> httpx.Response:
         if response.status_code == 507:
             # Up and serving reads: its disk is full. Not a reason to stop asking it.
-            raise StoreFull(f"{self.url} is out of space (507): {_detail(response)}")
+            raise StoreFull(f"{self.shown} is out of space (507): {_detail(response)}")
         if response.status_code >= 500:
             with self._lock:
                 self.errors += 1
-            raise StoreUnavailable(f"{self.url} answered {response.status_code}: {_detail(response)}")
+            raise StoreUnavailable(f"{self.shown} answered {response.status_code}: {_detail(response)}")
         if response.status_code in (401, 403):
             given = "is not one the server takes for this" if response.status_code == 403 else "is not set"
             raise StoreError(
-                f"{self.url} refused the request ({response.status_code}: {_detail(response)}): this client's token, "
+                f"{self.shown} refused the request ({response.status_code}: {_detail(response)}): this client's token, "
                 f"GRAPHCACHE_TOKEN, {given}; set it to one of the server's tokens (GRAPHCACHE_WRITE_TOKENS for "
                 "uploads, GRAPHCACHE_READ_TOKENS for reads)"
             )
@@ -118,7 +120,7 @@ class HttpStore:
             with self._lock:
                 self.corrupt += 1
             log.warning(
-                "artifact %s from %s failed verification here (%s), not used: %s", key, self.url, exc.reason, exc
+                "artifact %s from %s failed verification here (%s), not used: %s", key, self.shown, exc.reason, exc
             )
             return None
         return data
@@ -173,7 +175,7 @@ class HttpStore:
         except CorruptArtifact as exc:
             with self._lock:
                 self.corrupt += 1
-            raise StoreUnavailable(f"{self.url} sent a broken batch answer: {exc}") from exc
+            raise StoreUnavailable(f"{self.shown} sent a broken batch answer: {exc}") from exc
         if fallback == "single":
             # A server from before /v1/batch: one GET per key.
             for key in keys:
@@ -190,7 +192,7 @@ class HttpStore:
             self._batch(keys[half:], found, progress)
             return
         if not parser.complete:
-            raise StoreUnavailable(f"{self.url} cut the batch answer short after {answered} of {len(keys)} keys")
+            raise StoreUnavailable(f"{self.shown} cut the batch answer short after {answered} of {len(keys)} keys")
 
     def put(self, key: str, data: bytes) -> bool:
         response = self._request(
@@ -203,7 +205,7 @@ class HttpStore:
             return response.status_code == 201
         if response.status_code == 400:
             raise CorruptArtifact(f"server refused upload: {_detail(response)}", _code(response))
-        raise StoreError(f"upload to {self.url} failed ({response.status_code}): {_detail(response)}")
+        raise StoreError(f"upload to {self.shown} failed ({response.status_code}): {_detail(response)}")
 
     def exists(self, key: str) -> bool:
         response = self._request("HEAD", f"/v1/artifacts/{key}")
@@ -300,7 +302,7 @@ class HttpStore:
         self._client.close()
 
     def __repr__(self) -> str:
-        return f"HttpStore({self.url!r})"
+        return f"HttpStore({self.shown!r})"
 
 
 def _detail(response: httpx.Response) -> str:

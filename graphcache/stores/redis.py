@@ -12,6 +12,7 @@ import redis.asyncio
 
 from graphcache.errors import StoreFull, StoreUnavailable
 from graphcache.key import FORMAT_VERSION
+from graphcache.stores.base import shown_url
 
 # Unpinned entries carry this TTL so that `maxmemory-policy volatile-lru`
 # may evict them; pinned entries have none and are never evicted.
@@ -41,10 +42,11 @@ class RedisStore:
     """Artifacts in Redis under ``graphcache:v{FORMAT}:a:{key}``.
 
     Every call is bounded by ``timeout``; a Redis that is down or slow raises
-    StoreUnavailable. Eviction: run Redis with ``maxmemory`` and
-    ``maxmemory-policy volatile-lru`` so that pinned entries (no TTL) survive
-    and the rest are evicted least-recently-used (``allkeys-lru`` works too
-    when nothing is pinned).
+    StoreUnavailable. Eviction: the fleet's Redis must run with ``maxmemory``
+    and ``maxmemory-policy volatile-lru``, so that pinned entries (no TTL)
+    survive and the rest are evicted least-recently-used; an upload that
+    could not fit is refused before it is sent (``room_for``), so a refused
+    upload evicts nothing.
     """
 
     def __init__(
@@ -86,9 +88,8 @@ class RedisStore:
             ) from exc
 
     def _safe_url(self) -> str:
-        # Never print a password that is part of the URL.
-        head, sep, tail = self.url.rpartition("@")
-        return f"{self.url.split('://')[0]}://***@{tail}" if sep else self.url
+        # Never print a password that is part of the URL (userinfo or query).
+        return shown_url(self.url)
 
     # -- Store -------------------------------------------------------------------
 
@@ -132,6 +133,11 @@ class RedisStore:
         pinned = current is not None and ttl == -1
         if current is not None and bytes(current) == bytes(data) and (pinned or not pin):
             return False
+        if (why := self.room_for(len(data))) is not None:
+            # Refused before the value enters Redis: sent, it would evict
+            # everything evictable and be refused all the same. (Smaller
+            # uploads still fit: the store is not marked unwritable.)
+            raise StoreFull(why, needed=len(data))
         try:
             if pin or pinned:
                 self._call(self._redis.set, name, bytes(data))
@@ -142,6 +148,53 @@ class RedisStore:
             raise
         self._refused = None
         return True
+
+    def room_for(self, size: int) -> str | None:
+        """Why an upload of ``size`` bytes cannot fit in this Redis, or None
+        (no maxmemory, or room once what may be evicted is).
+
+        Redis takes a large value in through its query buffer and, once the
+        value is whole, allocates a fresh buffer of the same size: while it
+        stores an upload it holds about twice its size (each rounded up to
+        jemalloc's size class), on top of what it cannot evict (its own
+        overhead; pinned entries, which have no TTL, under a ``volatile-*``
+        policy; everything under ``noeviction``). An upload that cannot fit
+        so is refused here, before it is sent: given to Redis it made Redis
+        evict every entry it could, then refuse the write anyway."""
+        memory = self._call(self._redis.info, "memory")
+        limit = int(memory.get("maxmemory") or 0)
+        if not limit:
+            return None
+        policy = str(memory.get("maxmemory_policy") or "noeviction")
+        overhead = int(memory.get("used_memory_overhead") or 0)
+        dataset = int(memory.get("used_memory_dataset") or 0)
+        if policy == "noeviction":
+            kept = int(memory.get("used_memory") or 0)
+        elif policy.startswith("volatile-"):
+            kept = overhead + self._pinned_share(dataset)
+        else:
+            kept = overhead
+        need = 2 * _allocated(size) + kept
+        if need <= limit:
+            return None
+        why = (
+            f"redis at {self._safe_url()} is out of memory for an upload of {size} bytes: it needs about {need} "
+            f"bytes (twice the upload while it takes it in, plus {kept} it cannot evict under maxmemory-policy "
+            f"{policy}) and its maxmemory is {limit}"
+        )
+        if 2 * _allocated(size) + overhead > limit:  # too large for this Redis, however empty
+            return f"{why}; raise maxmemory, or lower GRAPHCACHE_MAX_UPLOAD"
+        # Full of what it may not evict: unwritable (healthz says so) until room is made.
+        self._refused, self._refused_need = why, size
+        return f"{why}; raise its maxmemory, unpin entries (graphcache pin KEY --off) or purge a retired target"
+
+    def _pinned_share(self, dataset: int) -> int:
+        """The dataset bytes of keys without a TTL (pinned), estimated from
+        the share of keys that have none (INFO keyspace)."""
+        db = self._redis.connection_pool.connection_kwargs.get("db", 0)
+        space = self._call(self._redis.info, "keyspace").get(f"db{db}") or {}
+        keys, expiring = int(space.get("keys") or 0), int(space.get("expires") or 0)
+        return dataset * (keys - expiring) // keys if keys else 0
 
     def unwritable(self) -> str | None:
         """Why an upload would be refused now, or None: the last write was
@@ -155,7 +208,7 @@ class RedisStore:
         except StoreUnavailable:
             return self._refused
         limit = int(memory.get("maxmemory") or 0)
-        if limit == 0 or int(memory.get("used_memory") or 0) + self._refused_need <= limit:
+        if limit == 0 or int(memory.get("used_memory") or 0) + 2 * _allocated(self._refused_need) <= limit:
             self._refused = None
         return self._refused
 
@@ -221,3 +274,12 @@ class RedisLeases:
 
     def release(self, key: str, owner: str) -> None:
         self.store._call(self.store._release, keys=[self._k(key)], args=[owner])
+
+
+def _allocated(size: int) -> int:
+    """``size`` bytes as jemalloc allocates them (Redis's allocator): past
+    16 KiB, four size classes per power of two."""
+    if size <= 16 * 1024:
+        return size
+    step = 1 << max(size.bit_length() - 3, 0)
+    return -(-size // step) * step

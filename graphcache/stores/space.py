@@ -136,6 +136,43 @@ def sweep_orphans(folder: Path, referenced: Iterable[str], min_age: float = ORPH
     return files, freed
 
 
+SPOOL_PREFIX = ".upload-"  # an upload's file while it arrives (service.upload)
+
+
+def _spool_files(folder: Path) -> list[os.DirEntry[str]]:
+    try:
+        return [e for e in os.scandir(folder) if e.name.startswith(SPOOL_PREFIX)]
+    except OSError:
+        return []
+
+
+def spooled_bytes(folder: Path) -> int:
+    """Bytes the upload files in ``folder`` hold now (room a put must count)."""
+    total = 0
+    for entry in _spool_files(folder):
+        with contextlib.suppress(OSError):
+            total += entry.stat(follow_symlinks=False).st_size
+    return total
+
+
+def sweep_spool(folder: Path, min_age: float) -> tuple[int, int]:
+    """Remove the upload files in ``folder`` not written for ``min_age``
+    seconds (an upload in progress writes its file as it arrives, and stores
+    it within the store's timeout after); returns (files, bytes)."""
+    cutoff = time.time() - min_age
+    files = freed = 0
+    for entry in _spool_files(folder):
+        with contextlib.suppress(OSError):
+            st = entry.stat(follow_symlinks=False)
+            if st.st_mtime < cutoff:
+                os.remove(entry.path)
+                files += 1
+                freed += st.st_size
+    if files:
+        log.warning("removed %d upload file(s) (%d bytes) left in %s by uploads that died", files, freed, folder)
+    return files, freed
+
+
 def _hex_dirs(folder: Path) -> list[Path]:
     try:
         return [Path(e.path) for e in os.scandir(folder) if _HEX2.match(e.name) and e.is_dir(follow_symlinks=False)]

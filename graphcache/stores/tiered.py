@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Iterable, Iterator
 
-from graphcache.errors import StoreError
+from graphcache.errors import StoreError, UnreadableEntry
 from graphcache.stores.base import Store, get_many
 
 log = logging.getLogger(__name__)
@@ -30,7 +31,7 @@ class TieredStore:
         self.local_errors = 0
 
     def get(self, key: str) -> bytes | None:
-        data = self.local.get(key)
+        data = self._local_get(key)
         if data is not None:
             return data
         try:
@@ -49,7 +50,7 @@ class TieredStore:
         found: dict[str, bytes] = {}
         rest: list[str] = []
         for key in dict.fromkeys(keys):
-            data = self.local.get(key)
+            data = self._local_get(key)
             if data is None:
                 rest.append(key)
                 continue
@@ -67,6 +68,18 @@ class TieredStore:
             self._fill_local(key, data)
             found[key] = data
         return found
+
+    def _local_get(self, key: str) -> bytes | None:
+        """The local tier's bytes; an entry it cannot read (UnreadableEntry)
+        is removed there, reported, and asked of the remote instead."""
+        try:
+            return self.local.get(key)
+        except UnreadableEntry as exc:
+            self.local_errors += 1
+            log.warning("local entry %s cannot be read, removed here and fetched again: %s", key[:12], exc)
+            with contextlib.suppress(StoreError):
+                self.local.delete(key)
+            return None
 
     def _fill_local(self, key: str, data: bytes) -> bool:
         try:

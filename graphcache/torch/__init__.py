@@ -2,8 +2,10 @@
 ``torch.nn.functional.scaled_dot_product_attention`` served from cached
 cuDNN graphs, one for ``torch.nn.attention.varlen.varlen_attn``
 (``varlen_attn``: ragged and paged-KV graphs, docs/serving-engines.md),
-``patch()`` to route a model's calls through them, and ``record()`` to write
-the manifest of the specs a real run makes.
+``patch()`` to route a model's calls through them, ``install()`` to serve
+PyTorch's own door (``aten::_scaled_dot_product_cudnn_attention`` and its
+backward, what torch's SDPA calls when it picks cuDNN; docs/two-doors.md),
+and ``record()`` to write the manifest of the specs a real run makes.
 
 Importing this module imports torch (nothing else in graphcache does), and
 registers the ``graphcache::sdpa`` custom op that torch.compile traces.
@@ -37,6 +39,7 @@ from graphcache.cache import GraphCache
 from graphcache.errors import UnsupportedCall
 from graphcache.torch import counts as _counts
 from graphcache.torch.derive import spec_for
+from graphcache.torch.door import Installation, install, kernels, uninstall
 from graphcache.torch.onmiss import ON_MISS, ON_MISS_VAR
 from graphcache.torch.patching import RUNTIME, disable, enable, enabled, patch, scaled_dot_product_attention
 from graphcache.torch.recording import Recorder, record
@@ -45,12 +48,15 @@ from graphcache.torch.varlen import varlen_attn
 __all__ = [
     "ON_MISS",
     "ON_MISS_VAR",
+    "Installation",
     "Recorder",
     "UnsupportedCall",
     "configure",
     "disable",
     "enable",
     "enabled",
+    "install",
+    "kernels",
     "patch",
     "record",
     "reset",
@@ -58,6 +64,7 @@ __all__ = [
     "spec_for",
     "stats",
     "summary",
+    "uninstall",
     "varlen_attn",
 ]
 
@@ -66,18 +73,30 @@ def stats() -> dict[str, Any]:
     """This process's drop-in counters (graphcache.torch.counts): ``calls``;
     ``served_from_store`` (= ``hits``: calls served by a graph the store
     held); ``built_here`` (calls served by a graph this process built on a
-    miss, on_miss ``build``: no hit) and ``built_graphs`` (those graphs, with
-    the calls each served); ``misses`` (calls whose graph the store did not
+    miss, on_miss ``build``: no hit) and ``built_graphs`` (those graphs, one
+    line each); ``misses`` (calls whose graph the store did not
     hold: built here, ran torch, or raised);
     ``fallbacks`` (calls that ran torch's SDPA or varlen kernel, by reason:
-    miss, mask, dtype, head_dim, not_4d, layout, device, autograd,
-    unsupported, no_gpu, execute_failed, and for varlen_attn num_splits,
-    window, page_size, ...), ``execute_failures`` (the (graph, call shape)
-    pairs whose execute raised: graphcache.torch.guard), ``graphs_loaded``,
-    ``shapes_served`` (the distinct call shapes the loaded graphs served:
-    under length classes, many per graph) and ``missed_specs``. SDPA and
-    varlen_attn calls are counted together."""
-    return RUNTIME.stats()
+    miss, mask, dtype, head_dim, not_4d, device, autograd, unsupported,
+    known_bad, no_gpu, execute_failed, capture, and for varlen_attn
+    num_splits, window, page_size, layout, ...; at the aten door attn_bias,
+    dropout, debug_mask), ``copies`` and ``copied`` (tensors of served calls
+    copied into a layout a graph reads, by tensor and reason:
+    head_dim_stride, broadcast, overlap, strides; graphcache.torch.derive),
+    ``execute_failures`` (the (graph, call shape) pairs whose execute raised:
+    graphcache.torch.guard), ``graphs_loaded``, ``shapes_served`` (the
+    distinct call shapes the loaded graphs served: under length classes, many
+    per graph), ``missed_specs``, and ``doors``: per door a call came through
+    (sdpa, aten, aten_backward, varlen, hf) its calls, hits, built_here,
+    relayed calls and fallbacks by reason. A call is counted once, at the door that decided
+    it; backward calls only under ``doors``. Where install() registered
+    kernels, ``kernels`` says which serves each key now
+    (graphcache.torch.kernels())."""
+    found = RUNTIME.stats()
+    served = kernels()
+    if served:
+        found["kernels"] = served
+    return found
 
 
 def summary() -> str:

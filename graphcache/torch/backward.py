@@ -226,8 +226,8 @@ def _load(cache: GraphCache, spec: GraphSpec) -> tuple[Any, str, str]:
         return None, "miss", f"no cached backward graph for {spec.summary()}"
     except (NoGpu, UnsupportedGpu) as exc:
         return None, "no_gpu", str(exc)
-    except UnsupportedSpec as exc:
-        return None, "unsupported", str(exc)
+    except UnsupportedSpec as exc:  # a known-bad window of the release table is named so (docs/two-doors.md)
+        return None, "known_bad" if exc.step == "known_bad" else "unsupported", str(exc)
     except GraphCacheError as exc:
         return None, "load_failed", f"{type(exc).__name__}: {exc}"
     if getattr(graph, "backend", "") == "torch":  # a cache made with torch_fallback=True

@@ -1,8 +1,10 @@
 """What the drop-in's calls were served by: the counters behind
 ``graphcache.torch.stats()``.
 
-Every door (the SDPA drop-in, ``varlen_attn``, graphcache.hf's dense path)
-counts each call here, once, through ``Runtime.count``. A call is exactly one of:
+Every door (the SDPA drop-in, ``varlen_attn``, graphcache.hf's dense path,
+the aten door; graphcache.torch.doors names them) counts each call here,
+once, through ``Runtime.count``, in these totals and in its door's row
+(``doors``). A call is exactly one of:
 
 - **served from the store** (``served_from_store``; ``hits`` is the same
   number): its graph was in the store when this process first asked for it,
@@ -29,15 +31,18 @@ from collections import Counter
 from typing import Any
 
 from graphcache.spec import GraphSpec
+from graphcache.torch.doors import Doors
 from graphcache.torch.plan import Plan
 
 
 class Counts:
     """The counters of one runtime; thread-safe. ``built`` holds the specs of
-    the graphs this process built: the plans made for them say ``built``."""
+    the graphs this process built: the plans made for them say ``built``.
+    ``doors`` counts the same calls by door, under the same lock."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self.doors = Doors(self._lock)
         self.hits = 0  # served by a graph the store held
         self.built_here = 0  # served by a graph this process built
         self.larger = 0  # hits served by a class larger than the call's own
@@ -48,9 +53,10 @@ class Counts:
         self.missed: dict[GraphSpec, int] = {}
         self.built: set[GraphSpec] = set()
 
-    def count(self, plan: Plan) -> None:
-        """One call that ran ``plan``."""
+    def count(self, plan: Plan, door: str = "sdpa") -> None:
+        """One call that ran ``plan``, through ``door``."""
         with self._lock:
+            self.doors.count(door, plan.graph is not None, plan.reason, plan.built)
             if plan.graph is not None:
                 if plan.built:
                     self.built_here += 1
@@ -92,6 +98,7 @@ class Counts:
                 "fallbacks": fallbacks,
                 "built_graphs": sorted(spec.summary() for spec in self.built),
                 "missed_specs": [{"spec": s.to_dict(), "calls": n} for s, n in self.missed.items()],
+                "doors": self.doors.as_dict(),
             }
 
 

@@ -1,12 +1,20 @@
 """From a torch SDPA call to the GraphSpec it maps to, or why it cannot be one.
 
-Layout comes from strides, never from a copy: a (b, h, s, d) view of a
-contiguous (b, s, h, d) tensor is ``bshd``, a contiguous (b, h, s, d) one
-``bhsd``; strides of size-1 dims do not count (torch ignores them too).
-``key`` and ``value`` decide the layout. Where ``query`` alone is in another
-layout (Hugging Face models at prefill: q is a transposed projection, the KV
-cache a contiguous tensor) the spec takes k/v's layout and the drop-in copies
-q into it: q is the smallest of the three and the copy is one elementwise pass.
+Layouts come from strides, never from a copy (``graphcache.spec.layouts``):
+each of q, k and v gets the layout its strides say (``read``), so a view of
+a fused projection (timm's ViT, ModernBERT's v), a sequence-first tensor
+(``nn.MultiheadAttention``) or a transposed projection beside a contiguous
+KV cache (Hugging Face's prefill) is read where it lies. Where a tensor fits
+several layouts (dims of size 1), each takes the one its size-1 batch
+stride says (so a batch-1 call maps to the layout its batch-4 call has),
+then for k one q and v fit too (a call whose three tensors share a layout
+keeps the spec it always had), for q and v k's, then the one a size-1
+sequence stride says, then bshd, bhsd, the rest. k and v expanded over heads with stride 0 (Falcon's and
+gpt_bigcode's multi-query attention) are one real head: the spec has
+``heads_kv=1`` and the graph reads the first head. A tensor no layout
+expresses, or cuDNN does not take (a head dim that is not contiguous, a
+broadcast dim, strides that alias), is copied once per call into a packed
+layout, counted in ``stats()["copies"]`` by tensor and reason: never a fallback.
 
 An ``attn_mask`` makes a bias spec (``graphcache.torch.bias``): the spec's
 ``bias`` says which dims the mask has, and the call's mask becomes the
@@ -25,6 +33,7 @@ import torch
 
 from graphcache.errors import SpecError, UnsupportedCall
 from graphcache.spec import DTYPES, GraphSpec
+from graphcache.spec import layouts as spec_layouts
 from graphcache.torch.bias import BiasFrom, bias_from, rows_are_heads
 
 _DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
@@ -32,30 +41,70 @@ _DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 @dataclass(frozen=True)
 class Derived:
-    """A call's spec, whether q (and k and v) must be copied into the spec's
-    layout, and how its attn_mask becomes the graph's bias (None: no mask)."""
+    """A call's spec, the tensors copied per call into the layout the spec
+    gives them (``(role, layout, reason)``), how its attn_mask becomes the
+    graph's bias (None: no mask), and whether k and v are expanded over heads
+    (stride 0: the graph reads their first head)."""
 
     spec: GraphSpec
-    copy_q: bool
+    copies: tuple[tuple[str, str, str], ...] = ()
     bias: BiasFrom | None = None
-    copy_kv: bool = False  # k and v are not one packed layout (views of a fused qkv projection)
+    expanded: bool = False
 
 
 def packed(t: torch.Tensor, layout: str) -> torch.Tensor:
-    """``t`` as a (b, h, s, d) view of a tensor packed in ``layout`` (itself
-    where it is one already: no copy)."""
-    return t.transpose(1, 2).contiguous().transpose(1, 2) if layout == "bshd" else t.contiguous()
+    """``t`` as a (b, h, s, d) view of a copy packed in ``layout``'s order
+    (one copy; ``layout`` may carry a group, which the copy leaves out)."""
+    found = spec_layouts.parse(layout)
+    return t.permute(found.to_storage).contiguous().permute(found.to_bhsd)
 
 
 def layouts_of(t: torch.Tensor) -> tuple[str, ...]:
-    """The layouts a 4-D (b, h, s, d) tensor is packed in: ('bshd',), ('bhsd',),
-    both (when size-1 dims make them the same), or neither."""
-    found = []
-    if t.transpose(1, 2).is_contiguous():
-        found.append("bshd")
-    if t.is_contiguous():
-        found.append("bhsd")
-    return tuple(found)
+    """The named layouts (bshd, bhsd) a 4-D (b, h, s, d) tensor is packed in:
+    one, both (when size-1 dims make them the same), or neither."""
+    try:
+        fits = {f.text for f in spec_layouts.read(tuple(t.shape), tuple(t.stride()))}
+    except spec_layouts.NoLayout:
+        return ()
+    return tuple(name for name in spec_layouts.NAMED if name in fits)
+
+
+# Where a copied tensor goes: the packed order of the first of these that is read where it lies.
+_COPY_INTO = {"k": ("v", "q"), "v": ("k", "q"), "q": ("k", "v")}
+
+
+def _best(fits: tuple[spec_layouts.Fit, ...], first: Any) -> str:
+    """The batch stride's word first (what ``record --max-batch`` widens),
+    then ``first``, then the sequence stride's, then the fixed order."""
+    return min(fits, key=lambda f: (not f.batch, not first(f.text), not f.seq, spec_layouts.rank(f.text))).text
+
+
+def choose(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> tuple[dict[str, str], tuple[tuple[str, str, str], ...]]:
+    """Each tensor's layout (see the module's text) and the copies: ``(role,
+    layout, reason)`` for each tensor no layout of a graph reads."""
+    fits: dict[str, tuple[spec_layouts.Fit, ...]] = {}
+    reasons: dict[str, str] = {}
+    for role, t in (("q", q), ("k", k), ("v", v)):
+        try:
+            fits[role] = spec_layouts.read(tuple(t.shape), tuple(t.stride()))
+        except spec_layouts.NoLayout as exc:
+            reasons[role] = exc.reason
+    chosen: dict[str, str] = {}
+    if "k" in fits:
+        others = [{f.text for f in fits[r]} for r in ("q", "v") if r in fits]
+        chosen["k"] = _best(fits["k"], lambda text: all(text in o for o in others))
+    for role in ("v", "q"):
+        if role in fits:
+            chosen[role] = _best(fits[role], lambda text: text == chosen.get("k"))
+    copies = []
+    for role in ("k", "v", "q"):
+        if role in reasons:
+            into = next((spec_layouts.parse(chosen[r]).packed for r in _COPY_INTO[role] if r in chosen), "bhsd")
+            chosen[role] = into
+            copies.append((role, into, reasons[role]))
+    return chosen, tuple(copies)
 
 
 def derive(
@@ -111,6 +160,9 @@ def derive(
             message=f"shapes do not fit together: query {tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)} "
             "(batch must match; key and value must agree in heads and seq; key's head_dim must be query's)",
         )
+    expanded = hk > 1 and key.stride(1) == 0 and value.stride(1) == 0
+    if expanded:  # k/v expanded over heads with stride 0 (Falcon, gpt_bigcode): one real head, MQA
+        key, value, hk = key[:, :1], value[:, :1], 1
     # One key/value head broadcasts over the query heads without enable_gqa
     # (torch broadcasts the head dim; Falcon's multi-query attention): MQA.
     if hk != hq and not (enable_gqa and hq % hk == 0) and hk != 1:
@@ -142,22 +194,7 @@ def derive(
         name = dtype
     else:
         raise SpecError(f"dtype={dtype!r} is not supported; allowed: {', '.join(DTYPES)}", "dtype")
-    kv = set(layouts_of(key)) & set(layouts_of(value))
-    copy_kv = not kv and bool(layouts_of(key) or layouts_of(value))
-    if copy_kv:
-        # One of k and v is a view of a fused projection (ModernBERT's qkv), the
-        # other packed: the graph takes both in the packed one's layout (a copy of the view).
-        kv = set(layouts_of(key) or layouts_of(value))
-    if not kv:
-        raise UnsupportedCall(
-            reason="layout",
-            message=f"key strides {tuple(key.stride())} and value strides {tuple(value.stride())} are not one packed "
-            "layout: a graph takes (b, h, s, d) views of contiguous (b, s, h, d) tensors (bshd) or contiguous "
-            "(b, h, s, d) ones (bhsd); .contiguous() gives bhsd",
-        )
-    q_layouts = layouts_of(query)
-    common = [lay for lay in ("bshd", "bhsd") if lay in kv and lay in q_layouts]
-    layout = common[0] if common else ("bshd" if "bshd" in kv else "bhsd")
+    chosen, copies = choose(query, key, value)
     try:
         spec = GraphSpec(
             batch=b,
@@ -168,7 +205,9 @@ def derive(
             head_dim=d,
             head_dim_v=dv,
             dtype=name,
-            layout=layout,
+            layout=chosen["k"],
+            layout_q=chosen["q"],
+            layout_v=chosen["v"],
             mask="causal" if is_causal else "none",
             attn_scale=_scale(scale, d),
             dropout=dropout_p,
@@ -177,7 +216,7 @@ def derive(
         )
     except SpecError as exc:
         raise UnsupportedCall(str(exc), exc.field or "spec") from exc
-    return Derived(spec, copy_q=not common, bias=bias, copy_kv=copy_kv)
+    return Derived(spec, copies, bias, expanded)
 
 
 def derive_args(args: tuple[Any, ...], dtype: str | None = None) -> Derived:
@@ -225,7 +264,7 @@ def spec_for(
 
     Raises UnsupportedSpec naming why the call cannot be a cuDNN graph (an
     attn_mask no bias spec expresses, float32, a head dim cuDNN does not take, not 4-D,
-    strides no layout expresses, ...).
+    ...). Strides no layout expresses are copied, not refused (``derive``'s copies).
     """
     return derive(
         query,

@@ -12,7 +12,8 @@ import torch
 import torch.nn.attention.varlen as torch_varlen
 import torch.nn.functional as F
 
-from graphcache.torch.runtime import RUNTIME, TORCH_SDPA
+from graphcache.torch.doors import TORCH_SDPA
+from graphcache.torch.runtime import RUNTIME
 from graphcache.torch.varlen import varlen_attn
 
 __all__ = ["RUNTIME", "disable", "enable", "enabled", "patch", "scaled_dot_product_attention"]

@@ -26,6 +26,12 @@ from graphcache.spec import GraphSpec
 from graphcache.torch.bias import BiasFrom
 from graphcache.torch.derive import packed
 
+# Tensors copied for a graph to read, by (tensor, reason): counted where the
+# copy is made, so a hit that copies nothing pays nothing for the count
+# (the runtime's stats()["copies"]; Runtime.reset clears it).
+COPIED: Counter[tuple[str, str]] = Counter()
+_COPIED_LOCK = threading.Lock()
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -35,14 +41,28 @@ class Plan:
     graph: LoadedGraph | None
     reason: str  # "" when graph is set
     message: str = ""
-    copy_q: bool = False
+    copies: tuple[tuple[str, str, str], ...] = ()  # (role, layout, reason): copied per call (derive)
     views: bool = False  # the graph takes torch's (b, h, s, d) views as they are (run_views)
     declared: int = 0  # batch x seq_q x seq_kv the serving graph declares ...
     real: int = 0  # ... and this call shape's
     larger: bool = False  # served by a stored class larger than the call's own (GraphCache.serving_class)
     bias: BiasFrom | None = None  # how a call's attn_mask becomes the graph's bias (graphcache.torch.bias)
-    copy_kv: bool = False  # k and v are copied into the spec's layout too (graphcache.torch.derive)
+    expanded: bool = False  # k and v expanded over heads (stride 0): the graph reads their first head
     built: bool = False  # the graph was built by this process, not found in the store (graphcache.torch.counts)
+
+    def reads(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The tensors the graph reads: the call's, with k and v's first head
+        where they are expanded, and a packed copy of each tensor ``copies`` names."""
+        if self.expanded:
+            k, v = k[:, :1], v[:, :1]
+        if self.copies:
+            given = {"q": q, "k": k, "v": v}
+            for role, layout, _ in self.copies:
+                given[role] = packed(given[role], layout)
+            with _COPIED_LOCK:
+                COPIED.update((role, reason) for role, _, reason in self.copies)
+            q, k, v = given["q"], given["k"], given["v"]
+        return q, k, v
 
     def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any = None) -> torch.Tensor:
         """Execute the graph on (b, h, s, d) tensors; returns (b, h, s, d).
@@ -52,16 +72,16 @@ class Plan:
         assert self.graph is not None and self.spec is not None
         # No view is made per call on the views path: the memo key (shapes,
         # strides, dtypes, devices) has already matched these tensors to the spec.
-        if self.copy_q:
-            q = packed(q, self.spec.layout)
-        if self.copy_kv:
-            k, v = packed(k, self.spec.layout), packed(v, self.spec.layout)
         if self.bias is None:
+            if self.copies or self.expanded:  # two flag reads on every other call's hit path, as before
+                q, k, v = self.reads(q, k, v)
             if self.views:
                 return self.graph.run_views(q, k, v)  # type: ignore[attr-defined]
             return run_views(self.graph, q, k, v)
         bias, hidden = self.bias(mask)
-        q = self.bias.fold(q)
+        q = self.bias.fold(q)  # derive read q's layout off the folded query
+        if self.copies or self.expanded:
+            q, k, v = self.reads(q, k, v)
         if self.views:
             out = self.graph.run_views(q, k, v, bias)  # type: ignore[attr-defined]
         else:

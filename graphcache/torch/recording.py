@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from graphcache.errors import ManifestError, SpecError, UnsupportedCall
-from graphcache.models.specs import widened
+from graphcache.models.specs import lengthened, widened
 from graphcache.spec import DTYPES, GraphSpec
 from graphcache.spec.backward import backward_of
 from graphcache.spec.classes import check_policy, class_of, policy_from_env
@@ -44,28 +44,33 @@ class Recorder:
         shape_classes: str | None = None,
         max_batch: int | None = None,
         backward: bool = False,
+        max_seq: int | None = None,
     ) -> None:
         self.dtype = dtype
         self.shape_classes = (
             policy_from_env() if shape_classes is None else check_policy(shape_classes, "shape_classes")
         )
-        if max_batch is not None and (self.shape_classes == "exact" or max_batch < 1):
-            raise ManifestError(
-                f"max_batch={max_batch}: widening to batch classes needs a batch >= 1 and shape classes pow2 "
-                f"(they are {self.shape_classes}): pass --shape-classes pow2"
-            )
+        for name, value, what in (("max_batch", max_batch, "batch"), ("max_seq", max_seq, "length")):
+            if value is not None and (self.shape_classes == "exact" or value < 1):
+                raise ManifestError(
+                    f"{name}={value}: widening to {what} classes needs a {what} >= 1 and shape classes pow2 "
+                    f"(they are {self.shape_classes}): pass --shape-classes pow2"
+                )
         self.max_batch = max_batch  # widen every call seen to the batch classes up to this (record --max-batch)
+        self.max_seq = max_seq  # ... and to the length classes up to this (record --max-seq)
         self.backend = False  # a call came through graphcache.hf's backend: its route is graphcache
         self.specs: dict[GraphSpec, int] = {}  # exact call specs and their call counts
         self.ineligible: dict[tuple[str, str], int] = {}
         self.training = backward  # every call's backward too (record --backward)
         self.backwards: dict[GraphSpec, int] = {}  # their backward specs and call counts
         self.no_backward: dict[tuple[str, str], int] = {}  # calls with no backward spec, by field and why
-        self._memo: dict[tuple[Any, ...], GraphSpec | tuple[str, str]] = {}
+        self.copied: dict[tuple[str, str], int] = {}  # (tensor, reason): calls whose tensor is copied (derive)
+        self._memo: dict[tuple[Any, ...], tuple[GraphSpec | tuple[str, str], tuple[tuple[str, str, str], ...]]] = {}
         self._lock = threading.Lock()
 
     def note(self, memo_key: tuple[Any, ...] | None, args: tuple[Any, ...]) -> None:
         query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa = args
+        copies: tuple[tuple[str, str, str], ...] = ()
         grad = torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (query, key, value))
         if grad and not self.training:
             found: GraphSpec | tuple[str, str] = ("autograd", "an input requires grad: cuDNN graphs are forward-only")
@@ -73,17 +78,22 @@ class Recorder:
             cached = self._memo.get(memo_key) if memo_key is not None and attn_mask is None else None
             if cached is None:
                 try:
-                    found = derive_args(args, self.dtype).spec
+                    derived = derive_args(args, self.dtype)
+                    found, copies = derived.spec, derived.copies
                 except UnsupportedCall as exc:
                     found = (exc.reason, str(exc))
                 if memo_key is not None and attn_mask is None:
-                    self._memo[memo_key] = found
+                    self._memo[memo_key] = (found, copies)
             else:
-                found = cached
+                found, copies = cached
         if self.training and isinstance(found, GraphSpec):
             self.count_training(found, grad)
         else:
             self.count(found)
+        if copies:
+            with self._lock:
+                for role, _, reason in copies:
+                    self.copied[(role, reason)] = self.copied.get((role, reason), 0) + 1
 
     def count_training(self, spec: GraphSpec, grad: bool = True) -> None:
         """Count one forward call of spec ``spec`` in a training step: the
@@ -120,17 +130,19 @@ class Recorder:
         groups: dict[GraphSpec, dict[GraphSpec, int]] = {}
         for spec, count in (*self.specs.items(), *self.backwards.items()):
             groups.setdefault(class_of(spec, self.shape_classes), {})[spec] = count
-        if self.max_batch:
+        if self.max_batch or self.max_seq:
             route = "graphcache" if self.backend or any(s.layout == "thd" for s in self.specs) else "sdpa"
             for spec in list(self.specs):
-                for wide in widened(spec, route, self.max_batch, self._windows(spec)):
-                    groups.setdefault(wide, {})
-                    if self.training:  # the widened call's training forward and backward too
-                        groups.setdefault(_with_stats(wide), {})
-                        try:
-                            groups.setdefault(backward_of(wide), {})
-                        except SpecError:
-                            pass  # no backward here: no_backward names the calls
+                for long in lengthened(spec, self.max_seq) if self.max_seq else [spec]:
+                    wides = widened(long, route, self.max_batch, self._windows(spec)) if self.max_batch else [long]
+                    for wide in wides:
+                        groups.setdefault(wide, {})
+                        if self.training:  # the widened call's training forward and backward too
+                            groups.setdefault(_with_stats(wide), {})
+                            try:
+                                groups.setdefault(backward_of(wide), {})
+                            except SpecError:
+                                pass  # no backward here: no_backward names the calls
         return groups
 
     def _windows(self, spec: GraphSpec) -> frozenset[int]:
@@ -182,6 +194,12 @@ class Recorder:
                 f"# Widened to batches up to {self.max_batch} (graphcache record --max-batch): each call's shape "
                 "in every batch class, unpadded and padded; entries of 0 calls were not seen."
             )
+        if self.max_seq:
+            lines.append(
+                f"# Widened to lengths up to {self.max_seq} (graphcache record --max-seq): each call's shape in "
+                "every length class (queries and keys together where they were equal); entries of 0 calls were "
+                "not seen."
+            )
         for spec, served in groups.items():
             name = _name(spec, names)
             lines.append(f"#   {name}: {sum(served.values())} call(s)")
@@ -190,6 +208,10 @@ class Recorder:
                 lines.append(f"#     serves {len(served)} exact shape(s) (calls each):")
                 lines += ["#       " + ", ".join(runs[i : i + 6]) for i in range(0, len(runs), 6)]
             graphs.append({"name": name, **{k: v for k, v in _fields(spec).items() if k not in shared}})
+        if self.copied:
+            lines.append("# Tensors copied per call into a layout a graph reads (graphcache.torch.derive), by reason:")
+            for (role, reason), count in sorted(self.copied.items()):
+                lines.append(f"#   {role} {reason}: {count} call(s)")
         if self.ineligible:
             lines.append("# Calls that cannot be cuDNN graphs (they run torch's SDPA), by reason:")
             for (code, message), count in sorted(self.ineligible.items()):
@@ -294,6 +316,7 @@ def record(
     shape_classes: str | None = None,
     max_batch: int | None = None,
     backward: bool = False,
+    max_seq: int | None = None,
 ) -> Iterator[Recorder]:
     """Patch torch's SDPA (see patch()), note every call's spec and, when the
     block ends without an exception, write the manifest to ``path``.
@@ -306,16 +329,19 @@ def record(
     (graphcache.models.specs.widened), so a batch-1 recording serves a padded
     batch. ``backward`` records a training step: each call's backward spec
     too, and a call that needs gradients as the stats-writing forward a
-    training step calls. Raises ManifestError (and writes nothing) when no call could be a
-    cuDNN graph, or for max_batch under the exact policy; SettingsError for
-    an unknown policy.
+    training step calls. ``max_seq`` widens every call seen to each length
+    class up to it (graphcache.models.specs.lengthened), so a run at one
+    resolution or prompt length serves longer ones. Raises ManifestError
+    (and writes nothing) when no call could be a cuDNN graph, or for
+    max_batch / max_seq under the exact policy; SettingsError for an unknown
+    policy.
     """
     name = _dtype_name(dtype)
     policy = policy_from_env() if shape_classes is None else check_policy(shape_classes, "shape_classes")
     target = Path(path)
     if not target.parent.is_dir():
         raise ManifestError(f"{target}: the folder {target.parent} does not exist; create it or pick another path")
-    recorder = Recorder(name, policy, max_batch, backward)
+    recorder = Recorder(name, policy, max_batch, backward, max_seq)
     with patch():
         RUNTIME.recorders.append(recorder)
         try:
@@ -334,6 +360,7 @@ def run_script(
     shape_classes: str | None = None,
     max_batch: int | None = None,
     backward: bool = False,
+    max_seq: int | None = None,
 ) -> Recorder:
     """Run ``script`` as ``python SCRIPT ARGS`` would, under record(output).
 
@@ -345,7 +372,7 @@ def run_script(
     sys.argv = [script, *args]  # argv[0] as given, as python SCRIPT leaves it
     sys.path.insert(0, str(path.resolve().parent))  # as python SCRIPT puts the script's folder first
     try:
-        with record(output, dtype, shape_classes, max_batch, backward) as recorder:
+        with record(output, dtype, shape_classes, max_batch, backward, max_seq) as recorder:
             try:
                 # __file__ absolute, as python 3.9+ sets it for a script.
                 runpy.run_path(str(path.resolve()), run_name="__main__")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import Counter
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -30,15 +31,12 @@ from graphcache.spec import GraphSpec
 from graphcache.spec.classes import class_of
 from graphcache.torch.counts import Counts
 from graphcache.torch.derive import Derived, derive_args
+from graphcache.torch.doors import capturing, relayed_sdpa
 from graphcache.torch.guard import Failures, exact_graph, failed_plan, graph_of
 from graphcache.torch.onmiss import ON_MISS, ON_MISS_VAR, on_miss_from_env
-from graphcache.torch.plan import BackwardCalls, Plan
+from graphcache.torch.plan import COPIED, BackwardCalls, Plan
 
 log = logging.getLogger(__name__)
-
-# torch's own SDPA, captured at import: the fallback must never call a
-# patched F.scaled_dot_product_attention (ours, or another library's).
-TORCH_SDPA: Callable[..., Any] = torch._C._nn.scaled_dot_product_attention
 
 # Memo entries past which the class-bound ones are dropped (Runtime._drop_bound).
 MEMO_LIMIT = 65536
@@ -65,9 +63,11 @@ class Runtime:
             # The exact call specs loaded graphs served, by hash: a server's
             # lifetime of decode lengths, kept small (the memo itself is bounded).
             self._served: set[int] = set()
-            self.counts = Counts()  # what each call was served by (graphcache.torch.counts)
+            self.counts = Counts()  # what each call was served by, per door too (graphcache.torch.counts)
+            COPIED.clear()  # (tensor, reason): tensors copied for a graph to read (plan.py counts them)
             self.failures = Failures()  # (graph, call shape) pairs whose execute raised (guard.py)
             self.recorders: list[Any] = []
+            self.doors = self.counts.doors  # calls by the door they came through (doors.py)
             self.backward = BackwardCalls()  # graphcache.torch.backward's memo and counters
 
     def configure(self, cache: GraphCache | None = None, *, device: Any = None, on_miss: str | None = None) -> None:
@@ -177,16 +177,10 @@ class Runtime:
             if self.recorders:
                 self._note(memo_key, args)
             return out
-        out = TORCH_SDPA(
-            query,
-            key,
-            value,
-            attn_mask=attn_mask,
-            dropout_p=dropout_p,
-            is_causal=is_causal,
-            scale=scale,
-            enable_gqa=enable_gqa,
-        )
+        out, taken = relayed_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+        if taken:  # torch gave the call to graphcache's aten door, which decided and counted it (doors.py)
+            self.doors.relayed("sdpa")
+            return out
         # Counted after torch ran: a call torch refused (bad shapes, dtypes,
         # devices) raised above and leaves no trace.
         self.count(plan)
@@ -194,13 +188,13 @@ class Runtime:
             self._note(memo_key, args)
         return out
 
-    def count(self, plan: Plan) -> None:
-        """Count one call that ran ``plan``: served from the store or by a
-        graph built here where it has a graph, else a fallback under its
-        reason (graphcache.torch.counts). The one place calls are counted:
-        ``call``, graphcache.torch.varlen_attn and graphcache.hf's dense path
-        alike, whichever door a call came through."""
-        self.counts.count(plan)
+    def count(self, plan: Plan, door: str = "sdpa") -> None:
+        """Count one call that ran ``plan`` through ``door`` (doors.py names
+        them): served from the store or by a graph built here where it has a
+        graph, else a fallback under its reason (graphcache.torch.counts). The
+        one place calls are counted: ``call``, graphcache.torch.varlen_attn,
+        graphcache.hf's dense path and the aten door alike."""
+        self.counts.count(plan, door)
 
     def execute_failed(
         self, memo_key: tuple[Any, ...] | None, plan: Plan, error: Exception, call: Any, replan: Callable[[], Plan]
@@ -217,7 +211,7 @@ class Runtime:
             new = replan()
             if new.graph is not None and self.failures.failed(graph_of(new), call):  # never the same pair again
                 new = failed_plan(new.spec, graph_of(new))
-            if memo_key is not None:
+            if memo_key is not None and new.reason != "capture":
                 self._memo[memo_key] = new
             return new
 
@@ -244,10 +238,15 @@ class Runtime:
                 plan = Plan(None, None, exc.reason, str(exc))
             else:
                 plan = self._plan_for(derived, args[0].device)
+            self.memoize(memo_key, plan)
+            return plan
+
+    def memoize(self, memo_key: tuple[Any, ...], plan: Plan) -> None:
+        """Keep ``plan`` for ``memo_key``'s call shape (the lock held); one made under capture is this call's only."""
+        if plan.reason != "capture":
             if len(self._memo) >= MEMO_LIMIT:
                 self._drop_bound()
             self._memo[memo_key] = plan
-            return plan
 
     def _drop_bound(self) -> None:
         """Forget the memo's class-bound entries and its fallbacks (the lock
@@ -263,6 +262,8 @@ class Runtime:
 
     def _plan_for(self, derived: Derived, device: torch.device) -> Plan:
         spec = derived.spec
+        if capturing():  # no build, canary or store round trip in a CUDA graph: torch's kernel, this call only
+            return Plan(spec, None, "capture", "a CUDA stream is capturing: nothing is loaded or built now")
         cache = self._cache_for(device)
         if cache is None:
             where = f"{self._device}" if self._device is not None else "a CUDA GPU"
@@ -291,8 +292,9 @@ class Runtime:
         views = callable(getattr(graph, "run_views", None)) and not (
             spec.dropout or spec.padding or spec.generate_stats
         )
+        copies, expanded = derived.copies, derived.expanded
         return Plan(
-            spec, graph, "", "", derived.copy_q, views, work(serving), work(spec), larger, derived.bias, derived.copy_kv,
+            spec, graph, "", "", copies, views, work(serving), work(spec), larger, derived.bias, expanded,
             built=serving in self.counts.built,
         )  # fmt: skip
 
@@ -314,7 +316,7 @@ class Runtime:
         except (NoGpu, UnsupportedGpu) as exc:
             return None, "no_gpu", str(exc)
         except UnsupportedSpec as exc:  # remembered per target: cuDNN cannot serve it here
-            return None, "unsupported", str(exc)
+            return None, "known_bad" if exc.step == "known_bad" else "unsupported", str(exc)  # a release table window
         except GraphCacheError as exc:
             log.warning("graphcache could not load %s, running torch SDPA: %s", spec.summary(), exc)
             return None, "load_failed", f"{type(exc).__name__}: {exc}"
@@ -328,11 +330,14 @@ class Runtime:
 
     def stats(self) -> dict[str, Any]:
         """The calls' counters (graphcache.torch.counts: served from the
-        store, built here, fallbacks by reason, misses, ...), execute_failures
-        (guard.py), graphs loaded, the distinct call shapes (exact specs)
-        they served, and sdpa_backward's calls apart (``backward``)."""
+        store, built here, fallbacks by reason, misses, by door, ...), the
+        tensors copied for a graph to read, execute_failures (guard.py),
+        graphs loaded, the distinct call shapes (exact specs) they served,
+        and sdpa_backward's calls apart (``backward``)."""
         return {
             **self.counts.stats(),
+            "copies": sum(COPIED.values()),
+            "copied": _by_tensor(COPIED),
             "execute_failures": self.failures.count,
             "graphs_loaded": len(self._graphs),
             "shapes_served": len(self._served),
@@ -343,6 +348,10 @@ class Runtime:
 # What derive() takes as a plain tensor (a Parameter is one, with its grad flag).
 _PLAIN = frozenset({torch.Tensor, torch.nn.Parameter})
 _AUTOGRAD = Plan(None, None, "autograd", "an input requires grad: cuDNN graphs here are forward-only")
+
+
+def _by_tensor(copied: Counter[tuple[str, str]]) -> dict[str, dict[str, int]]:
+    return {role: {why: n for (r, why), n in sorted(copied.items()) if r == role} for role, _ in sorted(copied)}
 
 
 def _mask_key(mask: Any) -> tuple[Any, ...]:
@@ -357,9 +366,9 @@ def _derive(args: tuple[Any, ...]) -> Derived:
 
 
 def _derived(plan: Plan) -> Derived:
-    """What a call shape's plan was made from (its spec, q copy and bias)."""
+    """What a call shape's plan was made from (its spec, copies, bias, expanded heads)."""
     assert plan.spec is not None
-    return Derived(plan.spec, plan.copy_q, plan.bias)
+    return Derived(plan.spec, plan.copies, plan.bias, plan.expanded)
 
 
 # The one per process. The SDPA drop-in (patching.py) and varlen_attn

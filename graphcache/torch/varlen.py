@@ -146,7 +146,7 @@ def call(args: tuple[Any, ...], extra: tuple[Any, ...]) -> tuple[Any, Any]:
             plan = RUNTIME.execute_failed(memo_key, plan, exc, exact, partial(_plan_for, exact, query.device))
     else:
         out, lse = fallback(args, extra)  # counted after it ran: a call torch refused leaves no trace
-    RUNTIME.count(plan)
+    RUNTIME.count(plan, "varlen")
     for recorder in list(RUNTIME.recorders):
         note(recorder, args, extra)
     return out, lse

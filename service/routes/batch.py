@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import StreamingResponse
 
 from graphcache.batch import ABSENT, ENVELOPE, MAGIC, MEDIA_TYPE, end_record, record, record_head
-from graphcache.errors import StoreError
+from graphcache.errors import CorruptArtifact, StoreError
 from graphcache.key import is_key
 from service.errors import ServiceError, bad_json, body, json_problem
 from service.intake import plain_keys, refuse, replay
@@ -249,6 +249,8 @@ async def _lookup(state: State, key: str) -> tuple[Served | Unverified | None, b
     an entry it could not look up is unknown, never reported absent."""
     try:
         entry = await state.read_entry(key)
+    except CorruptArtifact as exc:  # unreadable: set aside by the reader; the other keys are answered
+        return None, f"quarantined: {exc.reason}".encode()
     except (StoreError, OSError) as exc:
         if isinstance(exc, OSError):
             state.metrics.store_errors.inc()  # store_call counted a StoreError

@@ -11,6 +11,7 @@ from graphcache.stores import Store, stored_header
 from graphcache.target import Target
 from service.errors import ServiceError, json_response
 from service.models import KEY_RE, TARGET_RE, ArtifactPage, PurgeResult, error_responses
+from service.scans import Stop
 from service.state import State
 
 
@@ -35,9 +36,10 @@ def add_routes(app: FastAPI, state: State) -> None:
         if target is None and not unsupported:
             raise ServiceError(400, "bad_request", "give target=TARGET, unsupported=true, or both")
         tgt = None if target is None else Target.parse(target)
-        # Many store calls, each bounded by the store's own timeout.
-        removed = await state.store_call(
-            lambda: purge_entries(state.store, tgt, unsupported=unsupported, dry_run=dry_run), bounded=False
+        # Many store calls, each bounded by the store's own timeout, in a
+        # scan thread (service.scans), never the pool health and uploads use.
+        removed = await state.scans.whole(
+            lambda: purge_entries(state.store, tgt, unsupported=unsupported, dry_run=dry_run)
         )
         for key in removed:
             state.reader.forget(key)
@@ -58,12 +60,13 @@ def add_routes(app: FastAPI, state: State) -> None:
         keys_only: bool = False,
     ) -> Response:
         state.auth.require(request, "read")
-        items, next_cursor = await state.store_call(_page, state.store, target, limit, cursor, keys_only, bounded=False)
+        # A whole-store read (every key, sorted): in a scan thread, bounded (service.scans).
+        items, next_cursor = await state.scans.run(_page, state.store, target, limit, cursor, keys_only, watch=request)
         return json_response(200, {"items": items, "next_cursor": next_cursor})
 
 
 def _page(
-    store: Store, target: str | None, limit: int, cursor: str | None, keys_only: bool = False
+    store: Store, target: str | None, limit: int, cursor: str | None, keys_only: bool, stop: Stop
 ) -> tuple[list[dict[str, Any]], str | None]:
     keys = sorted(k for k in store.keys() if cursor is None or k > cursor)
     if keys_only and target is None:
@@ -73,6 +76,7 @@ def _page(
     last = None
     is_pinned = getattr(store, "pinned", None)
     for key in keys:
+        stop.check()
         try:
             header = stored_header(store, key)
         except CorruptArtifact as exc:

@@ -63,7 +63,10 @@ def counters(totals: Totals) -> dict[str, Any]:
         "served_build_seconds": round(totals.value("graphcache_served_build_seconds_total"), 3),
         "uploads": int(totals.value("graphcache_uploads_total", result="created")),
         "uploads_identical": int(totals.value("graphcache_uploads_total", result="identical")),
-        "uploads_rejected": {k: int(v) for k, v in totals.by("graphcache_uploads_rejected_total", "reason").items()},
+        # Reasons that happened (/metrics declares every one at 0 from the start).
+        "uploads_rejected": {
+            k: int(v) for k, v in totals.by("graphcache_uploads_rejected_total", "reason").items() if v
+        },
         "quarantined": int(totals.sum("graphcache_quarantined_total")),
         "builds": int(totals.value("graphcache_builds_total", result="built")),
     }

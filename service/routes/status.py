@@ -8,6 +8,12 @@ path leaves that folder) or posted (``POST /``: the manifest's YAML or JSON
 as the body, or a form's ``manifest`` field, within the server's small-body
 limit). Its coverage is given for every target the store holds entries of.
 Behind read tokens when they are set, as every read route is.
+
+Nothing here reads the whole store in the pool that health, uploads and
+artifact reads use: the store's figures come from a snapshot read at most
+every few seconds, and a manifest's coverage (bounded: GRAPHCACHE_MAX_SPECS,
+its aliases) runs in the scan threads, stopped at its deadline or when its
+client goes away (service.scans).
 """
 
 from __future__ import annotations
@@ -15,20 +21,21 @@ from __future__ import annotations
 import html
 import os
 import re
+import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs
 
+import anyio
 from fastapi import FastAPI, Request, Response
 
-from graphcache.errors import GraphCacheError
-from graphcache.stores import Store, stored_headers
-from graphcache.stores.space import free_bytes, human
+from graphcache.errors import GraphCacheError, ManifestTooLarge
+from graphcache.stores.space import human
 from graphcache.target import Target
 from service.errors import ServiceError
 from service.models import error_responses
 from service.routes.health import counters, scope
+from service.scans import SNAPSHOT_AGE, Holdings, Stop
 from service.state import State
 
 MANIFEST_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*\.(yaml|yml|json)$")
@@ -41,24 +48,6 @@ th { background: #eef0f4; } td.n { text-align: right; font-variant-numeric: tabu
 .ok { color: #11703a; font-weight: 600; } .bad { color: #b00020; font-weight: 600; }
 .muted { color: #666; } textarea { width: 40em; height: 8em; font-family: monospace; }
 """
-
-
-@dataclass
-class TargetRow:
-    """The entries one target holds."""
-
-    count: int = 0
-    bytes: int = 0
-    pinned: int = 0
-    negative: int = 0
-
-
-@dataclass
-class Holdings:
-    """What the store holds, by target text."""
-
-    targets: dict[str, TargetRow] = field(default_factory=dict)
-    corrupt: int = 0
 
 
 HTML_PAGE: dict[str, Any] = {
@@ -79,7 +68,7 @@ def add_routes(app: FastAPI, state: State) -> None:
         text, source = None, None
         if manifest is not None:
             text, source = _named_manifest(state, manifest), manifest
-        return await _page(state, text, source)
+        return await _page(state, request, text, source)
 
     @app.post(
         "/",
@@ -92,21 +81,24 @@ def add_routes(app: FastAPI, state: State) -> None:
         body = (await request.body()).decode("utf-8", "replace")
         if request.headers.get("content-type", "").startswith("application/x-www-form-urlencoded"):
             body = (parse_qs(body).get("manifest") or [""])[0]
-        return await _page(state, body, "posted manifest")
+        return await _page(state, request, body, "posted manifest")
 
 
-async def _page(state: State, manifest_text: str | None, source: str | None) -> Response:
-    holdings = await state.store_call(_holdings, state.store, bounded=False)
+async def _page(state: State, request: Request, manifest_text: str | None, source: str | None) -> Response:
+    # Whole-store reads in threads of their own, bounded (service.scans):
+    # the holdings from a snapshot at most a few seconds old.
+    holdings = await state.scans.snapshot()
     coverage: list[tuple[str, int, int]] | None = None
     problem = None
     if manifest_text is not None:
         try:
-            coverage = await state.store_call(_coverage, manifest_text, list(holdings.targets), state, bounded=False)
+            coverage = await state.scans.run(_coverage, manifest_text, list(holdings.targets), state, watch=request)
+        except ManifestTooLarge as exc:
+            raise ServiceError(413, "too_many_specs", str(exc), extra={"limit": exc.limit}) from exc
         except GraphCacheError as exc:
             problem = str(exc)
-    store = await state.store_call(_store_facts, state, bounded=False)
-    figures = await state.store_call(_counters, state, bounded=False)  # reads every worker's file
-    page = _render(state, store, holdings, figures, coverage, source, problem)
+    figures = await anyio.to_thread.run_sync(_counters, state)  # reads every worker's file
+    page = _render(state, holdings.store, holdings, figures, coverage, source, problem)
     return Response(page, media_type="text/html; charset=utf-8", headers={"cache-control": "no-store"})
 
 
@@ -131,38 +123,20 @@ def _named_manifest(state: State, name: str) -> str:
     return path.read_text()
 
 
-def _holdings(store: Store) -> Holdings:
-    """Every entry's header, counted by target (``stored_headers``: a full
-    scan of headers, or the store's own listing)."""
-    found = Holdings()
-    is_pinned = getattr(store, "pinned", None)
-
-    def corrupt(_key: str) -> None:
-        found.corrupt += 1
-
-    for header in stored_headers(store, corrupt):
-        row = found.targets.setdefault(str(header.get("target_text", "?")), TargetRow())
-        row.count += 1
-        row.bytes += int(header.get("payload_size") or 0)
-        row.negative += bool(header.get("unsupported"))
-        row.pinned += bool(is_pinned is not None and is_pinned(str(header.get("key", ""))))
-    return found
-
-
-def _coverage(text: str, targets: Iterable[str], state: State) -> list[tuple[str, int, int]]:
-    """(target, present, specs) of the manifest ``text`` for each target."""
-    import yaml
-
+def _coverage(text: str, targets: Iterable[str], state: State, stop: Stop) -> list[tuple[str, int, int]]:
+    """(target, present, specs) of the manifest ``text`` for each target:
+    parsed and expanded within bounds (its aliases, GRAPHCACHE_MAX_SPECS:
+    ManifestTooLarge before anything is expanded), abandoned when ``stop``
+    says so (its deadline, its client gone)."""
     from graphcache import ops
     from graphcache.ops import manifest
 
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise GraphCacheError(f"the manifest is not valid YAML or JSON: {' '.join(str(exc).split())}") from exc
-    specs = manifest.expand(data, source="the manifest")
+    cap = state.settings.max_specs
+    data = manifest.parse(text, "the manifest", max_specs=cap, cancelled=stop)
+    specs = manifest.expand(data, source="the manifest", max_specs=cap, cancelled=stop)
     rows = []
     for target in sorted(targets):
+        stop.check()
         try:
             tgt = Target.parse(target)
         except GraphCacheError:
@@ -170,25 +144,6 @@ def _coverage(text: str, targets: Iterable[str], state: State) -> list[tuple[str
         checked = ops.check(specs, tgt, state.store, shape_classes=state.settings.shape_classes)
         rows.append((target, sum(r.present for r in checked), len(checked)))
     return rows
-
-
-def _store_facts(state: State) -> dict[str, Any]:
-    store = state.store
-    folder = getattr(store, "path", None)
-    volume = getattr(store, "volume", None)
-    try:
-        size: int | None = int(volume()) if callable(volume) else None
-    except (GraphCacheError, OSError):
-        size = None
-    reason = state.unwritable()
-    return {
-        "kind": type(store).__name__,
-        "where": repr(store),
-        "size": size,
-        "free": free_bytes(folder) if folder is not None else None,
-        "writable": reason is None,
-        "reason": reason,
-    }
 
 
 def _counters(state: State) -> dict[str, Any]:
@@ -216,6 +171,10 @@ def _counted_by(counters: dict[str, Any]) -> str:
     return "every figure here is this server process's own"
 
 
+def _clock(when: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(when))
+
+
 def _size(n: int | None) -> str:
     return "unknown" if n is None else human(n)
 
@@ -241,7 +200,8 @@ def _render(
         f"<title>graphcache status</title><style>{STYLE}</style></head><body>",
         "<h1>graphcache</h1>",
         f"<p class=muted id=scope>{e(_whose(counters))}, up {counters['uptime_seconds'] / 60:.0f} min; "
-        "figures as of this page's load (reload to refresh)</p>",
+        f"counters as of this page's load, the store's figures as of {_clock(holdings.taken)} "
+        f"(read again at most every {SNAPSHOT_AGE:g} s, less often on a large store; reload to refresh)</p>",
         "<h2>Store</h2><table>",
         f"<tr><th>kind</th><td id=store-kind>{e(store['kind'])}</td></tr>",
         f"<tr><th>where</th><td>{e(store['where'])}</td></tr>",

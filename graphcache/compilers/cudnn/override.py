@@ -28,7 +28,7 @@ from graphcache.compilers.classgraph import check_covered, real_spec
 from graphcache.compilers.cudnn.releases import BIAS_OVERRIDE, OVERRIDE_WORKSPACE, SHAPE_OVERRIDE, available, missing
 from graphcache.errors import ExecutionError, UnsupportedSpec
 from graphcache.reference.checks import check_sink, check_tensor
-from graphcache.reference.dense import bias_dtype, random_inputs, reference_errors, to_bhsd, torch_dtype
+from graphcache.reference.dense import bias_dtype, in_layout, random_inputs, reference_errors, to_bhsd, torch_dtype
 from graphcache.reference.measure import TOLERANCE, within_tolerance
 from graphcache.spec import GraphSpec
 from graphcache.spec.uids import UidMap
@@ -221,7 +221,7 @@ def execute_class(
             out = torch.empty(spec.storage_shape("o"), dtype=q.dtype, device=q.device)
         if seq_len_q is None:
             seq_len_q, seq_len_kv = _lengths(spec, q.device)  # the padding mask at the real lengths
-        views = {r: to_bhsd(spec, t) for r, t in (("q", q), ("k", k), ("v", v), ("o", out))}
+        views = {r: to_bhsd(spec, t, r) for r, t in (("q", q), ("k", k), ("v", v), ("o", out))}
         views.update(seq_len_q=seq_len_q, seq_len_kv=seq_len_kv)
         if bias is not None:
             views["bias"] = bias
@@ -360,12 +360,11 @@ def check_class(graph: ClassGraph) -> float:
     output, or else whose stats, disagreed (recorded for this target: callers
     use exact specs there)."""
     klass = graph.spec
-    pad = (1, 64, 0, 0) if klass.layout == "bshd" else (1, 0, 64, 0)
     worst, failed, wrong_stats = 0.0, [], []
     for n, real in enumerate(check_shapes(klass)):
         feed = random_inputs(real, str(graph.device), seed=100 + n)
-        poisoned = {r: _poisoned(t, pad) if r in _LAYOUT_ROLES else t for r, t in feed.items()}
-        out = _poisoned(feed["q"].new_zeros(real.storage_shape("o")), pad)
+        poisoned = {r: in_layout(real, r, t, poisoned=True) if r in _LAYOUT_ROLES else t for r, t in feed.items()}
+        out = in_layout(real, "o", feed["q"].new_zeros(real.storage_shape("o")), poisoned=True)
         stats = None
         if real.generate_stats:  # (b, h, s, 1) whatever the layout: b and s padded
             stats = _poisoned(feed["q"].new_zeros(real.dims("stats")).float(), (1, 0, 64, 0))

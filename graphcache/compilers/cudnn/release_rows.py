@@ -4,6 +4,10 @@ it, the compute capabilities it needs, and where the figure was read
 (``source``: /work/shared/CUDNN_NOTES.md and its notes/). Versions are written
 as the sources write them; ``releases`` is where they are parsed and compared.
 
+``KNOWN_BAD``: the (cuDNN, compute capability, call shape) ``Window``s that must
+not be served whatever a build says (a graph that builds, and passes its
+check, and is wrong on other inputs), each with its source.
+
 May import: nothing of the package.
 """
 
@@ -318,5 +322,61 @@ ROWS = (
         frontend="1.27",
         cudnn="9.25",
         min_cc="8.0",
+    ),
+)
+
+
+# -- known-bad windows: combinations no door may serve -------------------------------
+
+
+@dataclass(frozen=True)
+class Window:
+    """A window of cuDNN releases and compute capabilities where a call
+    shape must not be served, whatever a build or its check says. cuDNN
+    from ``cudnn_from`` through ``cudnn_through`` (both included; or below
+    ``cudnn_below``) but ``except_cudnn``; compute capability from ``cc_from`` up to (not
+    including) ``cc_below``; the call shape: ``seq_q`` (1: decode), the
+    ``layouts`` it applies to (empty: every one), ``gqa`` (True: fewer key/value
+    heads than query heads). ``source`` says where the window was read."""
+
+    name: str
+    what: str
+    source: str
+    cudnn_from: str | None = None
+    cudnn_through: str | None = None
+    cudnn_below: str | None = None
+    except_cudnn: tuple[str, ...] = ()
+    cc_from: str | None = None
+    cc_below: str | None = None
+    seq_q: int | None = None
+    layouts: tuple[str, ...] = ()
+    gqa: bool | None = None
+
+
+KNOWN_BAD = (
+    Window(
+        "cudnn_decode_sm10x",
+        "cuDNN SDPA decode (seq_q 1) on SM 10.x and 11.x with cuDNN 9.19 to 9.25.0, 9.24.1 excepted: "
+        "it silently corrupts greedy generation (B200, fewer than 8 KV heads)",
+        "pytorch#194927 check_cudnn_sdpa_decode ('cuDNN SDPA decode is disabled for cuDNN versions 9.19-9.25.0 "
+        "(except 9.24.1) on SM 10.x and 11.x'); pytorch#193893 (B200, torch 2.13, cuDNN 9.20: BBH 45.2 vs 82.0 "
+        "with math); notes/pytorch-door.md 'Known-bad windows'",
+        cudnn_from="9.19.0",
+        cudnn_through="9.25.0",
+        except_cudnn=("9.24.1",),
+        cc_from="10.0",
+        cc_below="12.0",
+        seq_q=1,
+    ),
+    Window(
+        "cudnn_ragged_gqa_decode",
+        "single-token GQA rows of a ragged (thd) batch with cuDNN below 9.27 (here: a thd decode batch, seq_q 1, "
+        "with fewer key/value heads than query heads; a spec cannot tell which rows of a mixed batch are single-token)",
+        "FlashInfer keeps single-token GQA ragged rows off cuDNN below 9.27 (NVBug 6783545); "
+        "notes/pytorch-door.md 'Known-bad windows'",
+        cudnn_below="9.27",
+        seq_q=1,
+        layouts=("thd",),
+        gqa=True,
     ),
 )

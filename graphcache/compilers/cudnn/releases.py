@@ -7,7 +7,10 @@ was read (``source``: /work/shared/CUDNN_NOTES.md and its notes/). Callers ask
 by name, never by number: ``available(SHAPE_OVERRIDE, "1.32.0", 92800, "9.0")``,
 ``missing(...)`` for the sentence an UnsupportedSpec carries. A version the
 caller does not pass (None) is unknown, and a feature that needs it is not
-available.
+available. ``known_bad(spec, target)`` is the window of ``KNOWN_BAD`` (cuDNN,
+compute capability, call shape) that forbids serving a spec on a target, and
+``refusal`` the sentence, with the window's name and source, that a
+negative entry for it carries.
 
 The rows are ``release_rows``; its names are this module's too.
 
@@ -20,10 +23,11 @@ import re
 from collections.abc import Mapping
 from functools import cache
 from types import MappingProxyType
+from typing import Any
 
 from graphcache.compilers.cudnn.release_rows import *  # noqa: F403 - the feature names, by which callers ask
-from graphcache.compilers.cudnn.release_rows import ROWS, Feature
-from graphcache.errors import TargetError
+from graphcache.compilers.cudnn.release_rows import KNOWN_BAD, ROWS, Feature, Window
+from graphcache.errors import KnownBad, TargetError
 from graphcache.target import cudnn_version_text
 
 Version = tuple[int, int, int]
@@ -146,3 +150,53 @@ def frontends(first: str, until: str | None = None) -> str:
         return f"{low}+"
     major, minor, _ = parse_version(feature(until).frontend or "0")
     return f"{low}-{major}.{minor - 1}" if minor else f"{low} to before {major}.0"
+
+
+# -- known-bad windows ----------------------------------------------------------------
+
+
+def known_bad(spec: Any, target: Any) -> Window | None:
+    """The first window of ``KNOWN_BAD`` that forbids serving ``spec`` (a
+    GraphSpec: its ``seq_q``, ``layout``, ``heads_q``, ``heads_kv``) on
+    ``target`` (a Target: its ``cudnn`` and ``compute_capability``), else
+    None. A target whose versions do not parse is in no window."""
+    try:
+        cudnn = parse_version(target.cudnn)
+        cc = _cc(target.compute_capability)
+    except TargetError:
+        return None
+    for row in KNOWN_BAD:
+        if _in_window(row, spec, cudnn, cc):
+            return row
+    return None
+
+
+def _in_window(row: Window, spec: Any, cudnn: Version, cc: Capability) -> bool:
+    if row.cudnn_from is not None and cudnn < parse_version(row.cudnn_from):
+        return False
+    if row.cudnn_through is not None and cudnn > parse_version(row.cudnn_through):
+        return False
+    if row.cudnn_below is not None and cudnn >= parse_version(row.cudnn_below):
+        return False
+    if any(cudnn == parse_version(v) for v in row.except_cudnn):
+        return False
+    if (row.cc_from is not None and cc < _cc(row.cc_from)) or (row.cc_below is not None and cc >= _cc(row.cc_below)):
+        return False
+    if row.seq_q is not None and spec.seq_q != row.seq_q:
+        return False
+    if row.layouts and spec.layout not in row.layouts:
+        return False
+    gqa = (spec.heads_kv or spec.heads_q) < spec.heads_q
+    return row.gqa is None or gqa == row.gqa
+
+
+def refusal(row: Window, spec: Any, target: Any) -> str:
+    """The sentence a refused spec's negative entry carries: what, where, why, from where."""
+    return f"{spec.summary()} is not served on {target}: known-bad window {row.name}: {row.what} (source: {row.source})"
+
+
+def refused(spec: Any, target: Any) -> KnownBad | None:
+    """The error (graphcache.errors.KnownBad, an UnsupportedSpec) that
+    refuses ``spec`` on ``target`` under a known-bad window, else None."""
+    row = known_bad(spec, target)
+    return None if row is None else KnownBad(refusal(row, spec, target), row.name)

@@ -1,0 +1,341 @@
+"""graphcache's kernels for PyTorch's own door:
+``aten::_scaled_dot_product_cudnn_attention`` and its backward, which
+``graphcache.torch.install()`` registers at a dispatch key (door.py).
+
+PyTorch's SDPA dispatcher calls the forward op when it picks cuDNN (H100,
+H200, B200 with cuDNN > 9.15), and so do xDiT, diffusers' context-parallel
+attention, nn.MultiheadAttention's fused path and compiled graphs; the op's
+own autograd kernel (left as it is) saves the outputs and calls the backward
+op. The forward serves a call from the process's GraphCache (the runtime's
+memo, graphs and counters: one per process, shared by threads and by every
+door), with ``generate_stats`` where the call asks for logsumexp or an input
+needs grad, and returns the op's nine outputs as its meta kernel gives them
+(shapes, dtypes, strides), so torch.compile's fake tensors agree. The
+backward asks ``graphcache.torch.backward.sdpa_backward`` (backward
+graphs, docs/backward.md). What neither can serve goes to PyTorch's own
+kernel (the C++ worker ops ``aten::_cudnn_attention_forward`` / ``_backward``
+on CUDA, which installing never shadows; on a CPU, where torch has no such
+kernel, the math in ``graphcache.torch.aten_math``), counted under a named
+reason in ``stats()`` (``doors``: ``aten`` and ``aten_backward``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from functools import partial
+from typing import Any
+
+import torch
+
+from graphcache.compilers.classgraph import bhsd_view, storage_view
+from graphcache.errors import NotFound, UnsupportedCall
+from graphcache.torch import aten_math
+from graphcache.torch.backward import sdpa_backward
+from graphcache.torch.derive import Derived, derive
+from graphcache.torch.doors import RELAY, capturing
+from graphcache.torch.plan import Plan
+from graphcache.torch.runtime import RUNTIME
+
+log = logging.getLogger(__name__)
+
+FORWARD = "_scaled_dot_product_cudnn_attention"
+BACKWARD = "_scaled_dot_product_cudnn_attention_backward"
+
+
+@dataclasses.dataclass(frozen=True)
+class AtenPlan(Plan):
+    """A call shape's plan at the aten door, with the output strides the op's
+    meta kernel gives for it (torch.compile's fake tensors have them)."""
+
+    strides: tuple[int, ...] = ()
+
+
+def forward(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_bias: torch.Tensor | None,
+    compute_log_sumexp: bool,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    return_debug_mask: bool = False,
+    *,
+    scale: float | None = None,
+) -> tuple[Any, ...]:
+    """The forward kernel: ``(output, logsumexp, None, None, s_q, s_kv,
+    philox_seed, philox_offset, None)``, as the op's meta kernel gives them."""
+    # Stats where asked, and where an input needs grad (the backward reads them).
+    stats = bool(compute_log_sumexp or query.requires_grad or key.requires_grad or value.requires_grad)
+    if attn_bias is not None or dropout_p or return_debug_mask:
+        plan = _REFUSED["attn_bias" if attn_bias is not None else "dropout" if dropout_p else "debug_mask"]
+        return _torch_forward(plan, query, key, value, attn_bias, stats, dropout_p, is_causal, return_debug_mask, scale)
+    memo_key = (
+        FORWARD,
+        query.shape,
+        query.stride(),
+        key.shape,
+        key.stride(),
+        value.shape,
+        value.stride(),
+        query.dtype,
+        key.dtype,
+        value.dtype,
+        query.device,
+        key.device,
+        value.device,
+        stats,
+        is_causal,
+        scale,
+    )
+    plan = RUNTIME._memo.get(memo_key) or _plan(memo_key, query, key, value, stats, is_causal, scale)
+    while plan.graph is not None:
+        try:
+            out, lse = _run(plan, query, key, value)
+        except Exception as exc:  # noqa: BLE001 - never into the model: the exact graph, else torch (guard.py)
+            assert plan.spec is not None
+            replan = partial(_replan, plan, query)
+            plan = RUNTIME.execute_failed(memo_key, plan, exc, plan.spec, replan)
+            continue
+        if RELAY.depth:  # a call the sdpa door gave to torch is decided here (doors.py)
+            RELAY.taken = True
+        RUNTIME.count(plan, "aten")
+        if RUNTIME.recorders:
+            _note(plan, query, key, value, is_causal, scale, stats)
+        strides = getattr(plan, "strides", None) or meta_strides(query, key, value, stats, is_causal, scale)
+        return _outputs(out, lse, query, key, strides)
+    return _torch_forward(plan, query, key, value, None, stats, 0.0, is_causal, False, scale)
+
+
+def backward(
+    grad_out: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    out: torch.Tensor,
+    logsumexp: torch.Tensor,
+    philox_seed: torch.Tensor,
+    philox_offset: torch.Tensor,
+    attn_bias: torch.Tensor | None,
+    cum_seq_q: torch.Tensor | None,
+    cum_seq_k: torch.Tensor | None,
+    max_q: int,
+    max_k: int,
+    dropout_p: float,
+    is_causal: bool,
+    *,
+    scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The backward kernel: ``(dq, dk, dv)`` with the strides of q, k and v
+    (the op's meta kernel: ``empty_like``), from backward graphs where
+    ``graphcache.torch.backward`` serves the call, else from PyTorch's kernel."""
+    reason, message = _backward_refusal(attn_bias, dropout_p, cum_seq_q)
+    if not reason:
+        try:
+            with _autograd_dispatch():
+                grads = sdpa_backward(
+                    grad_out,
+                    query,
+                    key,
+                    value,
+                    out,
+                    logsumexp,
+                    is_causal=is_causal,
+                    scale=scale,
+                    enable_gqa=key.shape[1] != query.shape[1],
+                )
+        except UnsupportedCall as exc:
+            reason, message = exc.reason, str(exc)
+        except NotFound:  # a miss under GRAPHCACHE_SDPA_ON_MISS=error: raised, as the forward's is
+            raise
+        except Exception as exc:  # noqa: BLE001 - never into the training step: torch's kernel serves
+            log.warning("graphcache's SDPA backward raised, running torch's: %s: %s", type(exc).__name__, exc)
+            reason, message = "backward_failed", f"{type(exc).__name__}: {exc}"
+        else:
+            RUNTIME.doors.counted("aten_backward", True)
+            return _like(grads[0], query), _like(grads[1], key), _like(grads[2], value)
+    RUNTIME.doors.counted("aten_backward", False, reason)
+    log.debug("aten backward runs torch's kernel (%s): %s", reason, message)
+    if query.device.type == "cuda":
+        result = torch.ops.aten._cudnn_attention_backward(
+            grad_out, query, key, value, out, logsumexp, philox_seed, philox_offset, attn_bias,
+            cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, scale=scale,
+        )  # fmt: skip
+        return tuple(result)  # type: ignore[return-value]
+    dq, dk, dv = aten_math.backward(grad_out, query, key, value, attn_bias, dropout_p, is_causal, scale)
+    return _like(dq, query), _like(dk, key), _like(dv, value)
+
+
+# -- the forward's plan and run --------------------------------------------------------
+
+_REFUSED = {
+    "attn_bias": Plan(None, None, "attn_bias", "an attn_bias: its gradient is the op's own (PyTorch's kernel)"),
+    "dropout": Plan(None, None, "dropout", "dropout_p > 0: its random stream is PyTorch's kernel's"),
+    "debug_mask": Plan(None, None, "debug_mask", "return_debug_mask=True: PyTorch's kernel writes it"),
+}
+
+
+def _plan(
+    memo_key: tuple[Any, ...], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, stats: bool, causal: bool, scale: Any
+) -> Plan:
+    """The plan of a call shape, made once (under the runtime's lock, so
+    threads calling one shape load one graph), through the runtime's
+    ``_plan_for`` as the sdpa door's are (graphs, classes, misses, capture)."""
+    with RUNTIME._lock:
+        plan = RUNTIME._memo.get(memo_key)
+        if plan is not None:
+            return plan
+        try:
+            # GQA is the op's when key has fewer heads; derive checks that they divide.
+            derived = derive(q, k, v, is_causal=causal, scale=scale, enable_gqa=True)
+        except UnsupportedCall as exc:
+            plan = Plan(None, None, exc.reason, str(exc))
+        else:
+            if stats:
+                derived = dataclasses.replace(derived, spec=derived.spec.replace(generate_stats=True))
+            plan = RUNTIME._plan_for(derived, q.device)
+            if plan.graph is not None:
+                fields = {f.name: getattr(plan, f.name) for f in dataclasses.fields(Plan)}
+                plan = AtenPlan(**fields, strides=meta_strides(q, k, v, stats, causal, scale))
+        RUNTIME.memoize(memo_key, plan)
+        return plan
+
+
+def _replan(plan: Plan, query: torch.Tensor) -> Plan:
+    """A plan made afresh for ``plan``'s call shape (after its graph raised)."""
+    assert plan.spec is not None
+    return RUNTIME._plan_for(Derived(plan.spec, plan.copies, None, plan.expanded), query.device)
+
+
+def _run(plan: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, Any]:
+    """Run ``plan``'s graph: ``(out as a (b, h, s, d) view, stats or None)``."""
+    spec = plan.spec
+    assert spec is not None and plan.graph is not None
+    if not spec.generate_stats:
+        return plan.run(q, k, v), None
+    q, k, v = plan.reads(q, k, v)  # the copies and expanded heads derive named
+    # execute takes each tensor in its storage order, and gives (out, stats).
+    out, lse = plan.graph.execute(*(storage_view(spec, r, t) for r, t in (("q", q), ("k", k), ("v", v))))
+    return bhsd_view(spec, "o", out), lse
+
+
+def _count(plan: Plan, q: Any, k: Any, v: Any, causal: bool, scale: Any, stats: bool) -> None:
+    if RELAY.depth:  # a call the sdpa door gave to torch is decided here (doors.py)
+        RELAY.taken = True
+    RUNTIME.count(plan, "aten")
+    _note(plan, q, k, v, causal, scale, stats)
+
+
+def _note(plan: Plan, q: Any, k: Any, v: Any, causal: bool, scale: Any, stats: bool) -> None:
+    for recorder in list(RUNTIME.recorders):
+        found = _recorded(plan, recorder.dtype, q, k, v, causal, scale)
+        if getattr(recorder, "training", False) and not isinstance(found, tuple):
+            recorder.count_training(found, stats)  # record --backward: its backward spec too
+        else:
+            recorder.count(found.replace(generate_stats=True) if stats and not isinstance(found, tuple) else found)
+
+
+def _recorded(plan: Plan, dtype: str | None, q: Any, k: Any, v: Any, causal: bool, scale: Any) -> Any:
+    """What a recorder notes of an aten call: the forward spec of the call
+    (in the recorder's dtype, where it records one; the caller adds the
+    stats the door asks for), or (reason, message)."""
+    if plan.reason in _REFUSED:
+        return (plan.reason, plan.message)
+    try:
+        return derive(q, k, v, is_causal=causal, scale=scale, enable_gqa=True, dtype=dtype).spec
+    except UnsupportedCall as exc:
+        return (exc.reason, str(exc))
+
+
+def _torch_forward(
+    plan: Plan,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: Any,
+    stats: bool,
+    dropout_p: float,
+    causal: bool,
+    debug: bool,
+    scale: Any,
+) -> tuple[Any, ...]:
+    """PyTorch's own kernel for a call the door does not serve, counted under ``plan``'s reason."""
+    if q.device.type == "cuda":
+        result = torch.ops.aten._cudnn_attention_forward(
+            q, k, v, bias, None, None, q.shape[2], k.shape[2], stats, dropout_p, causal, debug, scale=scale
+        )
+        _count(plan, q, k, v, causal, scale, stats)
+        return tuple(result)
+    out, lse = aten_math.forward(q, k, v, bias, dropout_p, causal, scale)
+    _count(plan, q, k, v, causal, scale, stats)
+    return _outputs(out, lse, q, k, meta_strides(q, k, v, stats, causal, scale))
+
+
+def _outputs(
+    out: torch.Tensor, lse: Any, q: torch.Tensor, k: torch.Tensor, strides: tuple[int, ...]
+) -> tuple[Any, ...]:
+    """The op's nine outputs: the meta kernel's shapes, dtypes and strides."""
+    b, h, s_q, _ = q.shape
+    if out.stride() != strides:
+        out = _restrided(out, strides)
+    device = q.device
+    if lse is None:  # not asked for: the meta kernel gives one all the same
+        lse = torch.empty((b, h, s_q, 1), dtype=torch.float32, device=device)
+    seed = torch.zeros((), dtype=torch.int64, device=device)
+    offset = torch.zeros((), dtype=torch.int64, device=device)
+    return (out, lse, None, None, s_q, k.shape[2], seed, offset, None)
+
+
+def meta_strides(q: Any, k: Any, v: Any, stats: bool, causal: bool, scale: Any) -> tuple[int, ...]:
+    """The output strides the op's meta kernel gives for these inputs (run
+    on meta tensors of the same shapes and strides: exact, whatever torch's
+    layout rule is in this release)."""
+    metas = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta") for t in (q, k, v)]
+    result = torch.ops.aten._scaled_dot_product_cudnn_attention(*metas, None, stats, 0.0, causal, False, scale=scale)
+    return tuple(result[0].stride())
+
+
+def _restrided(out: torch.Tensor, strides: tuple[int, ...]) -> torch.Tensor:
+    """``out`` with ``strides``: a view where they differ only on size-1 dims
+    (a decode step's s_q: the meta kernel's strides there are its own), else a copy."""
+    shape = out.shape
+    for have, want, size in zip(out.stride(), strides, shape):  # noqa: B905 - both 4-D: a plain loop, per call
+        if have != want and size != 1:
+            return torch.empty_strided(shape, strides, dtype=out.dtype, device=out.device).copy_(out)
+    return out.as_strided(shape, strides, out.storage_offset())
+
+
+def _like(t: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """``t`` with ``ref``'s strides (the backward's meta kernel: ``empty_like``)."""
+    if t.stride() == ref.stride() or t.shape != ref.shape:
+        return t
+    return torch.empty_like(ref).copy_(t)
+
+
+# -- the backward ---------------------------------------------------------------------------
+
+
+def _autograd_dispatch() -> Any:
+    """A guard that gives autograd's dispatch keys back for its block. The
+    backward op's autograd kernel calls this kernel with them excluded (below
+    autograd), and a backward graph that computes with autograd (the
+    reference compiler's, the torch fallback's) needs them; grad mode stays
+    as the engine set it (off, unless create_graph)."""
+    keys = torch._C.DispatchKey
+    exclude = torch._C._dispatch_tls_local_exclude_set()
+    for key in (keys.AutogradFunctionality, keys.AutogradOther, keys.AutogradNestedTensor, keys.ADInplaceOrView):
+        exclude = exclude.remove(key)
+    return torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), exclude)
+
+
+def _backward_refusal(attn_bias: Any, dropout_p: float, cum_seq_q: Any) -> tuple[str, str]:
+    """Why a backward call goes to torch before graphcache is asked ('' where it may serve)."""
+    if attn_bias is not None:
+        return "attn_bias", "an attn_bias: its gradient is the op's own (PyTorch's kernel)"
+    if dropout_p:
+        return "dropout", "dropout_p > 0: its random stream is PyTorch's kernel's"
+    if cum_seq_q is not None:
+        return "ragged", "cum_seq_q: a ragged backward is PyTorch's kernel's"
+    if capturing():  # the backward graphs' lookup is not known to be capture-safe: torch's kernel
+        return "capture", "a CUDA stream is capturing: nothing is loaded or built now"
+    return "", ""
