@@ -7,6 +7,7 @@ import json
 import re
 import shlex
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -281,11 +282,30 @@ def test_warm_against_a_server_that_is_down_says_why_before_building_anything(tm
         port = s.getsockname()[1]  # closed again: nothing listens here
     started = time.monotonic()
     out = cli("warm", TINY, "--compiler", "reference", "--server", f"http://127.0.0.1:{port}")
-    line = one_error_line(out)
+    *asked_again, last = out.stderr.strip().splitlines()
+    # Asked again three times, each saying why, then one error line naming the fix.
+    assert [line.rsplit("; ", 1)[1] for line in asked_again] == [f"asking again in {n} s" for n in (1, 2, 4)]
+    assert all("Connection refused" in line for line in asked_again), asked_again
+    line = one_error_line(type(out)(out.args, out.returncode, out.stdout, last))
     assert f"http://127.0.0.1:{port} did not answer" in line and "Connection refused" in line
     assert "start the service there (graphcache serve)" in line and "nothing was built" in line
-    assert "failed recently" not in out.stderr and "retrying" not in out.stderr and out.stdout == ""
+    assert "failed recently" not in out.stderr and out.stdout == ""
     assert time.monotonic() - started < 60
+
+
+def test_warm_started_before_its_server_answers_asks_again_and_warms_once_it_does(tmp_path):
+    pytest.importorskip("torch")
+    settings = Settings(cache_dir=tmp_path / "server", write_tokens=("w",))
+    srv = ServerThread(create_app(settings, store=DiskStore(tmp_path / "server")))  # its port bound, not listening
+    starting = threading.Timer(1.5, srv.start)  # the service comes up while warm waits
+    starting.start()
+    try:
+        out = cli("warm", TINY, "--compiler", "reference", "--server", srv.url, env={"GRAPHCACHE_TOKEN": "w"})
+    finally:
+        starting.join()
+        srv.stop()
+    assert out.returncode == 0 and "2 built" in out.stdout, out.stderr
+    assert "Connection refused" in out.stderr and "asking again in 1 s" in out.stderr
 
 
 def test_warm_without_a_write_token_names_graphcache_token_before_building_and_the_token_fixes_it(server):

@@ -312,15 +312,24 @@ def server_store(ctx: Context, server: str | None, *, read_only: bool = False) -
     return ctx.store(read_only=read_only)
 
 
+UPLOAD_CHECK_RETRIES = 3  # a service that does not answer is asked again 1, 2 and 4 s later (one still starting)
+
+
 def check_uploads(store: Store) -> None:
     """Before a verb builds for ``store``: that a service answers and takes
     this client's uploads (HttpStore.check_write), so nothing is built for
-    an upload that would be refused. A one-line error naming the fix."""
+    an upload that would be refused. One that does not answer is asked again
+    (UPLOAD_CHECK_RETRIES, a line on stderr each time); then a one-line error
+    naming the fix."""
     check = getattr(store, "check_write", None)
     if check is None:
         return
+
+    def retrying(exc: StoreUnavailable, wait: float) -> None:
+        err_console.print(f"{exc}; asking again in {wait:.0f} s")
+
     try:
-        check()
+        check(UPLOAD_CHECK_RETRIES, retrying)
     except StoreUnavailable as exc:
         raise StoreUnavailable(
             f"{exc}: start the service there (graphcache serve), or point --server / GRAPHCACHE_SERVER at it; "

@@ -290,13 +290,27 @@ class HttpStore:
     def ping(self) -> None:
         _expect(self._request("GET", "/healthz"), 200)
 
-    def check_write(self) -> None:
+    def check_write(self, retries: int = 0, retrying: Callable[[StoreUnavailable, float], None] | None = None) -> None:
         """That the service answers and takes this client's uploads, before
         anything is built for it. Stores nothing: it asks to unpin a key no
-        artifact has, and the server checks the write token first. Raises
-        StoreUnavailable (down: the reason) or StoreError (the token refused,
-        naming GRAPHCACHE_TOKEN)."""
-        self._request("DELETE", f"/v1/artifacts/{'0' * 64}/pin")
+        artifact has, and the server checks the write token first. A service
+        that does not answer (or answers 5xx: one still starting) is asked
+        again up to ``retries`` times, 1, 2, 4, ... s apart, ``retrying(why,
+        seconds)`` told before each wait. Raises StoreUnavailable (down: the
+        reason) or StoreError (the token refused, naming GRAPHCACHE_TOKEN)."""
+        for attempt in range(retries + 1):
+            try:
+                self._request("DELETE", f"/v1/artifacts/{'0' * 64}/pin")
+                return
+            except StoreUnavailable as exc:
+                if attempt == retries:
+                    raise
+                wait = float(2**attempt)
+                if retrying is not None:
+                    retrying(exc, wait)
+                time.sleep(wait)
+                with self._lock:
+                    self._down_until = 0.0  # asked again now, not after retry_after
 
     def close(self) -> None:
         self._client.close()
