@@ -118,7 +118,7 @@ def test_the_hugging_face_guide_is_built_here_on_an_empty_store_and_served_from_
     # manifest -> warm -> worker, in a fresh store: every call served from the store.
     walk = run(example("hf-warm"), tmp_path / "warm")
     assert re.search(r"wrote tiny-llama\.yaml: 4 graph\(s\) for llama on route graphcache", walk.stdout), walk.stdout
-    assert "0 present, 4 built, 0 unsupported, 0 failed" in walk.stdout
+    assert "0 present, 4 built, 0 unsupported, 0 refused, 0 failed" in walk.stdout
     warm = summary_line(walk.stdout)
     assert (
         warm.group(0) == f"{calls} calls: {calls} served from the store, 0 by graphs built here, 0 fell back to torch"
