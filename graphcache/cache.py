@@ -86,8 +86,7 @@ class GraphCache:
         self._unserved: set[tuple[GraphSpec, Target | None]] = set()  # classes whose build or load failed here
         self._lock = threading.Lock()
         self._inflight: dict[str, Future[Artifact]] = {}
-        # A shared store lends build leases, so that processes and replicas
-        # that miss the same key produce one build between them.
+        # A shared store lends build leases: processes and replicas that miss one key build it once.
         make_leases = getattr(store, "leases", None)
         self._leases: Leases | None = make_leases() if make_leases is not None else None
         self.lease_ttl = lease_ttl
@@ -124,8 +123,7 @@ class GraphCache:
 
     def lookup(self, spec: GraphSpec, target: Target | None = None) -> Artifact | None:
         """The verified stored artifact, or None (absent, or corrupt and removed)."""
-        key = self.key(spec, target)
-        return self._fetch(key)
+        return self._fetch(self.key(spec, target))
 
     def _fetch(self, key: str) -> Artifact | None:
         try:
@@ -256,15 +254,17 @@ class GraphCache:
 
     def _build(self, key: str, spec: GraphSpec, target: Target) -> Artifact:
         assert self.compiler is not None
-        self._stats.bump("builds")
+        preflight = False
         try:
             artifact = self.compiler.build(spec, target, self.uids)
         except UnsupportedSpec as exc:
-            # Deterministic for this target (cuDNN, frontend and GPU are in the
-            # key): remember it, so the next request answers at once instead of
-            # rebuilding. NotSerializable is one kind of it. Failures of this
-            # host (BuildError) are not caught here: they are never stored.
+            # Deterministic for this target (cuDNN, frontend and GPU are in the key): remember it, so the
+            # next request answers at once instead of rebuilding. NotSerializable is one kind of it.
+            # Failures of this host (BuildError) are not caught here: they are never stored.
             artifact = Artifact.negative(spec, target, self.uids, exc)
+            preflight = exc.step == "preflight"  # refused before any graph was made: not a build
+        finally:
+            self._stats.bump("builds", not preflight)
         if self.signing_key:
             artifact = artifact.signed(self.signing_key)
         if spec.is_class and not artifact.unsupported:

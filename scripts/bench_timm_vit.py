@@ -96,7 +96,9 @@ def main() -> None:
         stats = gt.stats()
         gt.reset()
         diff = float((want - got).abs().max()) / (float(want.abs().max()) or 1.0)
-        served = f"{stats['hits'] / stats['calls']:.0%} ({stats['hits']}/{stats['calls']})" if stats["calls"] else "no call"
+        served = (
+            f"{stats['hits'] / stats['calls']:.0%} ({stats['hits']}/{stats['calls']})" if stats["calls"] else "no call"
+        )
         if stats["fallbacks"]:
             served += "; " + ", ".join(f"{k} {v}" for k, v in sorted(stats["fallbacks"].items()))
         copied = ", ".join(f"{r} {why} {c}" for r, d in stats["copied"].items() for why, c in d.items()) or "none"

@@ -3,9 +3,10 @@
 with the cold build against the warm load, as one table. Run by
 scripts/gpu_check.sh; not yet run on a GPU.
 
-For each kind (dense, class, bias, softcap, ragged, paged, and issue 40's
+For each kind (dense, class, bias, softcap, ragged, paged, issue 40's
 tensor layouts: sequence-first, a fused projection's views, a prompt's q
-beside the cache, gpt_bigcode's row, a sequence-first class) one spec:
+beside the cache, gpt_bigcode's row, a sequence-first class; issue 43's
+float32 bias and bias with seq_q > seq_kv) one spec (--only picks some):
 - a kind this tree cannot express (the spec field is not there yet, or is
   refused) reads "not supported by this tree" with the spec's own error;
 - on a GPU, a fresh GraphCache over an empty DiskStore builds it (the cold
@@ -19,6 +20,7 @@ beside the cache, gpt_bigcode's row, a sequence-first class) one spec:
   (``validate()``, what a CPU can run), and "not built: no GPU".
 
     python scripts/gpu_kinds.py [--cache-dir DIR] [--json OUT] [--repeat 3] [--kind NAME=field=v,field=v]
+                                [--only NAME,NAME]
 """
 
 from __future__ import annotations
@@ -53,6 +55,10 @@ KINDS: dict[str, dict[str, Any]] = {
     "hf-prefill": dict(_LLAMA, batch=2, seq_q=512, mask="causal", layout="bhsd", layout_q="bshd"),
     "bigcode-mqa": dict(_LLAMA, heads_kv=1, batch=4, seq_q=256, bias="b1ss", layout_q="bs[+2]hd"),
     "class-sbhd": dict(batch=4, heads_q=8, seq_q=256, head_dim=64, dtype="bfloat16", layout="sbhd", shapes="class"),
+    # Issue 43, question 4: what CPU checks cannot settle. A float32 bias beside bf16 q/k/v (a float32 mask,
+    # kept in its precision), and a bias graph with more queries than keys (a chunk of prompt over a shorter cache).
+    "bias-fp32": dict(_LLAMA, batch=2, seq_q=256, bias="b1ss", bias_dtype="float32"),
+    "bias-q>kv": dict(_LLAMA, batch=2, seq_q=512, seq_kv=128, bias="1hss"),
 }
 
 
@@ -149,11 +155,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--kind", action="append", default=[], metavar="NAME=field=v,...", help="replace or add a kind's spec"
     )
+    parser.add_argument("--only", default=None, metavar="NAME,...", help="these kinds only (after --kind)")
     args = parser.parse_args(argv)
     kinds = dict(KINDS)
     for item in args.kind:
         name, _, fields = item.partition("=")
         kinds[name] = _fields(fields)
+    if args.only:
+        wanted = [n for n in args.only.split(",") if n]
+        unknown = [n for n in wanted if n not in kinds]
+        if unknown:
+            parser.error(f"--only: no kind {', '.join(unknown)} (kinds: {', '.join(kinds)})")
+        kinds = {n: kinds[n] for n in wanted}
     root = Path(args.cache_dir or tempfile.mkdtemp(prefix="gpu-kinds-"))
     compiler: Any = None
     why_no_gpu = ""

@@ -140,3 +140,45 @@ def test_build_false_is_a_miss_not_a_build(store):
     assert compiler.builds == 0 and cache.stats()["misses"] == 1
     cache.get(spec())
     assert cache.load(spec(), build=False) is not None and compiler.builds == 1
+
+
+class _CudnnUpToTheGpu(FakeCompiler):
+    """CudnnCompiler on a lent H200's stack up to the first step a CPU cannot
+    run: a class spec goes through CudnnCompiler's own build, whose release
+    check refuses it at preflight below cuDNN 9.21 (the run of 2026-12-04 on
+    cuDNN 9.19 with frontend 1.28, whose stand-in, tests/cudnn_standins.py,
+    records any graph made); everything else is FakeCompiler's build (the
+    GPU steps)."""
+
+    def __init__(self, target: str) -> None:
+        from graphcache import Target
+        from graphcache.compilers.cudnn import CudnnCompiler
+        from tests.cudnn_standins import fe_1_27
+
+        super().__init__(Target.parse(target))
+        self.frontend = fe_1_27()  # 1.27-1.30's graph API (1.28 read)
+        self.cudnn = CudnnCompiler(cudnn_module=self.frontend, canary=False)
+        self.cudnn._target = self._target
+        self.cudnn.preflight = lambda: None  # the GPU and cuDNN checks an H200 passes
+
+    def build(self, spec, target, uids=None):  # noqa: ANN001, ANN201
+        from graphcache.compilers.cudnn.releases import SHAPE_OVERRIDE, missing
+
+        if spec.is_class and missing(SHAPE_OVERRIDE, self._target.frontend, self._target.cudnn):
+            return self.cudnn.build(spec, target, uids)  # refused before any graph: no GPU step to stand in for
+        return super().build(spec, target, uids)
+
+
+@pytest.mark.parametrize("stack", ["h200-sm90-mp132-cudnn9.19.0-fe1.28.0", "h200-sm90-mp132-cudnn9.21.0-fe1.28.0"])
+def test_a_class_refused_at_preflight_is_counted_unsupported_not_built(store, stack):
+    compiler = _CudnnUpToTheGpu(stack)
+    exact = spec(seq_q=1, seq_kv=200, heads_kv=2)
+    override = not stack.startswith("h200-sm90-mp132-cudnn9.19")
+    cache = GraphCache(store, compiler, shape_classes="pow2")
+    graph = cache.load(exact)
+    assert graph.spec.is_class is override and compiler.frontend.calls == []
+    stats = cache.stats()
+    assert (stats["builds"], stats["unsupported"]) == (1, 0 if override else 1), stats
+    again = GraphCache(store, compiler, shape_classes="pow2")
+    again.load(exact)
+    assert again.stats()["builds"] == 0, "the stored graph (and negative entry) answered a fresh cache"

@@ -50,3 +50,42 @@ def test_the_hardening_probe_of_held_bodies_runs_and_reports_the_put():
     out = run_script("hardening_probe.py", "--only", "held", "--held", "20", timeout=120)
     for framing in ("Content-Length: 1048576", "chunked"):
         assert f"20 held POST / bodies ({framing}), no token: authenticated PUT 201, GET 200, batch 200" in out.stdout
+
+
+@pytest.mark.torch
+def test_the_generate_benchmarks_cpu_dry_run_times_plain_torch_patch_and_install_over_a_warmed_store(tmp_path):
+    """scripts/gpu_generate.py (issue 43, question 3) on the reference
+    compiler: the warming process built the graphs, so the timed runs build
+    none, and every attention call of patch()'s run is a hit."""
+    pytest.importorskip("transformers", reason="the generate benchmark runs a tiny transformers Llama")
+    import importlib.util
+    import json
+
+    import graphcache.torch as gt
+
+    loaded = importlib.util.spec_from_file_location("gpu_generate", ROOT / "scripts" / "gpu_generate.py")
+    script = importlib.util.module_from_spec(loaded)
+    loaded.loader.exec_module(script)
+    report = tmp_path / "generate.json"
+    try:  # in this process (its warming process is its own): one interpreter start fewer
+        args = ["--cpu-dry-run", "--new-tokens", "3", "--json", str(report), "--cache-dir", str(tmp_path)]
+        assert script.main(args) == 0
+    finally:
+        gt.reset()
+    data = json.loads(report.read_text())
+    assert data["warm"]["builds"] >= 1
+    runs = {r["run"]: r for r in data["runs"]}
+    assert list(runs) == ["plain torch", "patch()", "install()"]
+    assert runs["patch()"]["graphs_built"] == 0 and runs["patch()"]["hits"] == 3 * 2  # 3 tokens x 2 layers
+    assert runs["patch()"]["fallbacks"] == {} and runs["patch()"]["agree"] == 3
+    assert sum(runs["plain torch"]["backends_by_shape"].values()) == 3, "prefill and 2 decode steps: 3 shapes"
+
+
+def test_the_kinds_table_runs_the_rows_asked_for_and_names_an_unknown_one():
+    out = run_script("gpu_kinds.py", "--only", "bias-fp32,bias-q>kv", timeout=120)
+    rows = [line.split()[0] for line in out.stdout.splitlines() if line.startswith("bias")]
+    assert rows == ["bias-fp32:", "bias-q>kv:", "bias-fp32", "bias-q>kv"], out.stdout
+    assert "bias(b1ss,fp32)" in out.stdout and "s512/128" in out.stdout
+    wrong = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_kinds.py"), "--only", "biass"],
+                           capture_output=True, text=True, timeout=120, cwd=ROOT)  # fmt: skip
+    assert wrong.returncode == 2 and "no kind biass" in wrong.stderr

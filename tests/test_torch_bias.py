@@ -157,6 +157,32 @@ def test_rows_that_see_no_key_are_torchs_zero_whatever_the_graph_wrote_there(tmp
     torch.testing.assert_close(got.float(), SDPA(q, k, v, attn_mask=mask).float(), atol=2e-2, rtol=2e-2)
 
 
+def test_the_boolean_mask_gpu_tests_gap_is_torchs_finite_fill_on_a_row_that_sees_no_key(served):
+    """The H200 run of 2026-12-04 (torch 2.11, cuDNN 9.19) found the boolean-mask
+    GPU test 0.049 from torch's own cuDNN kernel. That path
+    (convert_boolean_attn_mask_cudnn) fills hidden keys with the finite
+    -65504, not -inf, so a row that sees no key gets plain unmasked attention
+    instead of torch's contract, 0. The GPU test's data here, in float32:
+    the whole gap is that row; graphcache answers the float32 reference there
+    and everywhere, which is what tests/test_torch_gpu.py now compares with."""
+    from graphcache.reference.measure import relative_error
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 8, s, 64, generator=g) for s in (96, 160, 160))
+    mask = torch.rand(2, 1, 96, 160, generator=g) > 0.3
+    mask[1, :, :, :80] = False
+    mask[0, :, 5] = False  # a row that sees no key
+    reference = SDPA(q, k, v, attn_mask=mask)  # float32 math: 0 on that row
+    finite = SDPA(q, k, v, attn_mask=torch.where(mask, 0.0, -65504.0))
+    assert relative_error(finite, reference) > 0.04  # what the H200 saw (0.049 in bf16)
+    seen = mask.any(-1).expand(2, 8, 96)
+    assert relative_error(finite[seen], reference[seen]) < 1e-5, "the rows that see a key agree"
+    # unmasked attention, but for -65504 + score rounding in float32 (its step there: 2**-8)
+    assert relative_error(finite[0, :, 5], SDPA(q, k, v)[0, :, 5]) < 3e-3
+    got = gt.scaled_dot_product_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), attn_mask=mask)
+    assert (got[0, :, 5] == 0).all() and relative_error(got, reference) < 1e-2
+
+
 def test_the_bias_graph_is_built_once_per_mask_shape_not_per_mask_value(served):
     q, k, v = qkv()
     for seed in range(3):

@@ -106,3 +106,23 @@ def test_padding_needs_lengths():
 def test_random_inputs_are_never_zero():
     inputs = random_inputs(make(), "cpu")
     assert all(t.abs().sum() > 0 for t in inputs.values())
+
+
+def test_torchs_fallback_on_a_gpu_never_picks_the_cudnn_kernel_install_serves():
+    """install() serves aten's cuDNN SDPA op: the fallback (and the reference
+    compiler's graphs) calling that kernel would come back to graphcache until
+    the recursion limit, as an H200 showed (2026-12-04). Torch's kernel choice
+    reads these flags, on any machine."""
+    import types
+
+    import torch
+
+    from graphcache.compilers.torch_sdpa import not_cudnn
+
+    assert torch.backends.cuda.cudnn_sdp_enabled()
+    with not_cudnn(types.SimpleNamespace(is_cuda=True)):
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert torch.backends.cuda.math_sdp_enabled() and torch.backends.cuda.flash_sdp_enabled()
+    assert torch.backends.cuda.cudnn_sdp_enabled()
+    with not_cudnn(torch.zeros(1)):  # a CPU call never reaches that kernel: nothing changes
+        assert torch.backends.cuda.cudnn_sdp_enabled()

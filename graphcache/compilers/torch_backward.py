@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from graphcache.compilers.classgraph import real_spec
-from graphcache.compilers.torch_sdpa import TorchSdpaGraph
+from graphcache.compilers.torch_sdpa import TorchSdpaGraph, not_cudnn
 from graphcache.reference.backward import check_backward
 from graphcache.reference.dense import allowed_mask, from_bhsd, to_bhsd
 from graphcache.spec import GraphSpec
@@ -96,8 +96,9 @@ def torch_gradients(
             kwargs["attn_mask"] = allowed
         else:  # additive, as the forward's fallback passes it; a row with no key: zeros, weighed 0 below
             kwargs["attn_mask"] = torch.where(seen, bias, 0.0).masked_fill(~allowed, float("-inf")).to(bias.dtype)
-    with torch.enable_grad():
-        # torch's own op, not the module attribute: graphcache.torch.patch() may have replaced that.
+    with torch.enable_grad(), not_cudnn(q):
+        # torch's own op, not the module attribute: graphcache.torch.patch() may have replaced that
+        # (and not its cuDNN kernel on a GPU: install() serves that one).
         out = torch._C._nn.scaled_dot_product_attention(qb, kb, vb, **kwargs)
         if keep is not None:
             out = out * keep

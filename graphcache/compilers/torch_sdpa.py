@@ -129,8 +129,12 @@ class TorchSdpaGraph:
         elif bias is not None:  # additive, in the io dtype or float32 (bias_dtype): torch adds it to the scaled scores
             kwargs["attn_mask"] = bias
         # torch's own op, not the module attribute: graphcache.torch.patch()
-        # routes F.scaled_dot_product_attention back through graphcache.
-        result = torch._C._nn.scaled_dot_product_attention(qb, kb, vb, **kwargs).nan_to_num(0.0)
+        # routes F.scaled_dot_product_attention back through graphcache; on a
+        # GPU, not its cuDNN kernel either: install() serves that one, and a
+        # call would come back here until Python's recursion limit (seen on
+        # an H200, 2026-12-04: execute_failed under install()).
+        with not_cudnn(q):
+            result = torch._C._nn.scaled_dot_product_attention(qb, kb, vb, **kwargs).nan_to_num(0.0)
         if seq_len_q is not None:
             rows = torch.arange(spec.seq_q, device=q.device).view(1, 1, -1, 1)
             result = result * (rows < seq_len_q.reshape(-1, 1, 1, 1))
@@ -157,6 +161,18 @@ class TorchSdpaGraph:
         same way. For specs without padding, stats or dropout; inputs are
         checked as ``execute`` checks them."""
         return run_views(self, q, k, v, bias)
+
+
+def not_cudnn(q: Any) -> Any:
+    """A context where torch's SDPA picks any kernel but cuDNN's, for CUDA
+    inputs (a CPU call never reaches that kernel: nothing to do)."""
+    import contextlib
+
+    if not q.is_cuda:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
 def _with_sinks(

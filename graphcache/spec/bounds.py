@@ -92,8 +92,8 @@ def check(spec: Any) -> None:
             continue
         if not isinstance(value, int):
             raise SpecError(
-                f"{name}={shown(value)} is not a single value ({type(value).__name__}): give one number or name; "
-                "a manifest lists values to expand only at a family's top level",
+                f"{name}={shown(value)} is not a single value ({type(value).__name__}): give one number or name"
+                f"{_allowed(spec, name)}; a manifest lists values to expand only at a family's top level",
                 name,
             )
         limit = LIMITS.get(name, INT32_MAX) if name in SIZES else INT64_MAX
@@ -103,6 +103,14 @@ def check(spec: Any) -> None:
                 name,
             )
     _check_elements(spec)
+
+
+def _allowed(spec: Any, name: str) -> str:
+    """The values ``name`` takes, where the spec's schema lists them, for the
+    message of a value that is not a single one."""
+    schema = getattr(type(spec), "json_schema", None)
+    enum = (schema()["properties"].get(name) or {}).get("enum") if schema else None
+    return f" (one of: {', '.join(str(v) for v in enum if v is not None)})" if enum else ""
 
 
 def _fields(spec: Any) -> list[tuple[str, Any]]:

@@ -28,9 +28,9 @@ from typing import Any
 
 import torch
 
-from graphcache.compilers.classgraph import bhsd_view, storage_view
 from graphcache.errors import NotFound, UnsupportedCall
 from graphcache.torch import aten_math
+from graphcache.torch.aten_plan import aten_plan, meta_outputs, restrided, template
 from graphcache.torch.backward import sdpa_backward
 from graphcache.torch.derive import Derived, derive
 from graphcache.torch.doors import RELAY, capturing
@@ -41,14 +41,6 @@ log = logging.getLogger(__name__)
 
 FORWARD = "_scaled_dot_product_cudnn_attention"
 BACKWARD = "_scaled_dot_product_cudnn_attention_backward"
-
-
-@dataclasses.dataclass(frozen=True)
-class AtenPlan(Plan):
-    """A call shape's plan at the aten door, with the output strides the op's
-    meta kernel gives for it (torch.compile's fake tensors have them)."""
-
-    strides: tuple[int, ...] = ()
 
 
 def forward(
@@ -64,9 +56,11 @@ def forward(
     scale: float | None = None,
 ) -> tuple[Any, ...]:
     """The forward kernel: ``(output, logsumexp, None, None, s_q, s_kv,
-    philox_seed, philox_offset, None)``, as the op's meta kernel gives them."""
+    philox_seed, philox_offset, None)``, as the op's meta kernel gives them.
+    A hit pays the memo key, one dict lookup, the graph's run and three
+    empty tensors the op's contract asks for (``AtenPlan.serve``), and its count."""
     # Stats where asked, and where an input needs grad (the backward reads them).
-    stats = bool(compute_log_sumexp or query.requires_grad or key.requires_grad or value.requires_grad)
+    stats = compute_log_sumexp or query.requires_grad or key.requires_grad or value.requires_grad
     if attn_bias is not None or dropout_p or return_debug_mask:
         plan = _REFUSED["attn_bias" if attn_bias is not None else "dropout" if dropout_p else "debug_mask"]
         return _torch_forward(plan, query, key, value, attn_bias, stats, dropout_p, is_causal, return_debug_mask, scale)
@@ -91,10 +85,10 @@ def forward(
     plan = RUNTIME._memo.get(memo_key) or _plan(memo_key, query, key, value, stats, is_causal, scale)
     while plan.graph is not None:
         try:
-            out, lse = _run(plan, query, key, value)
+            outputs = plan.serve(query, key, value)  # type: ignore[attr-defined]  # with a graph: an AtenPlan
         except Exception as exc:  # noqa: BLE001 - never into the model: the exact graph, else torch (guard.py)
             assert plan.spec is not None
-            replan = partial(_replan, plan, query)
+            replan = partial(_replan, plan, query, key, value, stats, is_causal, scale)
             plan = RUNTIME.execute_failed(memo_key, plan, exc, plan.spec, replan)
             continue
         if RELAY.depth:  # a call the sdpa door gave to torch is decided here (doors.py)
@@ -102,8 +96,7 @@ def forward(
         RUNTIME.count(plan, "aten")
         if RUNTIME.recorders:
             _note(plan, query, key, value, is_causal, scale, stats)
-        strides = getattr(plan, "strides", None) or meta_strides(query, key, value, stats, is_causal, scale)
-        return _outputs(out, lse, query, key, strides)
+        return outputs
     return _torch_forward(plan, query, key, value, None, stats, 0.0, is_causal, False, scale)
 
 
@@ -193,30 +186,18 @@ def _plan(
         else:
             if stats:
                 derived = dataclasses.replace(derived, spec=derived.spec.replace(generate_stats=True))
-            plan = RUNTIME._plan_for(derived, q.device)
-            if plan.graph is not None:
-                fields = {f.name: getattr(plan, f.name) for f in dataclasses.fields(Plan)}
-                plan = AtenPlan(**fields, strides=meta_strides(q, k, v, stats, causal, scale))
+            plan = aten_plan(RUNTIME._plan_for(derived, q.device), q, k, v, stats, causal, scale)
         RUNTIME.memoize(memo_key, plan)
         return plan
 
 
-def _replan(plan: Plan, query: torch.Tensor) -> Plan:
+def _replan(
+    plan: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, stats: bool, causal: bool, scale: Any
+) -> Plan:
     """A plan made afresh for ``plan``'s call shape (after its graph raised)."""
     assert plan.spec is not None
-    return RUNTIME._plan_for(Derived(plan.spec, plan.copies, None, plan.expanded), query.device)
-
-
-def _run(plan: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, Any]:
-    """Run ``plan``'s graph: ``(out as a (b, h, s, d) view, stats or None)``."""
-    spec = plan.spec
-    assert spec is not None and plan.graph is not None
-    if not spec.generate_stats:
-        return plan.run(q, k, v), None
-    q, k, v = plan.reads(q, k, v)  # the copies and expanded heads derive named
-    # execute takes each tensor in its storage order, and gives (out, stats).
-    out, lse = plan.graph.execute(*(storage_view(spec, r, t) for r, t in (("q", q), ("k", k), ("v", v))))
-    return bhsd_view(spec, "o", out), lse
+    fresh = RUNTIME._plan_for(Derived(plan.spec, plan.copies, None, plan.expanded), q.device)
+    return aten_plan(fresh, q, k, v, stats, causal, scale)
 
 
 def _count(plan: Plan, q: Any, k: Any, v: Any, causal: bool, scale: Any, stats: bool) -> None:
@@ -268,41 +249,12 @@ def _torch_forward(
         return tuple(result)
     out, lse = aten_math.forward(q, k, v, bias, dropout_p, causal, scale)
     _count(plan, q, k, v, causal, scale, stats)
-    return _outputs(out, lse, q, k, meta_strides(q, k, v, stats, causal, scale))
-
-
-def _outputs(
-    out: torch.Tensor, lse: Any, q: torch.Tensor, k: torch.Tensor, strides: tuple[int, ...]
-) -> tuple[Any, ...]:
-    """The op's nine outputs: the meta kernel's shapes, dtypes and strides."""
-    b, h, s_q, _ = q.shape
-    if out.stride() != strides:
-        out = _restrided(out, strides)
-    device = q.device
-    if lse is None:  # not asked for: the meta kernel gives one all the same
-        lse = torch.empty((b, h, s_q, 1), dtype=torch.float32, device=device)
-    seed = torch.zeros((), dtype=torch.int64, device=device)
-    offset = torch.zeros((), dtype=torch.int64, device=device)
-    return (out, lse, None, None, s_q, k.shape[2], seed, offset, None)
-
-
-def meta_strides(q: Any, k: Any, v: Any, stats: bool, causal: bool, scale: Any) -> tuple[int, ...]:
-    """The output strides the op's meta kernel gives for these inputs (run
-    on meta tensors of the same shapes and strides: exact, whatever torch's
-    layout rule is in this release)."""
-    metas = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta") for t in (q, k, v)]
-    result = torch.ops.aten._scaled_dot_product_cudnn_attention(*metas, None, stats, 0.0, causal, False, scale=scale)
-    return tuple(result[0].stride())
-
-
-def _restrided(out: torch.Tensor, strides: tuple[int, ...]) -> torch.Tensor:
-    """``out`` with ``strides``: a view where they differ only on size-1 dims
-    (a decode step's s_q: the meta kernel's strides there are its own), else a copy."""
-    shape = out.shape
-    for have, want, size in zip(out.stride(), strides, shape):  # noqa: B905 - both 4-D: a plain loop, per call
-        if have != want and size != 1:
-            return torch.empty_strided(shape, strides, dtype=out.dtype, device=out.device).copy_(out)
-    return out.as_strided(shape, strides, out.storage_offset())
+    # The meta kernel's strides, read per call: a call torch's math serves is no hit.
+    meta = meta_outputs(q, k, v, stats, causal, scale)[0]
+    if out.stride() != meta.stride():
+        out = restrided(out, tuple(meta.shape), tuple(meta.stride()))
+    philox = template(q.device, torch.int64)
+    return (out, lse, None, None, q.shape[2], k.shape[2], torch.empty_like(philox), torch.empty_like(philox), None)
 
 
 def _like(t: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:

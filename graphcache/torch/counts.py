@@ -20,8 +20,10 @@ once, through ``Runtime.count``, in these totals and in its door's row
 
 ``misses`` counts the calls whose graph the store did not hold: those built
 here, those that ran torch for it (``fallbacks["miss"]``) and those that
-raised. A counter added here is a field, bumped under the lock, and a key of
-``stats()``.
+raised. A call a graph served takes no lock: its plan is logged at its door
+and counted when ``stats()`` reads (graphcache.torch.doors: ``Doors.hit``,
+``Doors.fold``); any other counter added here is a field, bumped under the
+lock, and a key of ``stats()``.
 """
 
 from __future__ import annotations
@@ -42,31 +44,22 @@ class Counts:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        # Calls a graph served, by door, and their totals (hits, built_here, served_by_larger, the work
+        # declared): logged without the lock, counted when read (Doors.hit, Doors.fold).
         self.doors = Doors(self._lock)
-        self.hits = 0  # served by a graph the store held
-        self.built_here = 0  # served by a graph this process built
-        self.larger = 0  # hits served by a class larger than the call's own
-        self.declared = self.real = 0  # the work the graphs of served calls declared, and the calls'
-        self.misses = 0
+        self.misses = 0  # calls whose graph the store did not hold that no graph built here served
         self.raised = 0  # calls that raised NotFound (on_miss=error)
         self.fallbacks: Counter[str] = Counter()
         self.missed: dict[GraphSpec, int] = {}
         self.built: set[GraphSpec] = set()
 
     def count(self, plan: Plan, door: str = "sdpa") -> None:
-        """One call that ran ``plan``, through ``door``."""
+        """One call that ran ``plan``, through ``door``; one a graph served takes no lock."""
+        if plan.graph is not None:
+            self.doors.hit(door, plan)  # a hit or built here, told apart by plan.built when counted
+            return
         with self._lock:
-            self.doors.count(door, plan.graph is not None, plan.reason, plan.built)
-            if plan.graph is not None:
-                if plan.built:
-                    self.built_here += 1
-                    self.misses += 1
-                else:
-                    self.hits += 1
-                self.larger += plan.larger
-                self.declared += plan.declared
-                self.real += plan.real
-                return
+            self.doors.count(door, False, plan.reason)
             self.fallbacks[plan.reason] += 1
             if plan.reason == "miss":
                 assert plan.spec is not None
@@ -86,19 +79,21 @@ class Counts:
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
+            doors = self.doors
+            doors.fold()  # the calls logged since (Doors.hit)
             fallbacks = dict(self.fallbacks)
             return {
-                "calls": self.hits + self.built_here + sum(fallbacks.values()) + self.raised,
-                "hits": self.hits,
-                "served_from_store": self.hits,
-                "built_here": self.built_here,
-                "served_by_larger": self.larger,
-                "declared_to_real": round(self.declared / self.real, 3) if self.real else 0.0,
-                "misses": self.misses,
+                "calls": doors.hits + doors.built_here + sum(fallbacks.values()) + self.raised,
+                "hits": doors.hits,
+                "served_from_store": doors.hits,
+                "built_here": doors.built_here,
+                "served_by_larger": doors.larger,
+                "declared_to_real": round(doors.declared / doors.real, 3) if doors.real else 0.0,
+                "misses": self.misses + doors.built_here,
                 "fallbacks": fallbacks,
                 "built_graphs": sorted(spec.summary() for spec in self.built),
                 "missed_specs": [{"spec": s.to_dict(), "calls": n} for s, n in self.missed.items()],
-                "doors": self.doors.as_dict(),
+                "doors": doors.as_dict(),
             }
 
 

@@ -9,12 +9,12 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-import torch.nn.attention.varlen as torch_varlen
 import torch.nn.functional as F
 
 from graphcache.torch.doors import TORCH_SDPA
 from graphcache.torch.runtime import RUNTIME
 from graphcache.torch.varlen import varlen_attn
+from graphcache.torch.varlen_torch import MODULE as torch_varlen  # None: a torch without varlen_attn
 
 __all__ = ["RUNTIME", "disable", "enable", "enabled", "patch", "scaled_dot_product_attention"]
 
@@ -105,7 +105,7 @@ def enable() -> None:
     """Route ``torch.nn.functional.scaled_dot_product_attention`` through
     graphcache, and turn off nn.MultiheadAttention's / TransformerEncoderLayer's
     fused inference fast path (which never calls it); route
-    ``torch.nn.attention.varlen.varlen_attn`` through
+    ``torch.nn.attention.varlen.varlen_attn`` (where this torch has it) through
     ``graphcache.torch.varlen_attn``. Counted: each enable() needs one disable()."""
     global _depth, _saved
     RUNTIME.on_miss()  # a bad GRAPHCACHE_SDPA_ON_MISS fails here, not silently at the first miss
@@ -114,11 +114,12 @@ def enable() -> None:
             _saved = (
                 F.scaled_dot_product_attention,
                 torch.backends.mha.get_fastpath_enabled(),
-                torch_varlen.varlen_attn,
+                getattr(torch_varlen, "varlen_attn", None),
             )
             F.scaled_dot_product_attention = scaled_dot_product_attention
             torch.backends.mha.set_fastpath_enabled(False)
-            torch_varlen.varlen_attn = varlen_attn
+            if torch_varlen is not None:
+                torch_varlen.varlen_attn = varlen_attn
         _depth += 1
 
 
@@ -135,7 +136,8 @@ def disable() -> None:
             original, fastpath, varlen = _saved
             F.scaled_dot_product_attention = original
             torch.backends.mha.set_fastpath_enabled(fastpath)
-            torch_varlen.varlen_attn = varlen
+            if torch_varlen is not None:
+                torch_varlen.varlen_attn = varlen
             _saved = None
 
 

@@ -193,7 +193,8 @@ class Runtime:
         them): served from the store or by a graph built here where it has a
         graph, else a fallback under its reason (graphcache.torch.counts). The
         one place calls are counted: ``call``, graphcache.torch.varlen_attn,
-        graphcache.hf's dense path and the aten door alike."""
+        graphcache.hf's dense path and the aten door alike. A call a graph
+        served takes no lock (Doors.hit)."""
         self.counts.count(plan, door)
 
     def execute_failed(

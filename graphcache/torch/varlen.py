@@ -11,20 +11,23 @@ on the host.
 A call no graph serves (``num_splits`` other than None/1, autograd, a dtype
 or head dim cuDNN does not take, a miss under GRAPHCACHE_SDPA_ON_MISS=torch,
 ...) runs torch's own varlen kernel, counted under its reason in
-``graphcache.torch.stats()``; on a machine where torch has none (a CPU:
-``aten::_flash_attention_forward`` is CUDA-only) it runs graphcache's
-float32 reference (``graphcache.compilers.varlen_ref``) instead, with the
-same semantics.
+``graphcache.torch.stats()``, called the way the installed torch takes it
+(graphcache.torch.varlen_torch: torch 2.11's op takes 10 arguments, 2.13's
+14). Where torch has none for the call (a CPU: ``aten::_flash_attention_forward``
+is CUDA-only; a torch without ``torch.nn.attention.varlen``; paged KV or
+``seqused_k`` on a torch whose op takes neither, said once in a warning) it
+runs graphcache's float32 reference (``graphcache.reference.varlen``)
+instead, with the same semantics.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from functools import partial
 from typing import Any
 
 import torch
-import torch.nn.attention.varlen as _torch_varlen  # registers torch_attn::_varlen_attn
 
 from graphcache.errors import UnsupportedCall
 from graphcache.reference.varlen import varlen_reference
@@ -34,11 +37,15 @@ from graphcache.torch.guard import exact_graph, failed_plan
 from graphcache.torch.plan import Plan
 from graphcache.torch.runtime import RUNTIME
 from graphcache.torch.varlen_derive import effective_window, varlen_spec
+from graphcache.torch.varlen_torch import MODULE, TorchVarlen
+
+log = logging.getLogger(__name__)
 
 # torch's own op, captured at import: the fallback never calls a patched
 # torch.nn.attention.varlen.varlen_attn (ours, or another library's).
-TORCH_VARLEN: Any = torch.ops.torch_attn._varlen_attn
-TORCH_VARLEN_ATTN: Any = _torch_varlen.varlen_attn  # the public function patch() swaps
+TORCH_VARLEN = TorchVarlen.installed()
+TORCH_VARLEN_ATTN: Any = getattr(MODULE, "varlen_attn", None)  # the public function patch() swaps (None: no such)
+_SAID: set[str] = set()  # what torch's op lacks, warned once each
 
 _AUTOGRAD = Plan(None, None, "autograd", "an input requires grad: varlen graphs are inference-only")
 _MEMO_TAG = "varlen"  # varlen memo keys share the runtime's memo (configure/reset clear them), never its keys
@@ -208,17 +215,23 @@ def derive(args: tuple[Any, ...], extra: tuple[Any, ...], dtype: str | None = No
 
 
 def fallback(args: tuple[Any, ...], extra: tuple[Any, ...]) -> tuple[Any, Any]:
-    """torch's own varlen kernel on a GPU; graphcache's float32 reference
-    (cast to the query's dtype) where torch has none; on the meta device
-    (a trace: shapes, no values) empty tensors of the right shapes."""
+    """torch's own varlen kernel on a GPU, as the installed torch takes it;
+    graphcache's float32 reference (cast to the query's dtype) where torch
+    has none for the call (a CPU; no op; paged KV or seqused_k on an op that
+    takes neither, warned once); on the meta device (a trace: shapes, no
+    values) empty tensors of the right shapes."""
     query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, want_lse, scale, window_size, enable_gqa = args
     seqused_k, block_table, num_splits = extra
     if query.is_cuda:
-        out, lse, _ = TORCH_VARLEN(
-            query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, tuple(window_size) == (-1, 0), scale,
-            list(window_size), enable_gqa, seqused_k, block_table, num_splits,
-        )  # fmt: skip
-        return out, lse
+        lacks = TORCH_VARLEN.lacks(seqused_k, block_table)
+        if lacks is None:
+            return TORCH_VARLEN(
+                query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, scale=scale, window_size=window_size,
+                enable_gqa=enable_gqa, seqused_k=seqused_k, block_table=block_table, num_splits=num_splits,
+            )  # fmt: skip
+        if lacks not in _SAID:
+            _SAID.add(lacks)
+            log.warning("varlen_attn: %s; graphcache's float32 reference runs these calls (slow)", lacks)
     if query.device.type == "meta":  # shapes only (graphcache.models.trace): nothing to compute
         t, h = query.shape[0], query.shape[1]
         out = torch.empty((t, h, value.shape[-1]), dtype=query.dtype, device="meta")
