@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from typing import Any
@@ -36,10 +35,11 @@ from graphcache.spec import GraphSpec
 from graphcache.spec.classes import check_policy, class_of, policy_from_env
 from graphcache.spec.uids import UidMap
 from graphcache.stores.base import Store
-from graphcache.stores.lease import Lease, Leases
+from graphcache.stores.lease import Leases, build_once
 from graphcache.target import Target
 
 log = logging.getLogger(__name__)
+Loaded = tuple[LoadedGraph, bool]  # a graph, and whether the call that loaded it built it here
 
 
 class GraphCache:
@@ -246,34 +246,11 @@ class GraphCache:
                 self._inflight.pop(key, None)
 
     def _build_once(self, key: str, spec: GraphSpec, target: Target) -> tuple[Artifact, bool]:
-        """Build under the store's lease: the holder builds, the others wait
-        (bounded by lease_wait) for its artifact; a holder that dies stops
-        renewing, its lease expires and a waiter takes over."""
-        if self._leases is None:
-            return self._build(key, spec, target), True
-        deadline = time.monotonic() + self.lease_wait
-        waited = False
-        while True:
-            lease = Lease(self._leases, key, self.lease_ttl)
-            try:
-                acquired = lease.try_acquire()
-            except StoreUnavailable as exc:
-                log.warning("no build lease for %s (%s): building without one", key[:12], exc)
-                return self._build(key, spec, target), True
-            if acquired:
-                with lease:
-                    fetched = self._fetch(key)
-                    return (fetched, False) if fetched is not None else (self._build(key, spec, target), True)
-            if not waited:
-                self._stats.bump("lease_waits")
-                waited = True
-            time.sleep(0.1)
-            artifact = self._fetch(key)
-            if artifact is not None:
-                return artifact, False
-            if time.monotonic() > deadline:
-                log.warning("waited %.0fs for another builder of %s: building here", self.lease_wait, key[:12])
-                return self._build(key, spec, target), True
+        """Build under the store's lease (graphcache.stores.lease.build_once)."""
+        return build_once(
+            self._leases, key, ttl=self.lease_ttl, wait=self.lease_wait, fetch=self._fetch,
+            build=lambda: self._build(key, spec, target), waiting=lambda: self._stats.bump("lease_waits"),
+        )  # fmt: skip
 
     def _build(self, key: str, spec: GraphSpec, target: Target) -> Artifact:
         assert self.compiler is not None
@@ -303,7 +280,8 @@ class GraphCache:
         return artifact
 
     def load(self, spec: GraphSpec, target: Target | None = None, *, build: bool = True) -> LoadedGraph:
-        """A runnable graph for ``spec`` on this machine; with ``build=False``
+        """A runnable graph for ``spec`` on this machine (``ensure_loaded``
+        also says whether this call built it); with ``build=False``
         a miss raises NotFound instead of building (a worker that must not
         spend its start-up on a build).
 
@@ -320,12 +298,18 @@ class GraphCache:
         failed) runs on torch's SDPA instead, with a warning and the
         ``fallbacks`` counter.
         """
+        return self.ensure_loaded(spec, target, build=build)[0]
+
+    def ensure_loaded(self, spec: GraphSpec, target: Target | None = None, *, build: bool = True) -> Loaded:
+        """Like ``load``, and whether this call built the graph here (False:
+        the store held it, another caller or replica built it, or torch's
+        SDPA serves it): what tells a warm start from a cold one."""
         klass = self.serving_class(spec, target)
         if klass != spec and (klass, target) not in self._unserved:  # the target resolved in _load, as NoGpu may be
             try:
-                graph = self._load(klass, target, build, fallback=False)
+                loaded = self._load(klass, target, build, fallback=False)
                 self._stats.served(work(klass), work(spec), larger=klass != class_of(spec, self.shape_classes))
-                return graph
+                return loaded
             except NotFound:  # build=False: the exact graph's lookup counts this load's miss
                 self._stats.bump("misses", -1)
             except GraphCacheError as exc:  # the exact graph serves instead
@@ -334,28 +318,31 @@ class GraphCache:
                 log.debug("class %s does not serve %s here: %s", klass.summary(), spec.summary(), exc)
         return self._load(spec, target, build)
 
-    def _load(self, spec: GraphSpec, target: Target | None, build: bool, fallback: bool = True) -> LoadedGraph:
-        """``spec``'s own graph, no class looked for; ``fallback=False``
-        raises where ``torch_fallback`` would serve torch's SDPA."""
+    def _load(self, spec: GraphSpec, target: Target | None, build: bool, fallback: bool = True) -> Loaded:
+        """``spec``'s own graph, and whether it was built here; no class
+        looked for; ``fallback=False`` raises where ``torch_fallback`` would
+        serve torch's SDPA."""
         try:
             if self.compiler is None:
                 raise NoGpu("no compiler configured")
             try:
-                return self.compiler.load(self.get(spec, target, build=build))
+                artifact, built = self.ensure(spec, target, build=build)
+                return self.compiler.load(artifact), built
             except PlanRejected as exc:
                 # The bytes verified but the plan cannot be used as it is (it
                 # would recompile, does not deserialize, or failed its canary):
                 # drop it, so neither this worker nor the next one loads it
                 # again, and build it afresh once.
                 self._reject(spec, target, exc)
-                return self.compiler.load(self.get(spec, target, build=build))
+                artifact, built = self.ensure(spec, target, build=build)
+                return self.compiler.load(artifact), built
         except (NoGpu, UnsupportedGpu, UnsupportedSpec, NotSerializable, PlanRejected, BuildError) as exc:
             if not (self.torch_fallback and fallback):
                 raise
             from graphcache.compilers.torch_backward import fallback_graph
 
             self._stats.bump("fallbacks")
-            return fallback_graph(spec, reason=str(exc))
+            return fallback_graph(spec, reason=str(exc)), False
 
     def _reject(self, spec: GraphSpec, target: Target | None, exc: PlanRejected) -> None:
         key = self.key(spec, target)
@@ -370,11 +357,7 @@ class GraphCache:
             log.warning("could not remove rejected entry %s: %s", key[:12], err)
 
     def prefetch(
-        self,
-        specs: Iterable[GraphSpec],
-        target: Target | None = None,
-        *,
-        progress: Callable[[str], None] | None = None,
+        self, specs: Iterable[GraphSpec], target: Target | None = None, *, progress: Callable[[str], None] | None = None
     ) -> PrefetchReport:
         """Fetch every spec's artifact for ``target`` (default: this
         machine's) in as few requests as the store allows, so the loads that
@@ -389,12 +372,6 @@ class GraphCache:
         return fetch_all(self.store, specs, tgt, self.uids, self.shape_classes, self._decoded, progress, slack)
 
     def stats(self) -> dict[str, Any]:
-        """Counters: hits, misses, builds, corrupt, unsupported, fallbacks,
-        store_errors, lease_waits, rejected (stored plans dropped at load),
-        canary_failures (of those, the ones whose numerical canary disagreed),
-        build_seconds_saved (the build seconds of every artifact a hit
-        returned: GPU time not spent building), served_by_larger (loads a
-        stored class larger than the call's own served) and declared_to_real
-        (over the loads a class served: the work the classes declare over
-        the calls' work, batch x seq_q x seq_kv)."""
+        """Counters, each named in graphcache.counters.Stats: ``hits`` (=
+        ``served_from_store``), ``built_here`` (= ``builds``), ``fallbacks``, ..."""
         return self._stats.as_dict()

@@ -12,6 +12,26 @@ from graphcache.target import Target
 
 @dataclass
 class Stats:
+    """A GraphCache's counters (``GraphCache.stats()``); each lookup, get
+    or load is counted once:
+
+    - ``hits`` (also ``served_from_store``): the store held a verified
+      artifact, put there by ``warm``, a prefetch or another process;
+    - ``misses``: it did not; then ``builds`` (also ``built_here``) where
+      this cache built it, or another caller or replica did (``lease_waits``);
+    - ``fallbacks``: torch's SDPA served a load (``torch_fallback``);
+    - corrupt, unsupported (negative entries), store_errors, rejected
+      (stored plans dropped at load), canary_failures (of those, the ones
+      whose numerical canary disagreed), build_seconds_saved (the build
+      seconds of every artifact a hit returned: GPU time not spent
+      building), served_by_larger (loads a stored class larger than the
+      call's own served) and declared_to_real (over the loads a class
+      served: the work the classes declare over the calls', batch x seq_q x
+      seq_kv).
+
+    A counter is a field here (``bump(name)`` counts it, ``as_dict`` reports it).
+    """
+
     hits: int = 0
     misses: int = 0
     builds: int = 0
@@ -42,6 +62,7 @@ class Stats:
 
     def as_dict(self) -> dict[str, float]:
         data = {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
+        data["served_from_store"], data["built_here"] = self.hits, self.builds  # the words the drop-in's stats use
         data["declared_to_real"] = round(self.declared_work / self.real_work, 3) if self.real_work else 0.0
         return data
 

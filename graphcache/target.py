@@ -122,7 +122,8 @@ class Target:
         torch = _import_torch()
         if not torch.cuda.is_available():
             raise NoGpu(
-                "no CUDA GPU found (torch.cuda.is_available() is False); building and loading cuDNN graphs needs one"
+                "no CUDA GPU found (torch.cuda.is_available() is False); building and loading cuDNN graphs needs one. "
+                f"Without a GPU: {REFERENCE_HINT}"
             )
         major, minor = torch.cuda.get_device_capability(device)
         name = torch.cuda.get_device_name(device)
@@ -167,9 +168,18 @@ def runtime_info(device: int = 0) -> dict[str, Any]:
     return info
 
 
+# What a machine without a GPU runs instead (graphcache.compilers.reference): the fix a NoGpu names.
+REFERENCE_HINT = (
+    "the reference compiler builds on the CPU: --compiler reference (GRAPHCACHE_COMPILER=reference; "
+    "GraphCache(store, compiler='reference') in code), its graphs filed under a target of their own"
+)
+
+
 def _import_torch() -> Any:
     try:
         import torch
     except ImportError as exc:
-        raise NoGpu("torch is not installed, so no GPU can be used: pip install 'graphcache[gpu]'") from exc
+        raise NoGpu(
+            f"torch is not installed, so no GPU can be used: pip install 'graphcache[gpu]'; or {REFERENCE_HINT}"
+        ) from exc
     return torch

@@ -273,12 +273,18 @@ def main() -> None:
         f"{'class new shape':22} {new_shape_base_us:12.2f} {new_shape_us:11.2f} {new_shape_us - new_shape_base_us:9.2f} "
         f"{'':>10}  first call of each of {len(fresh)} new shapes (one pass)"
     )
-    print(f"drop-in stats: hits {stats['hits']}, fallbacks {stats['fallbacks']}, graphs {stats['graphs_loaded']}")
-    doors = ", ".join(f"{name} {door['hits']} hits" for name, door in stats["doors"].items())
+    print(
+        f"drop-in stats: {stats['served_from_store']} served from the store, {stats['built_here']} by graphs built "
+        f"here, fallbacks {stats['fallbacks']}, graphs {stats['graphs_loaded']}"
+    )
+    doors = ", ".join(
+        f"{name} {door['hits']} from the store, {door['built_here']} built here"
+        for name, door in stats["doors"].items()
+    )
     print(f"by door: {doors}")
     print(
         f"class run: graphs {class_stats['graphs_loaded']}, call shapes served {class_stats['shapes_served']}, "
-        f"hits {class_stats['hits']}"
+        f"{class_stats['served_from_store']} served from the store, {class_stats['built_here']} by graphs built here"
     )
 
 

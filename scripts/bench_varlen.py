@@ -143,7 +143,10 @@ def main() -> None:
         drop = statistics.median(d for _, d in samples)
         added_min = min(d - b for b, d in samples)
         print(f"{name:28} {base:11.2f} {drop:11.2f} {drop - base:9.2f} {added_min:9.2f}")
-    print(f"drop-in counters: {stats['hits']} hits, fallbacks {stats['fallbacks']}")
+    print(
+        f"drop-in counters: {stats['served_from_store']} served from the store, "
+        f"{stats['built_here']} by graphs built here, fallbacks {stats['fallbacks']}"
+    )
 
 
 if __name__ == "__main__":

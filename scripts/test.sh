@@ -1,37 +1,73 @@
 #!/usr/bin/env bash
-# The whole test suite on a fresh machine: installs what the tests need
-# (CPU torch, cudnn-frontend 1.32, redis-server, nginx, the dev tools), lints,
-# builds the docs site, then runs pytest.
-# Usage: scripts/test.sh [pytest args...]
+# The whole test suite on a fresh machine: installs what the tests need at
+# the versions the suite was last green with (requirements/test.lock, torch's
+# CPU build, cudnn-frontend 1.32; redis-server, nginx and chromium from apt),
+# checks that the venv holds exactly that, lints, builds the docs site, then
+# runs pytest.
+# Usage: scripts/test.sh [--latest] [pytest args...]
+#   --latest: the newest releases inside pyproject.toml's ranges instead of the
+#   lock (requirements/test.in's pins hold: torch's CPU build, cudnn-frontend
+#   1.32), in .venv-latest; it prints what differs from the lock.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+LATEST=0
+if [ "${1:-}" = "--latest" ]; then LATEST=1; shift; fi
 
 # Everything is installed into a virtual environment, never the system Python:
 # current Debian and Ubuntu refuse pip installs there (PEP 668). PYTHON (or
 # python3) is used as it is when it runs in a venv (an active one included);
-# otherwise .venv (GRAPHCACHE_VENV) is created from it, once, and used; it sees
-# the system's packages (a torch already there is not downloaded again), and
-# whatever is missing is installed into it.
+# otherwise .venv (GRAPHCACHE_VENV; .venv-latest for --latest) is created
+# from it, once, and used. It does not see the system's packages: it holds
+# the lock and nothing else, so the run is what the repository says.
 PY=${PYTHON:-python3}
+OWN_VENV=0  # 1: the venv is this script's (.venv), so it may remove what the lock no longer names
 if [ -n "${VIRTUAL_ENV:-}" ] && [ -z "${PYTHON:-}" ]; then PY="$VIRTUAL_ENV/bin/python"; fi
 if ! "$PY" -c 'import sys; sys.exit(sys.prefix == sys.base_prefix)'; then
-  VENV=${GRAPHCACHE_VENV:-.venv}
+  OWN_VENV=1
+  if [ "$LATEST" = 1 ]; then VENV=${GRAPHCACHE_VENV:-.venv-latest}; else VENV=${GRAPHCACHE_VENV:-.venv}; fi
   if [ ! -x "$VENV/bin/python" ]; then
-    if ! "$PY" -m venv --system-site-packages "$VENV"; then
+    if ! "$PY" -m venv "$VENV"; then
       # Debian and Ubuntu ship venv's ensurepip separately.
       if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
       $SUDO apt-get update -qq && $SUDO apt-get install -y -qq python3-venv >/dev/null
       rm -rf "$VENV"
-      "$PY" -m venv --system-site-packages "$VENV"
+      "$PY" -m venv "$VENV"
     fi
   fi
   PY="$VENV/bin/python"
 fi
-# torch 2.13.0 resolves to the CPU build on this workplace's machines; an
-# unpinned torch would pull a multi-gigabyte CUDA build.
-# cudnn-frontend 1.32 is the only frontend whose validate() runs without a GPU.
-"$PY" -m pip install --quiet --disable-pip-version-check "torch==2.13.0" "nvidia-cudnn-frontend==1.32.0"
-"$PY" -m pip install --quiet --disable-pip-version-check -e ".[dev,gpu]"
+"$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' ||
+  { echo "error: the test suite needs Python 3.11 or later (transformers 5.24+ does); $PY is $("$PY" -V 2>&1)" >&2; exit 1; }
+
+PIP=("$PY" -m pip install --quiet --disable-pip-version-check)
+TORCH=$(sed -n 's/^torch==\([^ ;]*\).*/\1/p' requirements/test.in)
+if [ "$LATEST" = 1 ]; then
+  # torch's CPU build (requirements/test.in's pin), from a wheel pip finds or
+  # PyTorch's CPU index, decided before any download; one line says which.
+  scripts/cpu_torch.sh "$PY" "$TORCH"
+  # The newest releases the ranges allow; test.in's pins hold (torch's CPU build above, cudnn-frontend 1.32).
+  "${PIP[@]}" --upgrade --upgrade-strategy eager -c requirements/test.in -e ".[dev,gpu,hf]"
+  "$PY" scripts/lock_check.py requirements/test.lock --torch "$TORCH" --report-only
+else
+  # Everything but torch exactly as the lock pins it (torch's requirements
+  # included), each file checked against its hash; then torch's CPU build as
+  # above, and graphcache itself, neither bringing anything more (--no-deps).
+  "${PIP[@]}" --require-hashes --no-deps -r requirements/test.lock
+  scripts/cpu_torch.sh --no-deps "$PY" "$TORCH"
+  "${PIP[@]}" --no-deps -e .
+  # A package an earlier lock named and this one does not leaves the venv this
+  # script made (a venv of yours is left as it is: the check below names it).
+  extras=$("$PY" scripts/lock_check.py requirements/test.lock --torch "$TORCH" --extras)
+  if [ "$OWN_VENV" = 1 ] && [ -n "$extras" ]; then
+    echo "removing from $VENV what requirements/test.lock no longer names: $extras"
+    # shellcheck disable=SC2086  # one word per package
+    "$PY" -m pip uninstall --quiet --yes $extras
+  fi
+  # The venv holds what the lock says and nothing else (a test of the install: CI fails here otherwise).
+  "$PY" scripts/lock_check.py requirements/test.lock --torch "$TORCH"
+fi
+"$PY" -m pip check --disable-pip-version-check >/dev/null || { "$PY" -m pip check; exit 1; }
 
 need_apt=()
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
@@ -41,9 +77,9 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
   $SUDO apt-get update -qq && $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
-# chromium: tests/test_status_page.py renders the status page in a real headless
-# browser. Where it cannot be installed (no Debian package, no sudo) that test
-# skips saying so; nothing else needs it.
+# chromium: tests/test_status_page.py and tests/test_docs_site.py render pages in a real headless
+# browser. Where it cannot be installed (no Debian package, no sudo) those tests
+# skip saying so; nothing else needs it.
 if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
   { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq chromium >/dev/null; } ||

@@ -6,6 +6,7 @@ marker written before it (docs/contributing.md):
     <!-- example: fleet -->      it needs a deployment (a service other hosts reach, Redis, docker)
     <!-- example: bench -->      a measurement: minutes on a quiet machine, other trees, nginx
     <!-- example: ci -->         what CI itself runs (scripts/test.sh and the tests it names)
+    <!-- example: network -->    it fetches from the internet (scripts/lock.sh: PyPI, PyTorch's index)
 
 tests/test_docs.py holds every shell and Python block to one of these;
 the tests that run a block take its text from here, so what runs is what
@@ -26,7 +27,7 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 # what it is (text for output and pictures, yaml, json).
 RUNNABLE = {"sh", "bash", "shell", "console", "python", "py", "pycon"}
 MARKER = re.compile(
-    r"^<!--\s*example:\s*(?:(?P<run>run)\s+(?P<name>[a-z0-9][a-z0-9-]*)|(?P<needs>gpu|fleet|bench|ci))\s*-->$"
+    r"^<!--\s*example:\s*(?:(?P<run>run)\s+(?P<name>[a-z0-9][a-z0-9-]*)|(?P<needs>gpu|fleet|bench|ci|network))\s*-->$"
 )
 ANY_MARKER = re.compile(r"<!--\s*example:")
 
@@ -41,7 +42,7 @@ class Block:
     text: str
     marker: str | None  # the marker line before it, as written
     name: str | None  # NAME of "run NAME"
-    needs: str | None  # "gpu" or "fleet"
+    needs: str | None  # "gpu", "fleet", "bench", "ci" or "network"
 
     @property
     def where(self) -> str:

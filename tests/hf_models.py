@@ -199,6 +199,37 @@ def build(name: str, attn: str = "graphcache") -> Any:
     return classes[kind(name)].from_config(cfg, attn_implementation=attn).eval().to(torch.bfloat16)
 
 
+PROBE = "graphcache-probe"
+
+
+def dispatches(name: str) -> bool:
+    """Whether the installed transformers sends ``name``'s attention through
+    its AttentionInterface: the small model is built with a probe attention
+    registered there (transformers' own sdpa function, counted) and run on 4
+    tokens. False where transformers refuses the name (Falcon up to 5.24
+    raised KeyError) or the forward never calls the probe. What the
+    installed release does, whatever its version number says."""
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import sdpa_mask
+
+    calls = []
+
+    def probe(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return sdpa_attention_forward(*args, **kwargs)
+
+    AttentionInterface.register(PROBE, probe)
+    AttentionMaskInterface.register(PROBE, sdpa_mask)
+    try:
+        model = build(name, PROBE)
+    except (KeyError, ValueError):
+        return False
+    with torch.no_grad():
+        model(torch.arange(1, 5).unsqueeze(0))
+    return bool(calls)
+
+
 def batch(lengths: tuple[int, ...], left: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Random prompts of ``lengths`` (no pad token in them), padded on the
     left (decoders) or the right (encoders, as their tokenizers pad)."""

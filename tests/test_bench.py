@@ -8,6 +8,7 @@ not need them, and they run the same on a host that has a GPU.
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -114,6 +115,12 @@ def test_bench_with_the_reference_compiler_runs_every_sample_in_a_fresh_process(
     assert out.returncode == 0, out.stdout + out.stderr
     assert "medians of 2 fresh processes each" in out.stdout, out.stdout
     assert "in this process" not in out.stdout
+    # Progress as it goes, piped as here: what it will do, a line per sample, then done (issue 39).
+    said = [line for line in out.stderr.splitlines() if line.startswith("bench")]
+    assert said[0] == "bench: 1 spec(s), 2 cold and 2 warm sample(s) each, every sample a fresh process", said
+    summary = "b1 h4 s64 d64 bf16 bhsd causal"
+    assert any(re.fullmatch(rf"bench 1/1 {summary}: cold and warm sample 2/2 \(\d+ s\)", line) for line in said), said
+    assert re.fullmatch(r"bench done in \d+ s", said[-1]), said
     row = json.loads(out_json.read_text())["specs"][0]
     pids = row["cold"]["pids"] + row["warm"]["pids"]
     assert len(set(pids)) == 4, pids  # one process per sample

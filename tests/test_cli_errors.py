@@ -7,6 +7,7 @@ import json
 import re
 import shlex
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -256,3 +257,84 @@ def test_a_cache_folder_whose_index_is_not_sqlite_is_one_line(tmp_path):
         line = one_error_line(cli("--cache-dir", str(folder), *verb))
         assert f"{folder / 'cache.db'} is not a diskcache index" in line
     assert (folder / "cache.db").read_bytes() == b"not a database, " * 100, "nothing changed"
+
+
+# -- what a newcomer trips on names the fix, and the fix works (issue 39) -----------------------
+
+TINY = str(Path(__file__).parent.parent / "docs" / "examples" / "tiny.yaml")
+SPEC_FILE = str(Path(__file__).parent.parent / "docs" / "examples" / "spec.yaml")
+
+
+def test_warm_without_a_gpu_names_the_reference_compiler_and_that_runs(tmp_path):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    line = one_error_line(cli("--cache-dir", str(tmp_path / "c"), "warm", TINY))
+    assert "no CUDA GPU found" in line and "--compiler reference" in line
+    fixed = cli("--cache-dir", str(tmp_path / "c"), "warm", TINY, "--compiler", "reference")
+    assert fixed.returncode == 0 and "2 built" in fixed.stdout, fixed.stderr
+
+
+def test_warm_against_a_server_that_is_down_says_why_before_building_anything(tmp_path):
+    pytest.importorskip("torch")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens here
+    started = time.monotonic()
+    out = cli("warm", TINY, "--compiler", "reference", "--server", f"http://127.0.0.1:{port}")
+    *asked_again, last = out.stderr.strip().splitlines()
+    # Asked again three times, each saying why, then one error line naming the fix.
+    assert [line.rsplit("; ", 1)[1] for line in asked_again] == [f"asking again in {n} s" for n in (1, 2, 4)]
+    assert all("Connection refused" in line for line in asked_again), asked_again
+    line = one_error_line(type(out)(out.args, out.returncode, out.stdout, last))
+    assert f"http://127.0.0.1:{port} did not answer" in line and "Connection refused" in line
+    assert "start the service there (graphcache serve)" in line and "nothing was built" in line
+    assert "failed recently" not in out.stderr and out.stdout == ""
+    assert time.monotonic() - started < 60
+
+
+def test_warm_started_before_its_server_answers_asks_again_and_warms_once_it_does(tmp_path):
+    pytest.importorskip("torch")
+    settings = Settings(cache_dir=tmp_path / "server", write_tokens=("w",))
+    srv = ServerThread(create_app(settings, store=DiskStore(tmp_path / "server")))  # its port bound, not listening
+    starting = threading.Timer(1.5, srv.start)  # the service comes up while warm waits
+    starting.start()
+    try:
+        out = cli("warm", TINY, "--compiler", "reference", "--server", srv.url, env={"GRAPHCACHE_TOKEN": "w"})
+    finally:
+        starting.join()
+        srv.stop()
+    assert out.returncode == 0 and "2 built" in out.stdout, out.stderr
+    assert "Connection refused" in out.stderr and "asking again in 1 s" in out.stderr
+
+
+def test_warm_without_a_write_token_names_graphcache_token_before_building_and_the_token_fixes_it(server):
+    pytest.importorskip("torch")
+    before = stats(server)
+    line = one_error_line(cli("warm", TINY, "--compiler", "reference", "--server", server.url))
+    assert "401" in line and "GRAPHCACHE_TOKEN, is not set" in line and "GRAPHCACHE_WRITE_TOKENS" in line
+    assert "nothing was built" in line
+    wrong = one_error_line(
+        cli("warm", TINY, "--compiler", "reference", "--server", server.url, env={"GRAPHCACHE_TOKEN": "r"})
+    )
+    assert "403" in wrong and "GRAPHCACHE_TOKEN, is not one the server takes" in wrong
+    after = stats(server)
+    assert (after["uploads"], after["uploads_rejected"]) == (before["uploads"], before["uploads_rejected"])
+    fixed = cli("warm", TINY, "--compiler", "reference", "--server", server.url, env={"GRAPHCACHE_TOKEN": "w"})
+    assert fixed.returncode == 0 and "2 built" in fixed.stdout, fixed.stderr
+
+
+@pytest.mark.parametrize("verb", [("warm", "--compiler", "reference"), ("prefetch", "--compiler", "reference")])
+def test_a_spec_file_given_for_a_manifest_is_named_as_one_with_the_fix(tmp_path, verb):
+    line = one_error_line(cli("--cache-dir", str(tmp_path / "c"), verb[0], SPEC_FILE, *verb[1:]))
+    assert "this is a spec file (one GraphSpec" in line and "takes a manifest" in line
+    assert "graphs: [{name: mine, batch: 1, ...}]" in line
+    # The fix as the line words it: the same fields as one family under graphs:.
+    import yaml
+
+    from graphcache import manifest
+
+    family = {"name": "mine", **yaml.safe_load(Path(SPEC_FILE).read_text())}
+    wrapped = tmp_path / "manifest.yaml"
+    wrapped.write_text(yaml.safe_dump({"graphs": [family]}))
+    assert len(manifest.load(wrapped)) == 1

@@ -34,7 +34,8 @@ def test_record_warm_and_a_second_run_serve_the_docs_unchanged_worker(tmp_path):
     total = json.loads((work / "run.json").read_text())["total"]
     assert total["calls"] == 4 and total["hits"] / total["calls"] >= 0.95, total
     assert total["doors"]["aten"]["hits"] == 2 and total["doors"]["sdpa"]["hits"] == 2
-    assert "4 served from cached graphs (100.0 %)" in out.stderr
+    assert total["built_here"] == 0  # warmed: every graph came from the store
+    assert "4 served from the store, 0 by graphs built here (100.0 % served)" in out.stderr
     recorded = manifest.load(work / "worker.yaml")
     assert len(recorded) == 4  # two lengths' classes, at each door
 
@@ -65,6 +66,7 @@ def test_the_processes_of_a_run_are_summed_and_their_recordings_make_one_manifes
     }
     summed = launch.totals([one, two])
     assert (summed["processes"], summed["calls"], summed["hits"], summed["fallbacks"]) == (2, 5, 3, {"miss": 2})
+    assert summed["built_here"] == 0 and summed["served"] == 0.6
     assert set(summed["doors"]) == {"sdpa", "aten"}
     recorder = launch.write_manifest([one, two], tmp_path / "m.yaml", shape_classes="exact")
     written = manifest.load(tmp_path / "m.yaml")

@@ -41,7 +41,7 @@ def test_every_shell_and_python_example_runs_in_a_test_or_says_what_it_needs():
     unmarked = [b.where for b in every_block() if b.runnable and b.name is None and b.needs is None]
     assert not unmarked, (
         "mark each with <!-- example: run NAME --> and run it in a test (example('NAME')), "
-        f"or with gpu, fleet, bench or ci (docs/contributing.md): {unmarked}"
+        f"or with gpu, fleet, bench, ci or network (docs/contributing.md): {unmarked}"
     )
 
 
@@ -76,7 +76,7 @@ def words(block: Block) -> list[str]:
 def test_bench_and_ci_examples_name_scripts_and_tests_that_exist():
     checked = 0
     for block in every_block():
-        if block.needs not in ("bench", "ci"):
+        if block.needs not in ("bench", "ci", "network"):
             continue
         for word in words(block):
             path = word.split("::")[0]
@@ -177,6 +177,9 @@ def test_the_strict_build_fails_on_a_broken_anchor(tmp_path):
     copy = tmp_path / "copy"
     shutil.copytree(ROOT / "docs", copy / "docs")
     shutil.copy(ROOT / "mkdocs.yml", copy)
+    (copy / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "mkdocs_readme.py", copy / "scripts")  # mkdocs.yml's hook: the README page
+    shutil.copy(ROOT / "README.md", copy)
     with (copy / "docs" / "fleet.md").open("a") as page:
         page.write("\nSee [workers](workers.md#no-such-heading).\n")
     out = strict_build(copy, tmp_path)

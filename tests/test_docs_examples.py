@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.docs_examples import ROOT, Block, example
+from tests.docs_examples import ROOT, Block, blocks, example
 
 
 def environment(tmp_path: Path, **extra: str) -> dict[str, str]:
@@ -69,20 +69,61 @@ def test_the_readmes_worker_builds_on_a_miss_then_hits(tmp_path):
     assert len([line for line in worker.text.splitlines() if line.strip()]) <= 12  # "in ten lines", the imports apart
     first = last_dict(run(worker, tmp_path, GRAPHCACHE_COMPILER="reference").stdout)
     assert (first["misses"], first["builds"], first["hits"], first["fallbacks"]) == (1, 1, 0, 0)
+    assert (first["served_from_store"], first["built_here"]) == (0, 1), "built on the spot: no hit"
     again = last_dict(run(worker, tmp_path, GRAPHCACHE_COMPILER="reference").stdout)
     assert (again["hits"], again["builds"]) == (1, 0), "the second worker loads what the first built"
+    assert (again["served_from_store"], again["built_here"]) == (1, 0)
 
 
-def test_the_drop_in_example_serves_its_calls_from_graphs(tmp_path):
+def text_after(block: Block) -> str:
+    """The ``text`` block (the output a page shows) that follows ``block`` on its page."""
+    later = [b for b in blocks(block.page) if b.line > block.line]
+    return next(b for b in later if b.lang == "text").text.strip()
+
+
+SUMMARY = re.compile(
+    r"(\d+) calls: (\d+) served from the store, (\d+) by graphs built here(?: \((\d+) built: (.*)\))?, (\d+) fell back to torch"
+)
+
+
+def summary_line(stdout: str) -> re.Match[str]:
+    """What ``print(gt.summary())`` printed last."""
+    found = [m for line in stdout.splitlines() if (m := SUMMARY.fullmatch(line.strip()))]
+    assert found, stdout[-2000:]
+    return found[-1]
+
+
+def test_the_drop_in_example_builds_on_an_empty_store_and_the_next_run_is_served_from_it(tmp_path):
     pytest.importorskip("torch")
-    stats = last_dict(run(example("drop-in"), tmp_path).stdout)
-    assert stats["calls"] == stats["hits"] == 2 and stats["fallbacks"] == {}, stats
+    first = summary_line(run(example("drop-in"), tmp_path).stdout)
+    assert first.group(0) == text_after(example("drop-in")), "the page shows what it prints"
+    assert first.group(1, 2, 3, 6) == ("2", "0", "2", "0"), first.group(0)  # built on the spot: no hit
+    again = summary_line(run(example("drop-in"), tmp_path).stdout)  # the same store, a new process
+    assert again.group(0) == "2 calls: 2 served from the store, 0 by graphs built here, 0 fell back to torch"
 
 
-def test_the_hugging_face_example_serves_every_attention_call(tmp_path):
+@pytest.mark.slow
+def test_the_hugging_face_guide_is_built_here_on_an_empty_store_and_served_from_the_store_after_warm(tmp_path):
     pytest.importorskip("transformers")
-    stats = last_dict(run(example("hf-backend"), tmp_path).stdout)
-    assert stats["calls"] == stats["hits"] > 0 and stats["fallbacks"] == {}, stats
+    page = example("hf-backend")
+    assert page.text == (ROOT / "docs" / "examples" / "hf_worker.py").read_text(), "the page shows the file it runs"
+    (tmp_path / "cold").mkdir()
+    (tmp_path / "warm").mkdir()
+    # On an empty store: no call served from the store, and the graphs built here named.
+    cold = summary_line(run(example("hf-cold"), tmp_path / "cold").stdout)
+    calls, served, built, graphs, named, fell = cold.group(1, 2, 3, 4, 5, 6)
+    assert (served, built, fell) == ("0", calls, "0") and int(calls) > 0, cold.group(0)
+    assert int(graphs) == len(named.split(", ")) and all(g.endswith(" class") for g in named.split(", ")), named
+    assert cold.group(0) == text_after(example("hf-cold")), "the page shows what it prints"
+    # manifest -> warm -> worker, in a fresh store: every call served from the store.
+    walk = run(example("hf-warm"), tmp_path / "warm")
+    assert re.search(r"wrote tiny-llama\.yaml: 4 graph\(s\) for llama on route graphcache", walk.stdout), walk.stdout
+    assert "0 present, 4 built, 0 unsupported, 0 refused, 0 failed" in walk.stdout
+    warm = summary_line(walk.stdout)
+    assert (
+        warm.group(0) == f"{calls} calls: {calls} served from the store, 0 by graphs built here, 0 fell back to torch"
+    )
+    assert warm.group(0) == text_after(example("hf-warm"))
 
 
 def recorded(path: Path) -> dict:
@@ -145,3 +186,18 @@ def test_the_bias_cast_script_prints_the_table_above_it(tmp_path):
         for dtype, error, difference in (("bfloat16", bf16_error, bf16_diff), ("float16", fp16_error, fp16_diff)):
             got = printed[dtype, bound]
             assert f"{got[0]:.4f}" == error and f"{got[1]:.3f}" == difference, (dtype, bound, got)
+
+
+def test_the_install_page_shows_the_readmes_install_and_its_torch_step_and_doctor_run(tmp_path):
+    # The same lines as the README's, which tests/test_first_hour.py runs in a fresh clone.
+    assert example("install-page").text == example("install").text
+    torch_step = example("cpu-torch")
+    assert torch_step.commands() == [example("no-gpu-walk").commands()[1]], "the walk's torch step"
+    pytest.importorskip("torch")
+    out = subprocess.run(
+        ["bash", "-e", "-c", torch_step.text], cwd=ROOT, env=environment(tmp_path), capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("torch 2.13.0+cpu (CPU build): "), out.stdout  # one line: here, already installed
+    doctor = run(example("doctor-install"), tmp_path, COLUMNS="200")
+    assert "reference-sm00-cudnn0.0.0-fe0.0.0" in doctor.stdout and "python" in doctor.stdout

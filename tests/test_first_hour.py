@@ -2,8 +2,8 @@
 fresh clone, in fresh shells (nothing of this process's environment but a
 plain PATH and a HOME of their own), the first of the two commands makes a
 new venv and serves; the no-GPU walk, typed into a second shell, installs
-torch's CPU build into that venv and ends with the drop-in's hits; the
-Install section's extras then install into the same venv.
+torch's CPU build into that venv and ends with the drop-in's calls served
+from the store; the Install section's extras then install into the same venv.
 
 Nothing here uses the suite's venv: the venv is the one the README's first
 command creates, from the machine's python3. pip's own cache is shared with
@@ -66,10 +66,8 @@ def pip_setup() -> list[str]:
         if conf.exists() and "PIP_CONFIG_FILE" not in setup:
             setup["PIP_CONFIG_FILE"] = str(conf)
     setup.setdefault("PIP_CACHE_DIR", str(home / ".cache" / "pip"))
-    # The walk names PyTorch's CPU index; where a machine cannot reach it
-    # (its wheels come from elsewhere), one retry, not pip's five, before
-    # pip goes on to the machine's own sources.
-    setup.setdefault("PIP_RETRIES", "1")
+    # No PIP_RETRIES here: the walk's torch step (scripts/cpu_torch.sh) asks
+    # each source once, within seconds, where one cannot be reached.
     # pip byte-compiles every file it installs (torch and transformers: over
     # 5000): most of a minute of CPU on 2 cores for modules the walk never
     # imports. Without it Python compiles what is imported, when it is; the

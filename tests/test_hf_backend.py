@@ -103,7 +103,7 @@ def assert_close_on(rows: torch.Tensor, got: torch.Tensor, want: torch.Tensor) -
 
 
 def hits() -> int:
-    return gt.stats()["hits"]
+    return gt.stats()["built_here"]
 
 
 def tiny_llama(attn: str):  # noqa: ANN201
@@ -324,7 +324,7 @@ def test_a_model_built_with_attn_implementation_graphcache_is_served_and_recorde
     with torch.no_grad():
         want = model(ids, attention_mask=mask).logits
     assert_close_on(mask.bool(), got, want)
-    assert gt.stats()["hits"] == 2 and gt.stats()["calls"] == 2
+    assert gt.stats()["built_here"] == 2 and gt.stats()["calls"] == 2
     assert {s.layout for s in recorder.specs} == {"thd"} and "layout: thd" in (tmp_path / "m.yaml").read_text()
 
 
@@ -372,7 +372,7 @@ def test_padded_calls_read_no_tensor_value_on_the_host(tmp_path, monkeypatch):
     q, k, v = qkv(B, 1, 21)
     attention(layer, q, k, v, step)
     monkeypatch.undo()
-    assert gt.stats()["hits"] == 3 and {s.layout for s in gt.RUNTIME._graphs} >= {"thd"}
+    assert gt.stats()["built_here"] == 3 and {s.layout for s in gt.RUNTIME._graphs} >= {"thd"}
 
 
 @pytest.mark.parametrize(
@@ -466,4 +466,4 @@ def test_a_static_cache_keys_past_the_tokens_seen_are_masked_not_attended():
     for w, g in zip(want.logits, got.logits, strict=True):
         torch.testing.assert_close(g.float(), w.float(), atol=2e-2, rtol=2e-2)
     stats = gt.stats()
-    assert stats["calls"] == 2 * 3 and stats["hits"] + stats["fallbacks"].get("mask", 0) == stats["calls"]
+    assert stats["calls"] == 2 * 3 and stats["built_here"] + stats["fallbacks"].get("mask", 0) == stats["calls"]

@@ -100,7 +100,7 @@ def test_a_masked_gqa_decode_step_is_served_with_torchs_answer_and_no_host_read(
     got = gt.scaled_dot_product_attention(q2, k2, v2, attn_mask=other)
     monkeypatch.undo()  # the checks below read values
     stats = gt.stats()
-    assert stats["hits"] == 2 and stats["fallbacks"] == {}, stats
+    assert stats["built_here"] == 2 and stats["fallbacks"] == {}, stats
     assert {(g.spec.heads_q, g.spec.seq_q) for g in gt.RUNTIME._graphs.values()} == {(8, 1)}
     assert got.shape == q2.shape
     torch.testing.assert_close(got.float(), SDPA(q2, k2, v2, attn_mask=other).float(), atol=2e-2, rtol=2e-2)
@@ -130,6 +130,6 @@ def test_a_packed_gqa_decode_step_is_a_cudnn_bias_graph_hit_with_torchs_answer_a
     q, k, v, mask = (t.to("cuda") for t in packed_decode(b=2, kv=300, pad=(0, 100)))
     want = SDPA(q, k, v, attn_mask=mask)
     got = masked_hit_without_sync(q, k, v, mask)  # builds the decode class, then a hit
-    assert gt.stats()["hits"] == 2 and gt.stats()["fallbacks"] == {}, gt.stats()
+    assert gt.stats()["built_here"] == 2 and gt.stats()["fallbacks"] == {}, gt.stats()
     assert {(g.spec.heads_q, g.spec.seq_q) for g in gt.RUNTIME._graphs.values()} == {(8, 1)}
     assert relative_error(got, want) < TOLERANCE["bfloat16"]

@@ -51,6 +51,11 @@ echo "venv $*" >> "$SHIM_LOG"
 case "$1 $2" in
   "-m pip"|"-m ruff"|"-m mypy"|"-m mkdocs"|"-m pytest") exit 0 ;;
 esac
+case "$1" in
+  # What it checks is the real pip's work, recorded above instead; asked for
+  # the packages the lock does not name, it answers SHIM_EXTRAS.
+  scripts/lock_check.py) if [[ "$*" == *--extras* ]]; then echo "${SHIM_EXTRAS:-}"; fi; exit 0 ;;
+esac
 exec @REAL@ "$@"
 """
 
@@ -80,8 +85,9 @@ def calls(tmp_path: Path) -> list[str]:
     return log.read_text().splitlines() if log.exists() else []
 
 
-def test_scripts_test_sh_never_installs_into_the_system_python(tmp_path):
-    env = shims(tmp_path)
+def run_test_sh(tmp_path: Path, *args: str, **extra: str) -> list[str]:
+    """scripts/test.sh ARGS with the stand-in Pythons; the calls they recorded."""
+    env = {**shims(tmp_path), **extra}
     env["GRAPHCACHE_VENV"] = str(tmp_path / "venv")
     # scripts/old_frontends.sh's cache, as a previous run leaves it (its
     # .complete stamps), so that it installs nothing here and writes nothing
@@ -95,16 +101,40 @@ def test_scripts_test_sh_never_installs_into_the_system_python(tmp_path):
         (cache / f"fe-{version}").mkdir()
         (cache / f"fe-{version}" / ".complete").touch()
     out = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "test.sh"), "-q"], env=env, capture_output=True, text=True, timeout=300
+        ["bash", str(ROOT / "scripts" / "test.sh"), *args], env=env, capture_output=True, text=True, timeout=300
     )
     log = calls(tmp_path)
     assert out.returncode == 0, out.stderr + "\n".join(log)
     assert not [c for c in log if c.startswith("system -m pip")], log
     assert any(c.startswith("system -m venv") for c in log), log
     installs = [c for c in log if c.startswith("venv -m pip install")]
-    assert any("-e .[dev,gpu]" in c for c in installs), log
+    assert not [c for c in installs if "torch" in c and "+cpu" not in c], "torch only as its CPU build"
     assert any(c.startswith("venv -m mkdocs build --strict") for c in log), log  # the docs site, as CI builds it
     assert any(c.startswith("venv -m pytest") for c in log), log
+    return log
+
+
+def test_scripts_test_sh_installs_the_lock_into_a_venv_never_the_system_python(tmp_path):
+    # The venv it made holds a package an earlier lock named and this one does not.
+    log = run_test_sh(tmp_path, "-q", SHIM_EXTRAS="kernels tomlkit")
+    # The lock, hash-checked, then graphcache itself with nothing more, then the check that the venv is the lock.
+    locked = next(i for i, c in enumerate(log) if "--require-hashes --no-deps -r requirements/test.lock" in c)
+    editable = next(i for i, c in enumerate(log) if c.endswith("--disable-pip-version-check --no-deps -e ."))
+    checked = next(
+        i for i, c in enumerate(log) if c == "venv scripts/lock_check.py requirements/test.lock --torch 2.13.0+cpu"
+    )
+    removed = log.index("venv -m pip uninstall --quiet --yes kernels tomlkit")
+    assert locked < editable < removed < checked, log
+    assert not [c for c in log if "--upgrade" in c], log
+
+
+def test_scripts_test_sh_latest_takes_the_newest_releases_and_says_what_differs_from_the_lock(tmp_path):
+    log = run_test_sh(tmp_path, "--latest", "-q")
+    (upgrade,) = [c for c in log if "--upgrade" in c]
+    assert upgrade.endswith("--upgrade --upgrade-strategy eager -c requirements/test.in -e .[dev,gpu,hf]"), upgrade
+    assert "venv scripts/lock_check.py requirements/test.lock --torch 2.13.0+cpu --report-only" in log
+    assert not [c for c in log if "--require-hashes" in c], log
+    assert [c for c in log if c.startswith("venv -m pytest")] == ["venv -m pytest -q"], "--latest is not pytest's"
 
 
 def test_readme_serve_command_works_where_pip_refuses_the_system_python(tmp_path):

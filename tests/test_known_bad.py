@@ -69,6 +69,16 @@ def test_the_ragged_gqa_decode_row_keeps_thd_decode_batches_off_cudnn_below_9_27
     assert releases.known_bad(thd.replace(heads_kv=32), Target.parse("h200-sm90-cudnn9.26.0-fe1.32.0")) is None
 
 
+def test_the_reference_compilers_target_runs_no_cudnn_so_no_window_refuses_it():
+    # Its cuDNN "0.0.0" is below every floor; a CPU host's walk with --compiler reference
+    # serves a ragged GQA decode (Falcon's padded batch on the backend route) all the same.
+    from graphcache.compilers.reference import TARGET
+
+    thd = decode(layout="thd", seq_kv=4096, batch=8)
+    assert releases.known_bad(thd, Target.parse("h200-sm90-cudnn9.26.0-fe1.32.0")) is not None
+    assert releases.known_bad(thd, TARGET) is None and releases.known_bad(decode(), TARGET) is None
+
+
 def test_the_controller_refuses_before_any_stored_plan_and_builds_nothing(tmp_path):
     store = DiskStore(tmp_path)
     target = Target.parse(B200)

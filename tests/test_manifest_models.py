@@ -58,8 +58,8 @@ def test_a_model_warmed_only_from_its_config_serves_prompts_and_beams(tmp_path, 
 
 
 # Issue 32: one case each of the architectures outside the families, the
-# routes alternating (Falcon: sdpa only, transformers' Falcon takes no
-# attention backend), at the test suite's small sizes.
+# routes alternating (Falcon on sdpa here: its backend route depends on the
+# installed transformers, the test after this one), at the test suite's small sizes.
 OUTSIDE = [
     (name, "sdpa" if name == "falcon" or i % 2 else "graphcache", "padded batch of 4" if i % 3 else "2-beam search")
     for i, name in enumerate(hf_models.ARCHITECTURES)
@@ -72,6 +72,20 @@ def test_an_architecture_outside_the_families_is_served_from_its_traced_manifest
         case = "padded batch of 4" if case == "2-beam search" else "other prompt lengths, b=1"
     compiler = CpuGraphCompiler()
     found, builds = hf_models.served(name, route, tmp_path, compiler, hf_models.SMALL_SERVE, 3, SMALL, only=[case])
+    (result,) = found
+    assert builds == 0 and compiler.loads > 0
+    assert result.calls and result.fraction >= 0.95, result
+    assert result.equal or result.tie, result
+
+
+def test_falcon_is_served_on_the_backend_route_where_transformers_dispatches_it(tmp_path):
+    # transformers 5.25 sends Falcon's attention through its AttentionInterface
+    # (5.24 did not: tests/test_models_trace.py checks that refusal).
+    if not hf_models.dispatches("falcon"):
+        pytest.skip(f"transformers {transformers.__version__} does not dispatch Falcon's attention to a backend")
+    compiler = CpuGraphCompiler()
+    only = ["padded batch of 4"]
+    found, builds = hf_models.served("falcon", "graphcache", tmp_path, compiler, hf_models.SMALL_SERVE, 3, SMALL, only)
     (result,) = found
     assert builds == 0 and compiler.loads > 0
     assert result.calls and result.fraction >= 0.95, result

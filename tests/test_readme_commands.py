@@ -80,7 +80,7 @@ def walk_commands(port: int) -> list[str]:
     """The no-GPU walk's lines, against the service on ``port``."""
     commands = example("no-gpu-walk").commands()
     assert commands[0] == ". .venv/bin/activate", "the walk's second shell activates the first command's venv"
-    assert commands[1].startswith("python -m pip install torch==2.13.0 ")
+    assert commands[1] == "scripts/cpu_torch.sh python", "torch's CPU build, from a source decided before downloading"
     assert [c.split()[:2] for c in commands[2:5]] == [["graphcache", "warm"]] * 2 + [["graphcache", "prefetch"]]
     commands = [c.replace("127.0.0.1:8080", f"127.0.0.1:{port}") for c in commands]
     assert all("8080" not in c for c in commands)
@@ -99,7 +99,7 @@ def assert_walk_output(warm: str, check: str, prefetch: str, dropin: str) -> Non
     assert "2 built" in warm
     assert "6/6 present for reference-sm00-cudnn0.0.0-fe0.0.0" in check
     assert re.search(r"reference-sm00-cudnn0\.0\.0-fe0\.0\.0 │ 6 +│ 0 ", prefetch), prefetch  # present, missing
-    assert "drop-in: 6 calls, 6 hits, 0 misses" in dropin
+    assert "drop-in: 6 calls: 6 served from the store, 0 by graphs built here, 0 fell back to torch" in dropin
 
 
 def test_try_it_without_a_gpu_runs_as_written(tmp_path):
@@ -112,7 +112,8 @@ def test_try_it_without_a_gpu_runs_as_written(tmp_path):
     home.mkdir()
     work = tmp_path / "clone"
     work.mkdir()
-    (work / "docs").symlink_to(ROOT / "docs")  # "from the repository's root", its ./cache in tmp_path
+    for part in ("docs", "scripts", "requirements"):  # "from the repository's root", its ./cache in tmp_path
+        (work / part).symlink_to(ROOT / part)
     (work / ".venv").symlink_to(sys.prefix)  # the venv the first command made: here the suite's
     server = subprocess.Popen(
         fresh_shell(serve_command(port), home, work),
@@ -178,8 +179,12 @@ def test_a_bf16_call_on_the_cpu_is_counted_under_the_reason_the_docs_give_for_it
 
 def test_the_readme_says_what_the_test_command_costs_and_how_to_run_a_subset():
     text = section("The two commands")
-    assert re.search(r"took \d+ minutes\s+of wall time", text)
-    assert re.search(r"a [\d.]+ GB `\.venv`", text)
+    # How long it takes, as a range on a named machine rather than one figure that goes stale
+    # (issue 39: "16 minutes" had become 33), and that the first run's installs come on top.
+    assert re.search(
+        r"on a 2-core machine the tests take about \d+ to \d+ minutes,\s+and the first run's installs", text
+    )
+    assert re.search(r"a [\d.]+ GB\s+`\.venv`", text)
     frontends = re.search(r"(\d+) MB\s+in `\.cache/old-frontends`", text)
     assert frontends, text
     # The same figure as the script's own comment on that step.

@@ -63,8 +63,9 @@ def test_detect_without_gpu_raises_no_gpu_with_a_clear_message():
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    with pytest.raises(NoGpu, match="no CUDA GPU found"):
+    with pytest.raises(NoGpu, match="no CUDA GPU found") as refused:
         Target.detect()
+    assert "--compiler reference" in str(refused.value), "the fix a machine without a GPU has"
 
 
 @pytest.mark.parametrize(

@@ -117,7 +117,7 @@ def test_masked_calls_are_hits_with_torchs_answer_and_zero_rows_where_no_key_is_
     for _ in range(2):
         got = gt.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     want = SDPA(q, k, v, attn_mask=mask)
-    assert gt.stats()["hits"] == 2 and gt.stats()["fallbacks"] == {}, gt.stats()
+    assert gt.stats()["built_here"] == 2 and gt.stats()["fallbacks"] == {}, gt.stats()
     assert not got.isnan().any()
     torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
     no_key = ~mask.any(-1) if mask.dtype == torch.bool else (mask == NEG_INF).all(-1)
@@ -152,7 +152,7 @@ def test_rows_that_see_no_key_are_torchs_zero_whatever_the_graph_wrote_there(tmp
     mask = _masks()[name]
     q, k, v = qkv()
     got = gt.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    assert gt.stats()["hits"] == 1
+    assert gt.stats()["built_here"] == 1
     assert not got.isnan().any()
     torch.testing.assert_close(got.float(), SDPA(q, k, v, attn_mask=mask).float(), atol=2e-2, rtol=2e-2)
 
@@ -188,7 +188,7 @@ def test_the_bias_graph_is_built_once_per_mask_shape_not_per_mask_value(served):
     for seed in range(3):
         g = torch.Generator().manual_seed(seed)
         gt.scaled_dot_product_attention(q, k, v, attn_mask=torch.rand(2, 1, 16, 24, generator=g) > 0.5)
-    assert gt.stats()["graphs_loaded"] == 1 and gt.stats()["hits"] == 3
+    assert gt.stats()["graphs_loaded"] == 1 and gt.stats()["built_here"] == 3
     gt.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(16, 24, dtype=torch.bool))
     assert gt.stats()["graphs_loaded"] == 2
 
@@ -235,7 +235,7 @@ def test_a_float32_mask_with_bf16_q_reaches_a_float32_bias_graph_and_keeps_its_p
     for _ in range(2):
         got = gt.scaled_dot_product_attention(q, k, v, attn_mask=bias)
         assert seen[-1].dtype == torch.float32 and seen[-1].data_ptr() == bias.data_ptr(), "passed as it is"
-    assert gt.stats()["hits"] == 2
+    assert gt.stats()["built_here"] == 2
     assert relative_error(got, SDPA(q, k, v, attn_mask=bias)) < 2e-3
 
 
@@ -277,7 +277,7 @@ def test_masked_and_padded_calls_never_read_a_tensor_on_the_host(served, no_host
     no_host_reads()
     out = gt.scaled_dot_product_attention(q, k, v, attn_mask=other)
     assert out.shape == (2, 4, 16, 64)
-    assert gt.stats()["hits"] == 2
+    assert gt.stats()["built_here"] == 2
 
 
 def test_unmasked_calls_never_read_a_tensor_on_the_host_either(served, no_host_reads):
@@ -286,7 +286,7 @@ def test_unmasked_calls_never_read_a_tensor_on_the_host_either(served, no_host_r
     no_host_reads()
     gt.scaled_dot_product_attention(q, k, v, is_causal=True)
     gt.scaled_dot_product_attention(q[:, :, :1], k, v)  # a new call shape: derive reads shapes only
-    assert gt.stats()["hits"] == 3
+    assert gt.stats()["built_here"] == 3
 
 
 # -- record ----------------------------------------------------------------------------
@@ -317,11 +317,11 @@ def test_a_learned_mask_gets_its_gradient_after_a_no_grad_call_of_the_same_shape
     learned.requires_grad_()  # a relative position bias being trained
     with torch.no_grad():
         gt.scaled_dot_product_attention(q, k, v, attn_mask=learned)
-    assert gt.stats()["hits"] == 1
+    assert gt.stats()["built_here"] == 1
     gt.scaled_dot_product_attention(q, k, v, attn_mask=learned).float().sum().backward()
     (want,) = torch.autograd.grad(SDPA(q, k, v, attn_mask=learned).float().sum(), learned)
     assert learned.grad is not None and torch.equal(learned.grad, want)
-    assert gt.stats()["fallbacks"] == {"autograd": 1} and gt.stats()["hits"] == 1
+    assert gt.stats()["fallbacks"] == {"autograd": 1} and gt.stats()["built_here"] == 1
 
 
 def test_a_mask_subclass_never_shares_a_plain_masks_memo_entry(served):
@@ -333,7 +333,7 @@ def test_a_mask_subclass_never_shares_a_plain_masks_memo_entry(served):
     gt.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     got = gt.scaled_dot_product_attention(q, k, v, attn_mask=mask.as_subclass(Tagged))
     assert torch.equal(got, SDPA(q, k, v, attn_mask=mask))
-    assert gt.stats()["hits"] == 1 and gt.stats()["fallbacks"] == {"mask": 1}
+    assert gt.stats()["built_here"] == 1 and gt.stats()["fallbacks"] == {"mask": 1}
 
 
 # -- what torch refuses --------------------------------------------------------------

@@ -292,7 +292,22 @@ def test_on_miss_build_builds_stores_and_uses(store, monkeypatch):
         torch.testing.assert_close(gt.scaled_dot_product_attention(q, k, v), F.scaled_dot_product_attention(q, k, v))
     assert compiler.builds == 1 and compiler.loads == 1
     assert store.exists(cache.key(gt.spec_for(q, k, v)))
-    assert gt.stats()["hits"] == 3
+    # Served by a graph built on the spot: a cold start, no hit (issue 39).
+    s = gt.stats()
+    assert (s["calls"], s["built_here"], s["hits"], s["served_from_store"], s["misses"]) == (3, 3, 0, 0, 3), s
+    built = gt.spec_for(q, k, v).summary()
+    assert s["built_graphs"] == [built] and s["fallbacks"] == {}
+    assert (
+        gt.summary()
+        == f"3 calls: 0 served from the store, 3 by graphs built here (1 built: {built}), 0 fell back to torch"
+    )
+    # The next process finds what this one stored: every call a hit from the store.
+    gt.reset()
+    configure(store)
+    for _ in range(3):
+        gt.scaled_dot_product_attention(q, k, v)
+    s = gt.stats()
+    assert (s["hits"], s["served_from_store"], s["built_here"], s["misses"], s["built_graphs"]) == (3, 3, 0, 0, []), s
 
 
 def test_on_miss_error_raises_and_stores_nothing(store, monkeypatch):

@@ -56,7 +56,7 @@ def test_patched_llama_prefill_and_decode_match_torch(cached):
     for g, w in zip(got, want, strict=True):
         assert relative_error(g, w) < TOLERANCE["bfloat16"]
     stats = gt.stats()
-    assert stats["hits"] == 4 and stats["fallbacks"] == {}, stats  # 2 layers x (prefill, decode)
+    assert stats["built_here"] == 4 and stats["fallbacks"] == {}, stats  # 2 layers x (prefill, decode)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -72,7 +72,7 @@ def test_patched_torch_modules_match_their_fused_fast_path(cached, dtype):
     name = "float16" if dtype == torch.float16 else "bfloat16"
     for g, w in zip(got, want, strict=True):
         assert relative_error(g, w) < TOLERANCE[name]
-    assert gt.stats()["hits"] == 2
+    assert gt.stats()["built_here"] == 2
 
 
 def test_compiled_model_under_patch_matches_torch(cached):
@@ -98,7 +98,7 @@ def test_compiled_model_under_patch_matches_torch(cached):
         with gt.patch():
             got = torch.compile(model, fullgraph=True)(x)
     assert relative_error(got, want) < TOLERANCE["bfloat16"]
-    assert gt.stats()["hits"] == 1
+    assert gt.stats()["built_here"] == 1
     torch._dynamo.reset()
 
 
@@ -126,7 +126,7 @@ def test_masked_calls_are_bias_graph_hits_with_torchs_answer_and_no_host_sync(ca
     want = float32_reference(q, k, v, mask)
     torchs = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     got = masked_hit_without_sync(q, k, v, mask)
-    assert gt.stats()["hits"] == 2 and gt.stats()["fallbacks"] == {}, gt.stats()
+    assert gt.stats()["built_here"] == 2 and gt.stats()["fallbacks"] == {}, gt.stats()
     assert not got.isnan().any() and (got[0, :, 5] == 0).all()
     assert relative_error(got, want) < TOLERANCE["bfloat16"]
     # torch's own kernel agrees on every row that sees a key. On a row that sees

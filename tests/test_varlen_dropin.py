@@ -74,7 +74,7 @@ def test_continuous_batching_through_cached_graphs_matches_per_sequence_float32(
     engine = Engine(gt.varlen_attn, seed=1, lse=True)
     continuous_batching(engine, steps=30, seed=1)
     stats = gt.stats()
-    assert stats["calls"] == engine.calls and stats["hits"] == engine.calls and stats["fallbacks"] == {}
+    assert stats["calls"] == engine.calls and stats["built_here"] == engine.calls and stats["fallbacks"] == {}
     # a handful of graphs (batch and length classes; the pool and table fixed) for every call
     assert 2 <= stats["graphs_loaded"] <= 10 < engine.calls
     assert compiler.builds == stats["graphs_loaded"]
@@ -97,7 +97,7 @@ def test_prefill_over_ragged_kv_with_unequal_lengths_windows_and_zero_and_one_to
             a, b, c, e = int(cq[n]), int(cq[n + 1]), int(ck[n]), int(ck[n + 1])
             want, _, rows = oracle(q[a:b], k[c:e], v[c:e], window, 0.4)
             torch.testing.assert_close(out[a:b].float()[rows], want[rows], atol=5e-3, rtol=5e-3)
-    assert gt.stats()["hits"] == 5
+    assert gt.stats()["built_here"] == 5
 
 
 def test_patch_routes_torchs_varlen_attn_and_restores_it(tmp_path):
@@ -111,7 +111,7 @@ def test_patch_routes_torchs_varlen_attn_and_restores_it(tmp_path):
         assert torch_varlen.varlen_attn is gt.varlen_attn
         out = torch_varlen.varlen_attn(q, q, q, cu, cu, 4, 4, window_size=(-1, 0))
     assert torch_varlen.varlen_attn is original
-    assert out.shape == (6, 2, 16) and gt.stats()["hits"] == 1
+    assert out.shape == (6, 2, 16) and gt.stats()["built_here"] == 1
 
 
 def test_calls_cudnn_cannot_serve_fall_back_counted_by_reason_with_the_same_results(tmp_path):
@@ -130,7 +130,7 @@ def test_calls_cudnn_cannot_serve_fall_back_counted_by_reason_with_the_same_resu
     with pytest.raises(ValueError, match="enable_gqa=True"):
         gt.varlen_attn(q, q[:, :2], q[:, :2], cu, cu, 3, 3)  # torch's own check, torch's own words
     stats = gt.stats()
-    assert stats["hits"] == 1
+    assert stats["built_here"] == 1
     assert stats["fallbacks"] == {"num_splits": 1, "dtype": 1, "head_dim": 1, "autograd": 1}
 
 
@@ -200,7 +200,7 @@ def test_the_memo_stays_bounded_as_prefill_lengths_keep_changing(tmp_path, monke
         cu = torch.tensor([0, n], dtype=torch.int32)
         gt.varlen_attn(q[:n], q[:n], q[:n], cu, cu, n, n, window_size=(-1, 0))
     assert len(gt.RUNTIME._memo) <= 8
-    assert gt.stats()["hits"] == 29 and gt.stats()["graphs_loaded"] == 2  # decode (n=1) and q128
+    assert gt.stats()["built_here"] == 29 and gt.stats()["graphs_loaded"] == 2  # decode (n=1) and q128
 
 
 def test_a_float32_cpu_run_records_the_bfloat16_specs_a_gpu_will_run(tmp_path):
@@ -223,4 +223,4 @@ def test_paged_decode_steps_share_a_memo_entry_as_the_longest_sequence_grows(tmp
         engine.step({0: 1, 1: 1})  # decode: max_k grows every step
         if entries is None:
             entries = len(gt.RUNTIME._memo)
-    assert len(gt.RUNTIME._memo) == entries and gt.stats()["hits"] == engine.calls
+    assert len(gt.RUNTIME._memo) == entries and gt.stats()["built_here"] == engine.calls

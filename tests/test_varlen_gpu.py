@@ -78,7 +78,7 @@ def test_ragged_prefill_matches_torchs_varlen_attn(cached, dtype, window):
     got = gt.varlen_attn(q, k, v, cu_q, cu_k, 129, 200, window_size=window, enable_gqa=True,
                          return_aux=AuxRequest(lse=True))  # fmt: skip
     compare(got, torchs(q, k, v, cu_q, cu_k, 129, 200, window), cu_q, cu_k, window, None, dtype)
-    assert gt.stats()["hits"] == 1
+    assert gt.stats()["built_here"] == 1
 
 
 @pytest.mark.parametrize("max_q", [1, 16])  # decode, and chunked prefill over the pages
@@ -135,7 +135,7 @@ def test_a_hit_never_synchronises_with_the_gpu(cached):
         gt.varlen_attn(q, kv, kv, cu, cu, 9, 9, window_size=(-1, 0), enable_gqa=True)
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    assert gt.stats()["hits"] == 2
+    assert gt.stats()["built_here"] == 2
 
 
 def test_continuous_batching_on_cached_cudnn_graphs_matches_per_sequence_float32(cached):
@@ -145,5 +145,5 @@ def test_continuous_batching_on_cached_cudnn_graphs_matches_per_sequence_float32
     engine = Engine(gt.varlen_attn, device="cuda", lse=True)  # 16-token pages: cuDNN takes them
     continuous_batching(engine, steps=30, seed=1)
     stats = gt.stats()
-    assert stats["hits"] == engine.calls and stats["fallbacks"] == {}
+    assert stats["built_here"] == engine.calls and stats["fallbacks"] == {}
     assert engine.worst <= TOLERANCE["bfloat16"]

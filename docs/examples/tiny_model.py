@@ -2,8 +2,8 @@
 the reference compiler's graphs (README, "Try it without a GPU").
 
 Run it after `graphcache warm docs/examples/tiny.yaml --compiler reference`
-and `graphcache prefetch ... --compiler reference`: every call is a hit.
-It prints the drop-in's counters and exits 1 when a call was not a hit.
+and `graphcache prefetch ... --compiler reference`: every call is served from
+the store. It prints the drop-in's counters and exits 1 when a call was not.
 """
 
 from __future__ import annotations
@@ -32,6 +32,6 @@ with torch.no_grad(), gt.patch():
     for seq_kv in range(101, 105):  # decode: one new token attends to everything before it
         F.scaled_dot_product_attention(heads(1), heads(seq_kv), heads(seq_kv))
 
+print(f"drop-in: {gt.summary()}")  # served from the store, by graphs built here, fell back to torch
 stats = gt.stats()
-print(f"drop-in: {stats['calls']} calls, {stats['hits']} hits, {stats['misses']} misses, fallbacks {stats['fallbacks']}")
-sys.exit(0 if stats["hits"] == stats["calls"] else 1)
+sys.exit(0 if stats["served_from_store"] == stats["calls"] else 1)

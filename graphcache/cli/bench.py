@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +18,11 @@ from graphcache.cli.common import (
     compiler_choice,
     compiler_option,
     console,
+    err_console,
     human_size,
     main,
     parse_spec_arg,
     pass_ctx,
-    progress_bar,
     server_store,
     store_options,
 )
@@ -90,24 +91,29 @@ def bench_cmd(
     if choice not in ("cudnn", "reference"):
         raise click.UsageError(f"bench measures --compiler cudnn or reference, not {choice}")
     gpu = choice == "cudnn" and bench.has_gpu()
-    with progress_bar("bench") as bar:
-        task = bar.add_task("bench", total=None)
+    started = time.monotonic()
+    if choice == "reference" or gpu:
+        err_console.print(
+            f"bench: {len(specs)} spec(s), {repeat} cold and {repeat} warm sample(s) each, every sample a fresh process"
+        )
 
-        def progress(text: str) -> None:
-            bar.update(task, description=text)
+    def progress(text: str) -> None:
+        # A line per step, on a terminal or piped alike: minutes of fresh
+        # processes are never silent.
+        err_console.print(f"bench {text} ({time.monotonic() - started:.0f} s)", markup=False, highlight=False)
 
-        if choice == "reference":
-            report = bench.bench_reference(specs, store, location, repeat, progress=progress)
-        elif gpu:
-            report = bench.bench_gpu(specs, store, location, repeat, memory=not no_memory, progress=progress)
-        else:
-            if not target:
-                raise click.UsageError(
-                    "this machine has no GPU: give --target to measure fetch + verify of that target's artifacts, "
-                    "or --compiler reference to measure the reference compiler"
-                )
-            report = bench.bench_fetch(specs, store, Target.parse(target), repeat, progress=progress)
-        bar.update(task, description="bench done", total=len(specs), completed=len(specs))
+    if choice == "reference":
+        report = bench.bench_reference(specs, store, location, repeat, progress=progress)
+    elif gpu:
+        report = bench.bench_gpu(specs, store, location, repeat, memory=not no_memory, progress=progress)
+    else:
+        if not target:
+            raise click.UsageError(
+                "this machine has no GPU: give --target to measure fetch + verify of that target's artifacts, "
+                "or --compiler reference to measure the reference compiler"
+            )
+        report = bench.bench_fetch(specs, store, Target.parse(target), repeat, progress=progress)
+    err_console.print(f"bench done in {time.monotonic() - started:.0f} s")
     _print_bench(report)
     if json_out:
         Path(json_out).write_text(json.dumps(report, indent=2))

@@ -25,7 +25,7 @@ from rich.text import Text
 from graphcache.compilers.base import Compiler
 from graphcache.compilers.named import HELP as COMPILER_HELP
 from graphcache.compilers.named import compiler_named
-from graphcache.errors import GraphCacheError, NotFound, SpecError, StoreLocationError
+from graphcache.errors import GraphCacheError, NotFound, SpecError, StoreError, StoreLocationError, StoreUnavailable
 from graphcache.key import is_key
 from graphcache.settings import Settings
 from graphcache.spec import GraphSpec
@@ -310,6 +310,33 @@ def server_store(ctx: Context, server: str | None, *, read_only: bool = False) -
     if url:
         return HttpStore(url, token=ctx.settings.token, timeout=ctx.settings.timeout)
     return ctx.store(read_only=read_only)
+
+
+UPLOAD_CHECK_RETRIES = 3  # a service that does not answer is asked again 1, 2 and 4 s later (one still starting)
+
+
+def check_uploads(store: Store) -> None:
+    """Before a verb builds for ``store``: that a service answers and takes
+    this client's uploads (HttpStore.check_write), so nothing is built for
+    an upload that would be refused. One that does not answer is asked again
+    (UPLOAD_CHECK_RETRIES, a line on stderr each time); then a one-line error
+    naming the fix."""
+    check = getattr(store, "check_write", None)
+    if check is None:
+        return
+
+    def retrying(exc: StoreUnavailable, wait: float) -> None:
+        err_console.print(f"{exc}; asking again in {wait:.0f} s")
+
+    try:
+        check(UPLOAD_CHECK_RETRIES, retrying)
+    except StoreUnavailable as exc:
+        raise StoreUnavailable(
+            f"{exc}: start the service there (graphcache serve), or point --server / GRAPHCACHE_SERVER at it; "
+            "nothing was built"
+        ) from None
+    except StoreError as exc:
+        raise StoreError(f"{exc}; nothing was built") from None
 
 
 def progress_bar(label: str) -> Any:

@@ -14,6 +14,7 @@ from rich.text import Text
 
 from graphcache.cli.common import (
     Context,
+    check_uploads,
     chosen_compiler,
     compiler_option,
     console,
@@ -131,6 +132,7 @@ def warm_cmd(
 
     compiler = chosen_compiler(ctx, compiler_name)
     here = compiler.target()  # NoGpu here, before the progress bar, with a clear message
+    check_uploads(store)  # a service that is down or refuses this token: said before anything is built
     if target and Target.parse(target) != here:
         raise click.UsageError(f"--target {target} is not this machine ({here}); warm builds for this machine only")
     cache = GraphCache(store, compiler, signing_key=ctx.settings.signing_key, shape_classes=policy)

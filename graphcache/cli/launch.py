@@ -223,6 +223,7 @@ def _report(summed: dict[str, Any], found: list[dict[str, Any]], path: str) -> N
     share = f"{100 * summed['served']:.1f} %" if summed["calls"] else "-"
     err_console.print(
         f"graphcache run: {summed['processes']} process(es), {summed['calls']} SDPA call(s), "
-        f"{summed['hits']} served from cached graphs ({share}); fallbacks {summed['fallbacks'] or 'none'}",
+        f"{summed['hits']} served from the store, {summed['built_here']} by graphs built here ({share} served); "
+        f"fallbacks {summed['fallbacks'] or 'none'}",
         highlight=False,
     )

@@ -26,7 +26,7 @@ from graphcache.errors import UnsupportedVersion
 NAME = "graphcache"
 # The transformers releases this backend was written against and tested on
 # (the attention and mask interfaces, their keyword arguments, masking_utils'
-# mask functions): 5.24.0. Others in the range are expected to work.
+# mask functions): 5.24.0 and 5.25.0. Others in the range are expected to work.
 SUPPORTED = ">=5.24,<6"
 _LOWEST, _BELOW = (5, 24), (6, 0)
 
@@ -41,7 +41,7 @@ def check_version(version: str) -> None:
         found = ()
     if len(found) != 2 or not (_LOWEST <= found < _BELOW):
         raise UnsupportedVersion(
-            f"graphcache.hf supports transformers {SUPPORTED} (tested on 5.24.0); found {version}: "
+            f"graphcache.hf supports transformers {SUPPORTED} (tested on 5.24.0 and 5.25.0); found {version}: "
             f"pip install 'transformers{SUPPORTED}', or run the model with attn_implementation='sdpa' "
             "under graphcache.torch.patch()"
         )

@@ -7,7 +7,8 @@ installed transformers does not know, one transformers refuses sdpa for
 (MPT, Bloom, DeBERTa-v2, ...: its "does not support an attention
 implementation through torch.nn.functional.scaled_dot_product_attention
 yet"), one whose attention does not dispatch through transformers'
-AttentionInterface (route ``graphcache`` only: Falcon), and a config
+AttentionInterface (route ``graphcache`` only: Falcon up to transformers
+5.24, found by building it: 5.25's Falcon dispatches), and a config
 transformers cannot build from.
 """
 
@@ -19,6 +20,7 @@ from graphcache.errors import ManifestError
 
 EXTRA = "hf"
 ROUTE_IMPLEMENTATION = {"sdpa": "sdpa", "graphcache": "graphcache"}
+SOFTCAP = ", its attention caps scores (softcap)"
 
 
 def libraries() -> tuple[Any, Any]:
@@ -92,14 +94,19 @@ def model_of(config: Any, route: str, dtype: str, source: str) -> Any:
         text = str(exc).split("\n")[0]
         if "scaled_dot_product_attention" in text or "sdpa" in text.lower():
             first = text.split(". ")[0].rstrip(".")
-            hint = (
-                ": try --route graphcache, the graphcache backend"
-                if getattr(cls, "_supports_attention_backend", 0)
-                else ""
-            )
+            why = _why_no_sdpa(config)
+            if why == SOFTCAP:  # the backend route refuses it too (every call softcap): never send the user there
+                hint = (
+                    ": no route serves softcap (cudnn-frontend cannot serialize a score modifier), so there is "
+                    "no graph to warm for this model; it runs as it is, on transformers' eager attention"
+                )
+            elif getattr(cls, "_supports_attention_backend", 0):
+                hint = ": try --route graphcache, the graphcache backend"
+            else:
+                hint = ""
             raise ManifestError(
                 f"{source}: transformers {transformers.__version__} refuses sdpa for model_type {kind!r} "
-                f"({first}){_why_no_sdpa(config)}{hint}"
+                f"({first}){why}{hint}"
             ) from None
         raise ManifestError(f"{source}: transformers cannot build model_type {kind!r}: {text}") from None
     except KeyError as exc:
@@ -125,7 +132,7 @@ def _why_no_sdpa(config: Any) -> str:
     """The attention feature behind transformers' refusal, where the config names it."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     if getattr(text, "attn_logit_softcapping", None) is not None:
-        return ", its attention caps scores (softcap)"
+        return SOFTCAP
     if getattr(text, "model_type", "") == "gpt_oss":
         return ", its attention has sinks (s_aux)"
     return ""

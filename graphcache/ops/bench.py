@@ -80,16 +80,15 @@ def bench_gpu(
     compiler = CudnnCompiler()
     target = compiler.target()
     cache = GraphCache(store, compiler)
-    rows = []
-    for spec in specs:
-        row: dict[str, Any] = {"spec": spec.to_dict(), "summary": spec.summary(), "key": key_for(spec, target)}
+    rows: list[dict[str, Any]] = []
+    for spec, _key, row in _rows(specs, target, progress):
         try:
             cache.get(spec)  # the warm side needs the artifact stored
             cold = []
             warm = []
             for i in range(repeat):
                 if progress:
-                    progress(f"{spec.summary()}: sample {i + 1}/{repeat}")
+                    progress(f"{len(rows) + 1}/{len(specs)} {spec.summary()}: cold and warm sample {i + 1}/{repeat}")
                 cold.append(_fresh("cold", spec))
                 warm.append(_fresh("warm", spec, location))
             row["cold"] = _median_phases(cold)
@@ -108,10 +107,10 @@ def _rows(
     specs: list[GraphSpec], target: Target, progress: Callable[[str], None] | None
 ) -> Iterator[tuple[GraphSpec, str, dict[str, Any]]]:
     """Each spec, its key on ``target`` and the start of its report row,
-    after telling ``progress`` which spec is next."""
-    for spec in specs:
+    after telling ``progress`` which spec is next (``2/6 SPEC``)."""
+    for i, spec in enumerate(specs):
         if progress:
-            progress(spec.summary())
+            progress(f"{i + 1}/{len(specs)} {spec.summary()}")
         key = key_for(spec, target)
         yield spec, key, {"spec": spec.to_dict(), "summary": spec.summary(), "key": key}
 
@@ -178,12 +177,14 @@ def bench_reference(
     compiler = ReferenceCompiler()
     target = compiler.target()
     cache = GraphCache(store, compiler, shape_classes="exact")
-    rows = []
+    rows: list[dict[str, Any]] = []
     for spec, _key, row in _rows(specs, target, progress):
         try:
             cache.get(spec)  # the warm side needs the artifact stored
             cold, warm = [], []
-            for _ in range(repeat):
+            for i in range(repeat):
+                if progress:
+                    progress(f"{len(rows) + 1}/{len(specs)} {spec.summary()}: cold and warm sample {i + 1}/{repeat}")
                 cold.append(_fresh("cold", spec, "--compiler", "reference"))
                 warm.append(_fresh("warm", spec, location, "--compiler", "reference"))
             row["cold"], row["warm"] = _median_phases(cold), _median_phases(warm)

@@ -156,24 +156,31 @@ def parts(run_dir: str | Path) -> list[dict[str, Any]]:
 
 
 def totals(found: list[dict[str, Any]]) -> dict[str, Any]:
-    """The run's counters summed over its processes: calls, hits, fallbacks
-    by reason, and per door calls, hits and fallbacks."""
+    """The run's counters summed over its processes: calls, hits (served
+    from the store), built_here (served by graphs a process built on a miss),
+    ``served`` (the share of calls either served), fallbacks by reason, and
+    per door calls, hits, built_here and fallbacks (graphcache.torch.counts)."""
     calls = sum(p["stats"].get("calls", 0) for p in found)
     hits = sum(p["stats"].get("hits", 0) for p in found)
+    built = sum(p["stats"].get("built_here", 0) for p in found)
     fallbacks: Counter[str] = Counter()
     doors: dict[str, dict[str, Any]] = {}
     for p in found:
         fallbacks.update(p["stats"].get("fallbacks", {}))
         for name, seen in p["stats"].get("doors", {}).items():
-            door = doors.setdefault(name, {"calls": 0, "hits": 0, "relayed": 0, "fallbacks": Counter()})
-            for field in ("calls", "hits", "relayed"):
+            door = doors.setdefault(
+                name, {"calls": 0, "hits": 0, "built_here": 0, "relayed": 0, "fallbacks": Counter()}
+            )
+            for field in ("calls", "hits", "built_here", "relayed"):
                 door[field] += seen.get(field, 0)
             door["fallbacks"].update(seen.get("fallbacks", {}))
     return {
         "processes": len(found),
         "calls": calls,
         "hits": hits,
-        "served": round(hits / calls, 4) if calls else 0.0,
+        "served_from_store": hits,
+        "built_here": built,
+        "served": round((hits + built) / calls, 4) if calls else 0.0,
         "fallbacks": dict(fallbacks),
         "doors": {name: {**d, "fallbacks": dict(d["fallbacks"])} for name, d in doors.items()},
     }

@@ -17,6 +17,7 @@ graphs:
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Callable
@@ -29,6 +30,7 @@ from graphcache.spec import GraphSpec
 from graphcache.spec.bounds import shown
 
 TOP_LEVEL = {"defaults", "graphs"}
+_SPEC_FIELDS = frozenset(f.name for f in dataclasses.fields(GraphSpec))
 # Values (YAML nodes) a manifest may hold, its aliases expanded, per spec it
 # may name (GRAPHCACHE_MAX_SPECS): a recorded manifest, one family per spec,
 # holds about 10 per spec; a family of lists far fewer. A 420-byte manifest
@@ -168,6 +170,12 @@ def expand(
     if not isinstance(data, dict):
         raise ManifestError(f"{source}: a manifest is a mapping with 'defaults' and 'graphs'")
     unknown = set(data) - TOP_LEVEL
+    if unknown and unknown <= _SPEC_FIELDS:  # GraphSpec's own fields at the top: a spec file
+        raise ManifestError(
+            f"{source}: this is a spec file (one GraphSpec, its fields at the top level), and this verb takes a "
+            "manifest: put the fields under 'graphs:' as one family, e.g. 'graphs: [{name: mine, batch: 1, ...}]' "
+            "(docs/examples/README.md); key, explain, doctor --spec and bench --spec take a spec file as it is"
+        )
     if unknown:
         listed = ", ".join(shown(k) for k in list(unknown)[:5])
         raise ManifestError(f"{source}: unknown top-level key(s) {listed}; allowed: defaults, graphs")

@@ -54,6 +54,7 @@ class HttpStore:
             transport=transport,
         )
         self._down_until = 0.0
+        self._down_because = ""  # the failure that started the pause, which every call in it names
         self._lock = threading.Lock()
         self.errors = 0
         self.corrupt = 0
@@ -69,13 +70,17 @@ class HttpStore:
         return self._checked(response)
 
     def _check_down(self) -> None:
-        if time.monotonic() < self._down_until:
-            raise StoreUnavailable(f"{self.shown} failed recently; retrying after {self.retry_after:.0f}s")
+        left = self._down_until - time.monotonic()
+        if left > 0:
+            raise StoreUnavailable(
+                f"{self.shown} did not answer ({self._down_because}); not asked again for another {left:.0f}s"
+            )
 
     def _unavailable(self, exc: Exception) -> StoreUnavailable:
         with self._lock:
             self.errors += 1
             self._down_until = time.monotonic() + self.retry_after
+            self._down_because = f"{type(exc).__name__}: {exc}"
         # No log line here: the exception says it, and callers that carry
         # on without the service (TieredStore, GraphCache) log their own
         # warning; a CLI user gets one error line, not a warning and then it.
@@ -90,7 +95,12 @@ class HttpStore:
                 self.errors += 1
             raise StoreUnavailable(f"{self.shown} answered {response.status_code}: {_detail(response)}")
         if response.status_code in (401, 403):
-            raise StoreError(f"{self.shown} refused the request ({response.status_code}): {_detail(response)}")
+            given = "is not one the server takes for this" if response.status_code == 403 else "is not set"
+            raise StoreError(
+                f"{self.shown} refused the request ({response.status_code}: {_detail(response)}): this client's token, "
+                f"GRAPHCACHE_TOKEN, {given}; set it to one of the server's tokens (GRAPHCACHE_WRITE_TOKENS for "
+                "uploads, GRAPHCACHE_READ_TOKENS for reads)"
+            )
         return response
 
     # -- Store --------------------------------------------------------------------
@@ -279,6 +289,28 @@ class HttpStore:
 
     def ping(self) -> None:
         _expect(self._request("GET", "/healthz"), 200)
+
+    def check_write(self, retries: int = 0, retrying: Callable[[StoreUnavailable, float], None] | None = None) -> None:
+        """That the service answers and takes this client's uploads, before
+        anything is built for it. Stores nothing: it asks to unpin a key no
+        artifact has, and the server checks the write token first. A service
+        that does not answer (or answers 5xx: one still starting) is asked
+        again up to ``retries`` times, 1, 2, 4, ... s apart, ``retrying(why,
+        seconds)`` told before each wait. Raises StoreUnavailable (down: the
+        reason) or StoreError (the token refused, naming GRAPHCACHE_TOKEN)."""
+        for attempt in range(retries + 1):
+            try:
+                self._request("DELETE", f"/v1/artifacts/{'0' * 64}/pin")
+                return
+            except StoreUnavailable as exc:
+                if attempt == retries:
+                    raise
+                wait = float(2**attempt)
+                if retrying is not None:
+                    retrying(exc, wait)
+                time.sleep(wait)
+                with self._lock:
+                    self._down_until = 0.0  # asked again now, not after retry_after
 
     def close(self) -> None:
         self._client.close()

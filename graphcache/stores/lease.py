@@ -13,8 +13,12 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
-from typing import Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from graphcache.errors import StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -72,3 +76,46 @@ class Lease:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def build_once(
+    leases: Leases | None,
+    key: str,
+    *,
+    ttl: float,
+    wait: float,
+    fetch: Callable[[str], Any],
+    build: Callable[[], Any],
+    waiting: Callable[[], None],
+) -> tuple[Any, bool]:
+    """``build()`` under ``key``'s lease, or what another holder stored
+    (``fetch(key)``), and whether it was built here. The holder builds; the
+    others wait up to ``wait`` seconds for its artifact (``waiting()`` once,
+    when they start to), then build it themselves; a holder that dies stops
+    renewing, its lease expires and a waiter takes over. No leases (None), or
+    a store that cannot give one: built here at once (GraphCache's builds)."""
+    if leases is None:
+        return build(), True
+    deadline = time.monotonic() + wait
+    waited = False
+    while True:
+        lease = Lease(leases, key, ttl)
+        try:
+            acquired = lease.try_acquire()
+        except StoreUnavailable as exc:
+            log.warning("no build lease for %s (%s): building without one", key[:12], exc)
+            return build(), True
+        if acquired:
+            with lease:
+                fetched = fetch(key)
+                return (fetched, False) if fetched is not None else (build(), True)
+        if not waited:
+            waiting()
+            waited = True
+        time.sleep(0.1)
+        fetched = fetch(key)
+        if fetched is not None:
+            return fetched, False
+        if time.monotonic() > deadline:
+            log.warning("waited %.0fs for another builder of %s: building here", wait, key[:12])
+            return build(), True

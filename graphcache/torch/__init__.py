@@ -14,7 +14,8 @@ registers the ``graphcache::sdpa`` custom op that torch.compile traces.
 
     with gt.patch():                 # nn.MultiheadAttention, HF "sdpa" models, ...
         out = model(**inputs)
-    gt.stats()                       # calls, hits, misses, fallbacks by reason
+    gt.stats()                       # calls, served_from_store (hits), built_here, fallbacks by reason
+    print(gt.summary())              # the same in one line
 
     with gt.record("manifest.yaml", dtype="bfloat16"):
         model.generate(...)          # then: graphcache warm manifest.yaml
@@ -36,6 +37,7 @@ if tuple(int(p) for p in _torch.__version__.split("+")[0].split(".")[:2]) < (2, 
 
 from graphcache.cache import GraphCache
 from graphcache.errors import UnsupportedCall
+from graphcache.torch import counts as _counts
 from graphcache.torch.derive import spec_for
 from graphcache.torch.door import Installation, install, kernels, uninstall
 from graphcache.torch.onmiss import ON_MISS, ON_MISS_VAR
@@ -61,13 +63,19 @@ __all__ = [
     "scaled_dot_product_attention",
     "spec_for",
     "stats",
+    "summary",
     "uninstall",
     "varlen_attn",
 ]
 
 
 def stats() -> dict[str, Any]:
-    """This process's drop-in counters: ``calls``, ``hits``, ``misses``,
+    """This process's drop-in counters (graphcache.torch.counts): ``calls``;
+    ``served_from_store`` (= ``hits``: calls served by a graph the store
+    held); ``built_here`` (calls served by a graph this process built on a
+    miss, on_miss ``build``: no hit) and ``built_graphs`` (those graphs, one
+    line each); ``misses`` (calls whose graph the store did not
+    hold: built here, ran torch, or raised);
     ``fallbacks`` (calls that ran torch's SDPA or varlen kernel, by reason:
     miss, mask, dtype, head_dim, not_4d, device, autograd, unsupported,
     known_bad, no_gpu, execute_failed, capture, and for varlen_attn
@@ -79,8 +87,8 @@ def stats() -> dict[str, Any]:
     graphcache.torch.guard), ``graphs_loaded``, ``shapes_served`` (the
     distinct call shapes the loaded graphs served: under length classes, many
     per graph), ``missed_specs``, and ``doors``: per door a call came through
-    (sdpa, aten, aten_backward, varlen, hf) its calls, hits, relayed calls
-    and fallbacks by reason. A call is counted once, at the door that decided
+    (sdpa, aten, aten_backward, varlen, hf) its calls, hits, built_here,
+    relayed calls and fallbacks by reason. A call is counted once, at the door that decided
     it; backward calls only under ``doors``. Where install() registered
     kernels, ``kernels`` says which serves each key now
     (graphcache.torch.kernels())."""
@@ -89,6 +97,12 @@ def stats() -> dict[str, Any]:
     if served:
         found["kernels"] = served
     return found
+
+
+def summary() -> str:
+    """``stats()`` in one line: ``16 calls: 0 served from the store, 16 by
+    graphs built here (2 built: ...), 0 fell back to torch``."""
+    return _counts.summary(RUNTIME.stats())
 
 
 def configure(cache: GraphCache | None = None, *, device: Any = None, on_miss: str | None = None) -> None:

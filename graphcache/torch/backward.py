@@ -48,6 +48,7 @@ class BackwardPlan:
     graph: Any
     reason: str = ""
     message: str = ""
+    built: bool = False  # the graph was built by this process, not found in the store (graphcache.torch.counts)
 
     def run(self, grad_out: Any, q: Any, k: Any, v: Any, out: Any, lse: Any) -> tuple[Any, Any, Any]:
         """The graph on the call's (b, h, s, d) tensors (copied into the spec's
@@ -121,7 +122,7 @@ def sdpa_backward(
         except Exception as exc:  # noqa: BLE001 - never into the training step: the exact graph, else the caller's
             plan = _execute_failed(memo_key, plan, exc, query.device)
             continue
-        state.count()
+        state.count(built=plan.built)
         return grads
     state.count(plan.reason)
     raise UnsupportedCall(plan.message or f"no cached backward graph ({plan.reason})", plan.reason)
@@ -201,19 +202,20 @@ def _plan_for(spec: GraphSpec, device: torch.device) -> BackwardPlan:
         if klass != spec and graph.spec != klass:
             RUNTIME._classless.add(klass)
     if RUNTIME.failures.failed(graph.spec, spec):  # it raised at execute for this shape (graphcache.torch.guard)
-        found = exact_graph(RUNTIME.failures, RUNTIME._graphs, cache, graph.spec, spec, RUNTIME.on_miss() == "build")
+        build = RUNTIME.on_miss() == "build"
+        found = exact_graph(RUNTIME.failures, RUNTIME._graphs, cache, graph.spec, spec, build, RUNTIME.counts)
         if found is None:
             return BackwardPlan(spec, None, "execute_failed", f"the cached graph {graph.spec.summary()} raised here")
         graph = found
     RUNTIME._served.add(hash(spec))
-    return BackwardPlan(spec, bind(graph, spec))
+    return BackwardPlan(spec, bind(graph, spec), built=graph.spec in RUNTIME.counts.built)
 
 
 def _load(cache: GraphCache, spec: GraphSpec) -> tuple[Any, str, str]:
     """``spec``'s graph, or why not (the forward's policy: ``Runtime._load``)."""
     on_miss = RUNTIME.on_miss()
     try:
-        graph = cache.load(spec, build=on_miss == "build")
+        graph, built = cache.ensure_loaded(spec, build=on_miss == "build")
     except NotFound:
         if on_miss == "error":
             RUNTIME.backward.count("raised")
@@ -230,6 +232,8 @@ def _load(cache: GraphCache, spec: GraphSpec) -> tuple[Any, str, str]:
         return None, "load_failed", f"{type(exc).__name__}: {exc}"
     if getattr(graph, "backend", "") == "torch":  # a cache made with torch_fallback=True
         return None, "unsupported", getattr(graph, "reason", "") or "served by torch"
+    if built:  # on the spot: its calls are no hits (graphcache.torch.counts)
+        RUNTIME.counts.note_built(graph.spec)
     return graph, "", ""
 
 

@@ -74,29 +74,32 @@ def capturing() -> bool:
 
 
 class Doors:
-    """Calls, hits, relayed calls and fallbacks by reason, per door, guarded
-    by the runtime's count lock (``lock``): ``count``, ``fold`` and
-    ``as_dict`` are called with it held (``Runtime.count``, ``Runtime.stats``),
-    ``counted`` and ``relayed`` take it. A hit takes no lock (``hit``): the
-    plan that served it is appended to its door's log (one ``list.append``,
-    atomic), and the logs are counted into the totals when they are read
-    (``fold``) or grow long: a hit at every door takes no lock (the
+    """Calls, hits, calls built here, relayed calls and fallbacks by reason,
+    per door, guarded by the runtime's count lock (``lock``, its Counts'):
+    ``count``, ``fold`` and ``as_dict`` are called with it held
+    (``Counts.count``, ``Counts.stats``), ``counted`` and ``relayed`` take it.
+    A call a graph served takes no lock (``hit``): the plan that served it is
+    appended to its door's log (one ``list.append``, atomic), and the logs are
+    counted into the totals when they are read (``fold``) or grow long, each
+    plan as a hit (its graph was in the store) or as built here (``Plan.built``:
+    graphcache.torch.counts). So a hit at every door takes no lock (the
     ``patch()`` hit measured 0.3 to 1 us cheaper for it, docs/benchmarks.md)."""
 
     FOLD_AT = 4096  # log entries past which a hit counts its door's log (keeps the logs small)
 
     def __init__(self, lock: Any) -> None:
         self.lock = lock
-        self._rows: dict[str, list[Any]] = {}  # door -> [hits, relayed, fallbacks by reason]
-        self._logs: dict[str, list[Any]] = {}  # door -> the plans of its hits not yet counted
-        self.hits = 0  # the hits of every door's log, counted: with the work their graphs declared ...
-        self.larger = 0  # ... hits a stored class larger than the call's own served
+        self._rows: dict[str, list[Any]] = {}  # door -> [hits, relayed, fallbacks by reason, built here]
+        self._logs: dict[str, list[Any]] = {}  # door -> the plans of its graph-served calls not yet counted
+        self.hits = 0  # the logged calls served from the store, counted ...
+        self.built_here = 0  # ... those served by a graph this process built ...
+        self.larger = 0  # ... and of both, those a stored class larger than the call's own served
         self.declared = self.real = 0  # ... the work the serving graphs declare, and the calls'
 
     def _row(self, door: str) -> list[Any]:
         row = self._rows.get(door)
         if row is None:
-            row = self._rows[door] = [0, 0, Counter()]
+            row = self._rows[door] = [0, 0, Counter(), 0]
         return row
 
     def hit(self, door: str, plan: Any) -> None:
@@ -111,22 +114,27 @@ class Doors:
                 self.fold()
 
     def fold(self) -> None:
-        """Count the logged hits (the lock held). Only the folder removes
-        entries, from the front; a hit logged meanwhile lands behind them."""
+        """Count the logged calls (the lock held). Only the folder removes
+        entries, from the front; a call logged meanwhile lands behind them."""
         for door, log in list(self._logs.items()):
             n = len(log)
             if not n:
                 continue
             batch = log[:n]
             del log[:n]
-            self._row(door)[0] += n
-            self.hits += n
             plans = dict(zip(map(id, batch), batch, strict=True))
+            built = 0
             for key, times in Counter(map(id, batch)).items():
                 plan = plans[key]
+                built += times if plan.built else 0
                 self.larger += plan.larger * times
                 self.declared += plan.declared * times
                 self.real += plan.real * times
+            row = self._row(door)
+            row[0] += n - built
+            row[3] += built
+            self.hits += n - built
+            self.built_here += built
 
     def count(self, door: str, hit: bool, reason: str = "") -> None:
         """One call through ``door``: a hit (counted in the door's row only:
@@ -148,14 +156,16 @@ class Doors:
             self._row(door)[1] += 1
 
     def as_dict(self) -> dict[str, dict[str, Any]]:
-        """``{door: {"calls", "hits", "relayed", "fallbacks": {reason: n}}}``
-        for each door a call came through (``fold`` first)."""
+        """``{door: {"calls", "hits", "built_here", "relayed", "fallbacks":
+        {reason: n}}}`` for each door a call came through (``hits``: served
+        from the store; ``fold`` first)."""
         return {
             door: {
-                "calls": hits + relayed + sum(fallbacks.values()),
+                "calls": hits + built + relayed + sum(fallbacks.values()),
                 "hits": hits,
+                "built_here": built,
                 "relayed": relayed,
                 "fallbacks": dict(fallbacks),
             }
-            for door, (hits, relayed, fallbacks) in self._rows.items()
+            for door, (hits, relayed, fallbacks, built) in self._rows.items()
         }

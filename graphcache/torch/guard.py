@@ -32,6 +32,7 @@ from graphcache.cache import GraphCache
 from graphcache.compilers.base import LoadedGraph
 from graphcache.errors import GraphCacheError
 from graphcache.spec import GraphSpec
+from graphcache.torch.counts import Counts
 from graphcache.torch.plan import Plan
 
 log = logging.getLogger(__name__)
@@ -105,20 +106,25 @@ def exact_graph(
     graph: GraphSpec,
     spec: GraphSpec,
     build: bool,
+    counts: Counts | None = None,
 ) -> LoadedGraph | None:
     """The graph that serves ``spec`` where the graph of spec ``graph``
     raised at execute for it: the exact graph of ``spec`` from ``graphs``
     (the runtime's loaded graphs, which it joins), else the cache's (built
-    when ``build``: on_miss=build); None where ``graph`` was that graph, the
-    exact one raised too, or there is none. Never raises: a graph that
-    failed is no miss, and on_miss=error does not raise for it."""
+    when ``build``: on_miss=build, and then noted in ``counts``); None where
+    ``graph`` was that graph, the exact one raised too, or there is none.
+    Never raises: a graph that failed is no miss, and on_miss=error does not
+    raise for it."""
     if not failures.exact_may_serve(graph, spec):
         return None
     found = graphs.get(spec)
     if found is None and cache.compiler is not None:
         try:  # the exact graph itself: cache.load would hand the class graph back
-            found = cache.compiler.load(cache.get(spec, build=build))
+            artifact, built = cache.ensure(spec, build=build)
+            found = cache.compiler.load(artifact)
         except GraphCacheError:
             return None
         graphs[spec] = found
+        if built and counts is not None:
+            counts.note_built(spec)
     return found

@@ -48,6 +48,7 @@ class Plan:
     larger: bool = False  # served by a stored class larger than the call's own (GraphCache.serving_class)
     bias: BiasFrom | None = None  # how a call's attn_mask becomes the graph's bias (graphcache.torch.bias)
     expanded: bool = False  # k and v expanded over heads (stride 0): the graph reads their first head
+    built: bool = False  # the graph was built by this process, not found in the store (graphcache.torch.counts)
 
     def reads(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The tensors the graph reads: the call's, with k and v's first head
@@ -98,26 +99,33 @@ def needs_grad(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extra: Any = N
 
 class BackwardCalls:
     """What ``graphcache.torch.backward.sdpa_backward`` keeps in the runtime:
-    its memo (a call shape's plan) and its counters, apart from the forward's:
-    ``calls``, ``hits``, ``misses`` (calls whose graph was not cached) and
-    ``fallbacks`` by reason (calls it answered with UnsupportedCall, which the
-    caller ran another way; a miss among them as ``miss``)."""
+    its memo (a call shape's plan) and its counters, apart from the forward's
+    and in its words (graphcache.torch.counts): ``calls``,
+    ``served_from_store`` (= ``hits``), ``built_here`` (a graph this process
+    built on a miss: no hit), ``misses`` (calls whose graph the store did not
+    hold: built here, refused as ``miss``, or raised) and ``fallbacks`` by
+    reason (calls it answered with UnsupportedCall, which the caller ran
+    another way; a miss among them as ``miss``)."""
 
     def __init__(self) -> None:
         self.memo: dict[tuple[Any, ...], Any] = {}
         self.hits = 0
+        self.built_here = 0
         self.misses = 0
         self.raised = 0  # calls that raised NotFound (on_miss=error)
         self.fallbacks: Counter[str] = Counter()
         self._lock = threading.Lock()
 
-    def count(self, reason: str = "") -> None:
-        """One call: a hit where ``reason`` is empty, else a fallback for
-        ``reason`` (``miss`` counts a miss too; ``raised``, a miss that raised
-        NotFound under on_miss=error, is a miss and no fallback)."""
+    def count(self, reason: str = "", *, built: bool = False) -> None:
+        """One call: served by a graph where ``reason`` is empty (``built``:
+        one this process built), else a fallback for ``reason`` (``miss``
+        counts a miss too; ``raised``, a miss that raised NotFound under
+        on_miss=error, is a miss and no fallback)."""
         with self._lock:
             if not reason:
-                self.hits += 1
+                self.built_here += built
+                self.misses += built
+                self.hits += not built
             elif reason == "raised":
                 self.raised += 1
                 self.misses += 1
@@ -128,5 +136,12 @@ class BackwardCalls:
     def stats(self) -> dict[str, Any]:
         with self._lock:
             fallbacks = dict(self.fallbacks)
-            calls = self.hits + sum(fallbacks.values()) + self.raised
-            return {"calls": calls, "hits": self.hits, "misses": self.misses, "fallbacks": fallbacks}
+            calls = self.hits + self.built_here + sum(fallbacks.values()) + self.raised
+            return {
+                "calls": calls,
+                "hits": self.hits,
+                "served_from_store": self.hits,
+                "built_here": self.built_here,
+                "misses": self.misses,
+                "fallbacks": fallbacks,
+            }

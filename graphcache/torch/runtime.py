@@ -29,8 +29,9 @@ from graphcache.compilers.classgraph import bind
 from graphcache.errors import GraphCacheError, NoGpu, NotFound, UnsupportedCall, UnsupportedGpu, UnsupportedSpec
 from graphcache.spec import GraphSpec
 from graphcache.spec.classes import class_of
+from graphcache.torch.counts import Counts
 from graphcache.torch.derive import Derived, derive_args
-from graphcache.torch.doors import Doors, capturing, relayed_sdpa
+from graphcache.torch.doors import capturing, relayed_sdpa
 from graphcache.torch.guard import Failures, exact_graph, failed_plan, graph_of
 from graphcache.torch.onmiss import ON_MISS, ON_MISS_VAR, on_miss_from_env
 from graphcache.torch.plan import COPIED, BackwardCalls, Plan
@@ -46,7 +47,6 @@ class Runtime:
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
-        self._count_lock = threading.Lock()
         self.reset()
 
     # configuration ------------------------------------------------------------
@@ -63,14 +63,11 @@ class Runtime:
             # The exact call specs loaded graphs served, by hash: a server's
             # lifetime of decode lengths, kept small (the memo itself is bounded).
             self._served: set[int] = set()
-            self._missed: dict[GraphSpec, int] = {}
-            self._misses = 0
-            self._raised = 0  # calls that raised NotFound (on_miss=error)
-            self._fallbacks: Counter[str] = Counter()
+            self.counts = Counts()  # what each call was served by, per door too (graphcache.torch.counts)
             COPIED.clear()  # (tensor, reason): tensors copied for a graph to read (plan.py counts them)
             self.failures = Failures()  # (graph, call shape) pairs whose execute raised (guard.py)
             self.recorders: list[Any] = []
-            self.doors = Doors(self._count_lock)  # calls by the door they came through, and the hits (doors.py)
+            self.doors = self.counts.doors  # calls by the door they came through (doors.py)
             self.backward = BackwardCalls()  # graphcache.torch.backward's memo and counters
 
     def configure(self, cache: GraphCache | None = None, *, device: Any = None, on_miss: str | None = None) -> None:
@@ -93,7 +90,7 @@ class Runtime:
             self.failures = Failures()  # a verdict on graphs configure() forgets
             self._classless.clear()
             self._served.clear()
-            self._missed.clear()
+            self.counts.missed.clear()
             self.backward.memo.clear()
             self._cache = cache
             self._device = where
@@ -192,22 +189,16 @@ class Runtime:
         return out
 
     def count(self, plan: Plan, door: str = "sdpa") -> None:
-        """Count one call that ran ``plan``: a hit where it has a graph, else a
-        fallback under its reason (and a miss of its spec). The one place
-        calls are counted: ``call``, graphcache.torch.varlen_attn,
-        graphcache.hf's dense path and the aten door alike, so a hit a larger
-        stored class served counts in served_by_larger whichever ``door`` it
-        came through (doors.py names them). A hit takes no lock (Doors.hit)."""
-        if plan.graph is not None:
+        """Count one call that ran ``plan`` through ``door`` (doors.py names
+        them): served from the store or by a graph built here where it has a
+        graph, else a fallback under its reason (graphcache.torch.counts). The
+        one place calls are counted: ``call``, graphcache.torch.varlen_attn,
+        graphcache.hf's dense path and the aten door alike. A call a graph
+        served takes no lock (Doors.hit)."""
+        if plan.graph is not None:  # the hit's path, as Counts.count takes it, one call shorter
             self.doors.hit(door, plan)
             return
-        with self._count_lock:
-            self.doors.count(door, False, plan.reason)
-            self._fallbacks[plan.reason] += 1
-            if plan.reason == "miss":
-                assert plan.spec is not None
-                self._misses += 1
-                self._missed[plan.spec] = self._missed.get(plan.spec, 0) + 1
+        self.counts.count(plan, door)
 
     def execute_failed(
         self, memo_key: tuple[Any, ...] | None, plan: Plan, error: Exception, call: Any, replan: Callable[[], Plan]
@@ -293,7 +284,8 @@ class Runtime:
             if klass != spec and graph.spec != klass:
                 self._classless.add(klass)
         if self.failures.failed(graph.spec, spec):  # it raised at execute for this shape (guard.py)
-            found = exact_graph(self.failures, self._graphs, cache, graph.spec, spec, self.on_miss() == "build")
+            build = self.on_miss() == "build"
+            found = exact_graph(self.failures, self._graphs, cache, graph.spec, spec, build, self.counts)
             if found is None:
                 return failed_plan(spec, graph.spec)
             graph = found
@@ -305,18 +297,19 @@ class Runtime:
             spec.dropout or spec.padding or spec.generate_stats
         )
         copies, expanded = derived.copies, derived.expanded
-        return Plan(spec, graph, "", "", copies, views, work(serving), work(spec), larger, derived.bias, expanded)
+        return Plan(
+            spec, graph, "", "", copies, views, work(serving), work(spec), larger, derived.bias, expanded,
+            built=serving in self.counts.built,
+        )  # fmt: skip
 
     def _load(self, cache: GraphCache, spec: GraphSpec) -> tuple[LoadedGraph | None, str, str]:
         """Load ``spec``'s graph, or say why not. Misses follow on_miss."""
         on_miss = self.on_miss()
         try:
-            graph = cache.load(spec, build=on_miss == "build")
+            graph, built = cache.ensure_loaded(spec, build=on_miss == "build")
         except NotFound:
             if on_miss == "error":
-                with self._count_lock:
-                    self._misses += 1
-                    self._raised += 1
+                self.counts.raised_miss()
                 raise NotFound(
                     f"no cached cuDNN graph for {spec.summary()} (key {cache.key(spec)[:12]}): warm it "
                     f"(graphcache record, then graphcache warm), or set {ON_MISS_VAR}=torch to run torch's "
@@ -333,36 +326,27 @@ class Runtime:
             return None, "load_failed", f"{type(exc).__name__}: {exc}"
         if getattr(graph, "backend", "") == "torch":  # a cache made with torch_fallback=True
             return None, "unsupported", getattr(graph, "reason", "") or "served by torch"
+        if built:  # on the spot: its calls are no hits (graphcache.torch.counts)
+            self.counts.note_built(graph.spec)
         return graph, "", ""
 
     # counters ---------------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
-        """calls, hits, served_by_larger (hits a stored class larger than
-        the call's own served), declared_to_real (over the hits: the work the
-        graphs declare over the calls', batch x seq_q x seq_kv), misses,
-        fallbacks by reason, execute_failures (guard.py), graphs loaded, the
-        distinct call shapes (exact specs) they served, and the specs that missed."""
-        with self._count_lock:
-            doors = self.doors
-            doors.fold()  # the hits logged since (Doors.hit)
-            fallbacks = dict(self._fallbacks)
-            return {
-                "calls": doors.hits + sum(fallbacks.values()) + self._raised,
-                "hits": doors.hits,
-                "served_by_larger": doors.larger,
-                "declared_to_real": round(doors.declared / doors.real, 3) if doors.real else 0.0,
-                "misses": self._misses,
-                "fallbacks": fallbacks,
-                "copies": sum(COPIED.values()),
-                "copied": _by_tensor(COPIED),
-                "execute_failures": self.failures.count,
-                "graphs_loaded": len(self._graphs),
-                "doors": doors.as_dict(),
-                "shapes_served": len(self._served),
-                "missed_specs": [{"spec": s.to_dict(), "calls": n} for s, n in self._missed.items()],
-                "backward": self.backward.stats(),  # sdpa_backward's calls, apart from these
-            }
+        """The calls' counters (graphcache.torch.counts: served from the
+        store, built here, fallbacks by reason, misses, by door, ...), the
+        tensors copied for a graph to read, execute_failures (guard.py),
+        graphs loaded, the distinct call shapes (exact specs) they served,
+        and sdpa_backward's calls apart (``backward``)."""
+        return {
+            **self.counts.stats(),
+            "copies": sum(COPIED.values()),
+            "copied": _by_tensor(COPIED),
+            "execute_failures": self.failures.count,
+            "graphs_loaded": len(self._graphs),
+            "shapes_served": len(self._served),
+            "backward": self.backward.stats(),  # sdpa_backward's calls, apart from these
+        }
 
 
 # What derive() takes as a plain tensor (a Parameter is one, with its grad flag).

@@ -196,10 +196,11 @@ def _plan_for(exact: GraphSpec, device: torch.device) -> Plan:
             return Plan(spec, None, reason, message)
         RUNTIME._graphs[graph.spec] = graph
     if RUNTIME.failures.failed(spec, exact):  # it raised at execute for this call shape (graphcache.torch.guard)
-        graph = exact_graph(RUNTIME.failures, RUNTIME._graphs, cache, spec, exact, RUNTIME.on_miss() == "build")
+        build = RUNTIME.on_miss() == "build"
+        graph = exact_graph(RUNTIME.failures, RUNTIME._graphs, cache, spec, exact, build, RUNTIME.counts)
         if graph is None:
             return failed_plan(exact, spec)
-    return Plan(graph.spec, graph, "")
+    return Plan(graph.spec, graph, "", built=graph.spec in RUNTIME.counts.built)
 
 
 def derive(args: tuple[Any, ...], extra: tuple[Any, ...], dtype: str | None = None) -> GraphSpec:

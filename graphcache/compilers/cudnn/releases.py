@@ -159,7 +159,11 @@ def known_bad(spec: Any, target: Any) -> Window | None:
     """The first window of ``KNOWN_BAD`` that forbids serving ``spec`` (a
     GraphSpec: its ``seq_q``, ``layout``, ``heads_q``, ``heads_kv``) on
     ``target`` (a Target: its ``cudnn`` and ``compute_capability``), else
-    None. A target whose versions do not parse is in no window."""
+    None. A target whose versions do not parse is in no window, nor is the
+    reference compiler's (``reference-sm00-cudnn0.0.0-fe0.0.0``): it runs
+    torch's SDPA, no cuDNN release at all."""
+    if target.gpu == "reference":  # graphcache.compilers.reference.TARGET
+        return None
     try:
         cudnn = parse_version(target.cudnn)
         cc = _cc(target.compute_capability)
