@@ -68,11 +68,6 @@ def pip_setup() -> list[str]:
     setup.setdefault("PIP_CACHE_DIR", str(home / ".cache" / "pip"))
     # No PIP_RETRIES here: the walk's torch step (scripts/cpu_torch.sh) asks
     # each source once, within seconds, where one cannot be reached.
-    # pip byte-compiles every file it installs (torch and transformers: over
-    # 5000): most of a minute of CPU on 2 cores for modules the walk never
-    # imports. Without it Python compiles what is imported, when it is; the
-    # README's commands are the same either way.
-    setup.setdefault("PIP_NO_COMPILE", "1")
     return [f"{name}={value}" for name, value in sorted(setup.items())]
 
 
