@@ -5,6 +5,15 @@ import shutil
 
 import pytest
 
+# One OpenMP thread for torch, here and in every subprocess the tests start (set
+# before anything imports torch; a value already set wins). The tests' tensors
+# are small: a second intra-op thread buys nothing on them and, on 2 cores that
+# the suite's own servers and CLI processes share, its spin-waiting costs CPU.
+# Measured on this 2-core machine: tests/test_classes_cudnn.py with
+# test_backward.py 21-22 s of CPU against 27-56 s with torch's default; the
+# two Llama class tests with test_varlen_dropin.py 18 s against 26-43 s.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 def _gpu_reason() -> str | None:
     try:
@@ -60,9 +69,18 @@ def _need_redis() -> None:
 
 @pytest.fixture(scope="session")
 def redis_url():
-    """A Redis for tests: the one scripts/test.sh started, else a private one."""
+    """A Redis for tests: the one scripts/test.sh started, else a private one.
+
+    Under pytest-xdist each worker (gw0, gw1, ...) takes its own database of
+    the shared server (1, 2, ...), so that one worker's flushdb never empties
+    another's store in the middle of a test."""
     url = os.environ.get("GRAPHCACHE_TEST_REDIS_URL")
     if url:
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+        if worker.startswith("gw"):
+            from urllib.parse import urlsplit, urlunsplit
+
+            url = urlunsplit(urlsplit(url)._replace(path=f"/{int(worker[2:]) % 15 + 1}"))
         yield url
         return
     _need_redis()
@@ -99,3 +117,31 @@ def private_redis():
     yield start
     for server in started:
         server.stop()
+
+
+# -- the suite's time (scripts/suite_times.py reads what this writes) -----------------
+
+_TIMES = os.environ.get("GRAPHCACHE_TEST_TIMES")
+
+
+if _TIMES:
+    import resource
+    import time
+
+    def _cpu() -> float:
+        own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):  # noqa: ANN201
+        """With GRAPHCACHE_TEST_TIMES=FILE: one CSV row a test (node id, wall
+        seconds, CPU seconds of this process and the subprocesses it waited
+        for; setup and teardown included), appended as each test ends, so a
+        run cut short keeps its rows. CPU seconds, unlike wall, hardly move
+        when other work shares the cores."""
+        wall, cpu = time.monotonic(), _cpu()
+        yield
+        import csv
+
+        with open(_TIMES, "a", newline="", encoding="utf-8") as out:  # noqa: PTH123
+            csv.writer(out).writerow([item.nodeid, f"{time.monotonic() - wall:.3f}", f"{_cpu() - cpu:.3f}"])

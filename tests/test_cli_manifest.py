@@ -191,9 +191,16 @@ def test_a_folder_without_config_json_or_bad_json_is_named(tmp_path):
 def test_warm_builds_and_warm_check_accepts_the_manifest(tmp_path):
     out = tmp_path / "m.yaml"
     path = write(tmp_path, **llama())
-    run = cli("manifest", str(path), "--max-batch", "2", "--max-seq", "256", "--route", "graphcache", "-o", str(out))
+    # --method config, this file's reader: the default (the model traced, ~10 s of
+    # transformers in the subprocess) is warmed and served from in
+    # tests/test_manifest_models.py.
+    run = cli(
+        "manifest", str(path), "--max-batch", "2", "--max-seq", "256", "--route", "graphcache", "--method", "config",
+        "-o", str(out),
+    )  # fmt: skip
     assert run.returncode == 0, run.stderr
     specs = manifest.load(out)
+    assert specs and "--method config" in out.read_text()
     store = DiskStore(tmp_path / "store")
     rows = ops.warm(specs, GraphCache(store, FakeCompiler(), shape_classes="pow2"))
     assert {r.status for r in rows} == {"built"} and len(rows) == len(specs)

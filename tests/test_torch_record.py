@@ -214,9 +214,8 @@ def test_graphcache_record_passes_a_failing_scripts_status_and_writes_nothing(tm
     out = cli("record", "-o", str(path), str(script), "3")
     assert out.returncode == 3 and not path.exists()
     assert "no manifest written" in out.stderr
-    out = cli("record", "-o", str(path), str(script), "0")
-    assert out.returncode == 0, out.stderr
-    assert manifest.load(path) == [spec(batch=1, heads_q=4, seq_q=8, head_dim=64, layout="bhsd")]
+    # A status 0 writes the manifest: the CLI runs above and below (Llama,
+    # --max-seq) assert it, so no second process here (each imports torch).
 
 
 def test_graphcache_record_names_a_missing_script(tmp_path):
