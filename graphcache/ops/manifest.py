@@ -90,6 +90,10 @@ def parse(
     except ManifestError:
         raise
     except yaml.YAMLError as exc:
+        if "nesting depth" in str(getattr(exc, "problem", None)):
+            # PyYAML 6.0.4's libyaml stops at its own depth (1,000) while
+            # scanning ahead, before the count above sees level 65.
+            raise ManifestError(f"{source}: not valid YAML: nested too deep (more than {MAX_DEPTH} levels)") from None
         raise ManifestError(parse_error_text(source, exc)) from exc
     except RecursionError:
         raise ManifestError(f"{source}: not valid YAML: nested too deep") from None
