@@ -134,6 +134,19 @@ def nginx_binary() -> str | None:
     return found or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
 
 
+def chromium() -> str:
+    """The headless browser the rendering tests use, or a skip saying why."""
+    import shutil
+
+    import pytest
+
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        found = shutil.which(name)
+        if found:
+            return found
+    pytest.skip("no chromium on this machine (scripts/test.sh installs Debian's chromium; it could not here)")
+
+
 def local_nginx_conf(replicas: list[str], port: int, tmp: Any) -> str:
     """docker/nginx.conf as shipped, pointed at local replicas ("127.0.0.1:PORT")
     and run from ``tmp`` (pid, logs, cache, temp files), in the foreground."""

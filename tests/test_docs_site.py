@@ -12,7 +12,6 @@ import http.server
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import threading
@@ -21,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.docs_examples import ROOT
+from tests.servers import chromium
 
 # Runs in every page once it has loaded: each code block whose text is wider
 # than the block shows (scrollWidth past clientWidth), and the first of its
@@ -51,14 +51,6 @@ window.addEventListener('load', () => {
   document.body.appendChild(out);
 });
 """
-
-
-def chromium() -> str:
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        found = shutil.which(name)
-        if found:
-            return found
-    pytest.skip("no chromium on this machine (scripts/test.sh installs Debian's chromium; it could not here)")
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from graphcache.settings import Settings
 from graphcache.stores import DiskStore
 from service.app import create_app
 from tests.fakes import OTHER_TARGET, TARGET, FakeCompiler, spec
-from tests.servers import ServerThread
+from tests.servers import ServerThread, chromium
 
 MANIFEST = """defaults: {batch: 1, heads_q: 8, head_dim: 64}
 graphs:
@@ -89,14 +89,6 @@ def test_the_page_is_behind_read_tokens_when_they_are_set(filled):
         assert httpx.get(srv.url + "/").status_code == 401
         assert httpx.post(srv.url + "/", content=MANIFEST).status_code == 401
         assert httpx.get(srv.url + "/", headers={"authorization": "Bearer r"}).status_code == 200
-
-
-def chromium() -> str:
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        found = shutil.which(name)
-        if found:
-            return found
-    pytest.skip("no chromium on this machine (scripts/test.sh installs Debian's chromium; it could not here)")
 
 
 def test_the_page_renders_in_headless_chromium_with_the_stores_figures(filled, tmp_path):
