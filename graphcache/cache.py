@@ -12,7 +12,7 @@ from typing import Any
 from graphcache.artifact import Artifact
 from graphcache.classindex import ClassIndex, check_slack, local_headers, slack_from_env, work
 from graphcache.compilers.base import LoadedGraph
-from graphcache.compilers.cudnn.releases import refused
+from graphcache.compilers.cudnn.releases import Mechanism, class_mechanism, refused
 from graphcache.compilers.named import Named, resolve
 from graphcache.counters import PrefetchReport, Stats
 from graphcache.errors import (
@@ -306,17 +306,41 @@ class GraphCache:
         SDPA serves it): what tells a warm start from a cold one."""
         klass = self.serving_class(spec, target)
         if klass != spec and (klass, target) not in self._unserved:  # the target resolved in _load, as NoGpu may be
-            try:
-                loaded = self._load(klass, target, build, fallback=False)
-                self._stats.served(work(klass), work(spec), larger=klass != class_of(spec, self.shape_classes))
-                return loaded
-            except NotFound:  # build=False: the exact graph's lookup counts this load's miss
-                self._stats.bump("misses", -1)
-            except GraphCacheError as exc:  # the exact graph serves instead
-                if isinstance(exc, (BuildError, PlanRejected)):  # costly and no negative entry: once per process
-                    self._unserved.add((klass, target))
-                log.debug("class %s does not serve %s here: %s", klass.summary(), spec.summary(), exc)
+            for form in self._forms(klass, target):
+                try:
+                    loaded = self._load(form, target, build, fallback=False)
+                    self._stats.served(work(klass), work(spec), larger=klass != class_of(spec, self.shape_classes))
+                    return loaded
+                except NotFound:  # build=False: the exact graph's lookup counts this load's miss
+                    self._stats.bump("misses", -1)
+                    break
+                except UnsupportedSpec as exc:  # recorded for the target: its padded form, else the exact graph
+                    log.debug("class %s does not serve %s here: %s", form.summary(), spec.summary(), exc)
+                except GraphCacheError as exc:  # the exact graph serves instead
+                    if isinstance(exc, (BuildError, PlanRejected)):  # costly and no negative entry: once per process
+                        self._unserved.add((klass, target))
+                    log.debug("class %s does not serve %s here: %s", form.summary(), spec.summary(), exc)
+                    break
         return self._load(spec, target, build)
+
+    def _forms(self, klass: GraphSpec, target: Target | None) -> list[GraphSpec]:
+        """The class graphs ``load`` tries for ``klass``, in order: the one
+        its target serves it by (``releases.class_mechanism``), then, where
+        that is execute-time override and the target has the padding mask,
+        its ``padded`` form (an override cuDNN refused for this spec, a
+        negative entry, is not the end of the class)."""
+        if klass.mechanism is not None:
+            return [klass]
+        try:
+            resolved = self.target(target)
+        except NoGpu:
+            return [klass]
+        chosen = class_mechanism(klass, resolved)
+        if chosen is None or chosen.name != Mechanism.OVERRIDE or klass.kind == "backward":
+            return [klass]
+        padded = klass.replace(mechanism=Mechanism.PADDED)
+        fallback = class_mechanism(padded, resolved)
+        return [klass, padded] if fallback is not None and fallback.serves else [klass]
 
     def _load(self, spec: GraphSpec, target: Target | None, build: bool, fallback: bool = True) -> Loaded:
         """``spec``'s own graph, and whether it was built here; no class

@@ -48,7 +48,9 @@ __all__ = [
 ]
 
 _CLASS_SIZES = ("batch", "seq_q", "seq_kv")
-_SIZES = frozenset({*_CLASS_SIZES, "shapes"})
+# A class's mechanism (override or padded) is the target's choice, not part of
+# what it covers: the index holds classes as a manifest lists them.
+_SIZES = frozenset({*_CLASS_SIZES, "shapes", "mechanism"})
 _FIXED = tuple(name for name in GraphSpec.field_names() if name not in _SIZES)
 
 
@@ -125,6 +127,7 @@ class ClassIndex:
     def add(self, spec: GraphSpec, target: Target) -> None:
         if not spec.is_class:
             return
+        spec = spec.as_listed()
         # Copy on write: ``choose`` reads the lists without the lock (a list
         # being sorted in place looks empty to another thread).
         with self._lock:
@@ -134,6 +137,7 @@ class ClassIndex:
                 self._classes[(target, family(spec))] = grown
 
     def discard(self, spec: GraphSpec, target: Target) -> None:
+        spec = spec.as_listed()
         with self._lock:
             members = self._classes.get((target, family(spec)), [])
             if spec in members:
@@ -141,6 +145,7 @@ class ClassIndex:
 
     def __contains__(self, item: tuple[GraphSpec, Target]) -> bool:
         spec, target = item
+        spec = spec.as_listed()
         return spec in self._classes.get((target, family(spec)), ())
 
     def __len__(self) -> int:

@@ -24,7 +24,16 @@ def key_for(spec: GraphSpec, target: Target, uids: UidMap | None = None) -> str:
 
     Stable across processes, machines and Python versions (canonical JSON with
     sorted keys and shortest round-trip floats); any field change changes it.
+    A class spec is keyed with the mechanism that serves it on ``target``
+    written in (``releases.resolved``: ``mechanism: padded`` where the target
+    has no execute-time override), so a manifest's class names the graph each
+    target builds, and one store holds both kinds for different targets.
     """
+    if spec.is_class and spec.mechanism is None:
+        # Imported here: the compiler package imports this module (through artifact).
+        from graphcache.compilers.cudnn.releases import resolved
+
+        spec = resolved(spec, target)
     uids = (uids or UidMap.default()).for_spec(spec)
     document = {
         "format": FORMAT_VERSION,

@@ -66,6 +66,9 @@ class Settings:
                                                many times the work of the call's own class (default 4; classindex)
     compiler         GRAPHCACHE_COMPILER       cudnn (default), reference or module:Class (graphcache.compilers.named)
     manifests        GRAPHCACHE_MANIFESTS      folder of manifests the status page may name (GET /?manifest=NAME)
+    reference_cudnn  GRAPHCACHE_REFERENCE_CUDNN    the cuDNN the reference compiler stands in for (default 0.0.0:
+                                                   none, every feature); its builds apply the release table
+    reference_frontend GRAPHCACHE_REFERENCE_FRONTEND  likewise the cudnn-frontend (default 0.0.0: none)
     """
 
     cache_dir: Path = field(default_factory=default_cache_dir)
@@ -96,6 +99,8 @@ class Settings:
     class_slack: float = 4.0
     compiler: str = ""
     manifests: Path | None = None
+    reference_cudnn: str = "0.0.0"
+    reference_frontend: str = "0.0.0"
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:
@@ -143,6 +148,9 @@ class Settings:
             values["manifests"] = Path(v).expanduser()
         if (v := get("COMPILER")) is not None:
             values["compiler"] = check_compiler_name(v, "GRAPHCACHE_COMPILER")
+        for name, example in (("REFERENCE_CUDNN", "9.19.0"), ("REFERENCE_FRONTEND", "1.28.0")):
+            if (v := get(name)) is not None:
+                values[name.lower()] = check_version(v, "GRAPHCACHE_" + name, example)
         if (v := get("SERVER")) is not None:
             values["server"] = v.rstrip("/")
         if (v := get("TOKEN")) is not None:
@@ -256,6 +264,16 @@ def check_compiler_name(name: str, source: str = "compiler") -> str:
     if text in COMPILER_NAMES or (sep and module and attr):
         return text
     raise SettingsError(f"{source}={name!r} names no compiler; give {COMPILER_HELP}")
+
+
+def check_version(value: str, source: str, example: str) -> str:
+    """``value`` stripped if it is a release number (two to four dot-separated
+    numbers); else SettingsError naming ``source`` with an example."""
+    text = value.strip()
+    parts = text.split(".")
+    if not 2 <= len(parts) <= 4 or not all(p.isdigit() and p.isascii() and len(p) <= 6 for p in parts):
+        raise SettingsError(f"{source}={value!r} is not a release number; write it as {example} (0.0.0: no limit)")
+    return text
 
 
 def _int(name: str, value: str, allow_zero: bool = False, unit: str = "bytes") -> int:

@@ -52,11 +52,15 @@ class FakeCompiler:
         unsupported: set[str] | None = None,
         reject_loads: list[str] | None = None,
         classes: bool = True,
+        override: bool = True,
     ) -> None:
         self._target = target
-        # False: class specs are refused as CudnnCompiler refuses them on a
-        # stack without shape override (UnsupportedSpec, a negative entry).
+        # False: class specs are refused in every form (UnsupportedSpec, a
+        # negative entry), as CudnnCompiler refuses a class cuDNN cannot serve.
         self.classes = classes
+        # False: classes in the override form are refused and their padded
+        # form built (an engine that refuses override for a spec).
+        self.override = override
         self.size = size
         self.delay = delay
         self.unsupported = unsupported or set()
@@ -77,7 +81,9 @@ class FakeCompiler:
         if self.delay:
             time.sleep(self.delay)
         if spec.is_class and not self.classes:
-            raise UnsupportedSpec("fake: no execute-time shape override on this target", step="preflight")
+            raise UnsupportedSpec("fake: no class graph on this target", step="preflight")
+        if spec.is_class and spec.mechanism is None and not self.override:
+            raise UnsupportedSpec("fake: the engine refuses execute-time override for this spec", step="check")
         if spec.mask in self.unsupported:
             raise NotSerializable(f"fake: mask {spec.mask} has no serializable plan", step="serialize")
         return make_artifact(spec, target, size=self.size, uids=uids)

@@ -147,10 +147,29 @@ def test_a_class_refused_on_the_target_is_remembered_and_the_exact_graph_serves(
     compiler = FakeCompiler(target=TARGET, classes=False)
     cache = GraphCache(DiskStore(tmp_path / "s"), compiler, shape_classes="pow2")
     assert cache.load(decode(seq_kv=37)).spec == decode(seq_kv=37)
-    assert compiler.builds == 2  # the class (refused, stored as a negative entry), then the exact graph
+    # The class (refused, stored as a negative entry), its padded form (refused too), then the exact graph.
+    assert compiler.builds == 3
     assert cache.lookup(decode(seq_kv=128, shapes="class")).unsupported
+    assert cache.lookup(decode(seq_kv=128, shapes="class", mechanism="padded")).unsupported
     assert cache.load(decode(seq_kv=40)).spec == decode(seq_kv=40)
-    assert compiler.builds == 3, "the negative entry answered: the class was not tried again"
+    assert compiler.builds == 4, "the negative entries answered: neither form of the class was tried again"
+
+
+def test_a_class_whose_override_the_engine_refuses_is_served_by_its_padded_form(tmp_path):
+    from graphcache import GraphCache
+    from graphcache.stores import DiskStore
+    from tests.fakes import FakeCompiler
+
+    store = DiskStore(tmp_path / "s")
+    compiler = FakeCompiler(target=TARGET, override=False)
+    cache = GraphCache(store, compiler, shape_classes="pow2")
+    graph = cache.load(decode(seq_kv=37))
+    assert graph.spec == decode(seq_kv=128, shapes="class", mechanism="padded")
+    assert cache.lookup(decode(seq_kv=128, shapes="class")).unsupported, "override's refusal is remembered"
+    # A fresh worker over the same store: the negative entry, then the padded graph, nothing built.
+    worker = FakeCompiler(target=TARGET, override=False)
+    assert GraphCache(store, worker, shape_classes="pow2").load(decode(seq_kv=90)).spec.mechanism == "padded"
+    assert worker.builds == 0
 
 
 def test_build_false_takes_a_stored_class_else_a_stored_exact_graph_and_policy_exact_ignores_classes(tmp_path):

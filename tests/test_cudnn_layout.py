@@ -23,9 +23,10 @@ MAY_IMPORT = {
     "build": {"dialects", "failures", "graph", "releases"},
     "serialize": {"failures", "releases"},
     "override": {"releases"},  # the loaded plan's type is a Protocol of its own (override.ClassGraph)
-    "loaded": {"override", "ragged"},  # the compiler's type too (override.Loader)
+    "padded": {"override"},  # classes without override: the plan's Protocol (override.ClassGraph)
+    "loaded": {"override", "padded", "ragged"},  # the compiler's type too (override.Loader)
     "backward": {"loaded", "override", "releases"},  # SDPA backward graphs: gate, execute, check
-    "compiler": {"backward", "build", "failures", "loaded", "override", "ragged", "releases", "serialize"},
+    "compiler": {"backward", "build", "failures", "loaded", "override", "padded", "ragged", "releases", "serialize"},
 }
 
 

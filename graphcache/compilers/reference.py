@@ -11,6 +11,20 @@ own, ``reference-sm00-cudnn0.0.0-fe0.0.0``: no GPU has compute capability
 0.0, so no cuDNN worker's key can ever name one of them, and this compiler
 builds and loads for that target only. Nothing here is cuDNN: what it
 measures or serves says nothing about cuDNN's build or load times.
+
+**Standing in for a cuDNN release.** ``GRAPHCACHE_REFERENCE_CUDNN=9.19.0``
+(and ``GRAPHCACHE_REFERENCE_FRONTEND=1.28.0``) give the reference target
+those versions (``reference-sm00-cudnn9.19.0-fe1.28.0``, still compute
+capability 0.0: never a GPU's key), and its builds then apply the release
+table as the cuDNN compiler does on an SM90 GPU with them
+(``releases.table_versions``): what that release cannot do is refused
+(``UnsupportedSpec`` at preflight, a negative entry), and a length class is
+served by the mechanism it has: on a cuDNN without execute-time override,
+``padded``, whose stand-in (``ReferencePaddedGraph``) places every call's
+tensors as the cuDNN graph would (``graphcache.compilers.padded``: in place,
+or copied and counted) and computes on those places. A CPU then walks the
+path a worker on that cuDNN walks. Left unset (0.0.0), a version limits
+nothing, as before.
 """
 
 from __future__ import annotations
@@ -21,9 +35,13 @@ import time
 from typing import Any
 
 from graphcache.artifact import Artifact
+from graphcache.compilers.classgraph import bhsd_view, check_covered, real_spec, storage_view
+from graphcache.compilers.padded import PaddedShape, real
 from graphcache.compilers.torch_backward import TorchSdpaBackwardGraph
-from graphcache.compilers.torch_sdpa import TorchSdpaGraph
-from graphcache.errors import PlanRejected, TargetMismatch
+from graphcache.compilers.torch_sdpa import TorchSdpaGraph, compute
+from graphcache.errors import PlanRejected, TargetMismatch, UnsupportedGpu, UnsupportedSpec
+from graphcache.reference.checks import check_inputs
+from graphcache.settings import Settings
 from graphcache.spec import GraphSpec
 from graphcache.spec.uids import UidMap
 from graphcache.target import Target
@@ -31,6 +49,14 @@ from graphcache.target import Target
 NAME = "reference"
 # Compute capability 0.0 and cuDNN 0.0.0: a target no GPU detects as its own.
 TARGET = Target(gpu="reference", compute_capability="0.0", cudnn="0.0.0", frontend="0.0.0")
+
+
+def target_for(cudnn: str = "0.0.0", frontend: str = "0.0.0") -> Target:
+    """The reference target standing in for ``cudnn`` and ``frontend``
+    (0.0.0: no limit; both 0.0.0 is ``TARGET``)."""
+    return Target(gpu="reference", compute_capability="0.0", cudnn=cudnn, frontend=frontend)
+
+
 PLAN_FORMAT = "graphcache-reference"
 PLAN_VERSION = 1
 
@@ -50,25 +76,140 @@ class ReferenceBackwardGraph(TorchSdpaBackwardGraph):
     backend = NAME
 
 
+class ReferencePaddedGraph:
+    """A loaded reference plan of a ``padded`` class: the stand-in of the
+    cuDNN graph declared at the class's maxima with the padding mask
+    (graphcache.compilers.cudnn.padded). Each call's tensors are placed as
+    that graph would read them (``PaddedShape.place``: in place where their
+    memory fits the declared strides, else copied into the reused buffer and
+    counted), the answer is computed from those places over the call's real
+    lengths (torch's SDPA, as ``TorchSdpaGraph``), written into the declared
+    output, and the call gets the view of its real rows."""
+
+    backend = NAME
+
+    def __init__(self, spec: GraphSpec) -> None:
+        self.spec = spec
+        self.workspace_size = 0
+
+    def execute(
+        self,
+        q: Any,
+        k: Any,
+        v: Any,
+        *,
+        out: Any = None,
+        seq_len_q: Any = None,
+        seq_len_kv: Any = None,
+        bias: Any = None,
+        sink: Any = None,
+    ) -> Any:
+        """As ``TorchSdpaGraph.execute`` of a class: real tensors in the
+        class's layout, of any shape it covers (ExecutionError otherwise)."""
+        spec = real_spec(self.spec, q, k)
+        given = {"q": q, "k": k, "v": v, "o": out, "seq_len_q": seq_len_q, "seq_len_kv": seq_len_kv, "bias": bias}
+        check_inputs(spec, given)
+        shape = PaddedShape(self.spec, spec, q.device)
+        views = [bhsd_view(spec, r, t) for r, t in (("q", q), ("k", k), ("v", v))]
+        result = self.run(shape, *views, bias=bias, seq_len_q=seq_len_q, seq_len_kv=seq_len_kv, sink=sink)
+        o, stats = result if spec.generate_stats else (result, None)
+        o = storage_view(spec, "o", o)
+        if out is not None:
+            out.copy_(o)
+            o = out
+        return (o, stats) if spec.generate_stats else o
+
+    def run(
+        self,
+        shape: PaddedShape,
+        q: Any,
+        k: Any,
+        v: Any,
+        *,
+        bias: Any = None,
+        seq_len_q: Any = None,
+        seq_len_kv: Any = None,
+        sink: Any = None,
+    ) -> Any:
+        """One call at ``shape``'s exact spec: (b, h, s, d) views in, the
+        output's (b, h, s, d) view of its real rows out (and the stats where
+        the spec asks)."""
+        spec = shape.spec
+        placed = shape.place(q, k, v, bias, seq_len_q, seq_len_kv)
+        at = {r: real(t, spec, r) for r, t in placed.tensors.items() if r in ("q", "k", "v", "o", "stats", "bias")}
+        stored = {r: storage_view(spec, r, at[r]) for r in ("q", "k", "v")}
+        lengths = (seq_len_q, seq_len_kv) if spec.padding else (None, None)
+        result = compute(spec, stored["q"], stored["k"], stored["v"], None, *lengths, at.get("bias"), sink)
+        o, stats = result if spec.generate_stats else (result, None)
+        at["o"].copy_(bhsd_view(spec, "o", o))
+        if stats is not None:
+            at["stats"].copy_(stats)
+        return shape.output(placed)
+
+    def bind(self, spec: GraphSpec) -> ReferencePaddedRun:
+        """This class graph at one exact spec of its class (ExecutionError
+        for a spec the class does not cover)."""
+        return ReferencePaddedRun(self, spec)
+
+
+class ReferencePaddedRun:
+    """A padded reference class graph bound to one exact spec: its declared
+    shapes and seq-len tensors made once (on the first call's device)."""
+
+    backend = NAME
+
+    def __init__(self, graph: ReferencePaddedGraph, spec: GraphSpec) -> None:
+        check_covered(graph.spec, spec)
+        self.graph = graph
+        self.spec = spec
+        self.class_spec = graph.spec
+        self._shape: PaddedShape | None = None
+
+    def execute(self, q: Any, k: Any, v: Any, **kwargs: Any) -> Any:
+        """The checked path: the class graph's ``execute``."""
+        return self.graph.execute(q, k, v, **kwargs)
+
+    def run_views(self, q: Any, k: Any, v: Any, bias: Any = None) -> Any:
+        """The drop-in's per-call path: torch's (b, h, s, d) views of this
+        exact shape in (and a bias spec's packed bias), the output's view out."""
+        shape = self._shape
+        if shape is None or shape.device != q.device:
+            shape = self._shape = PaddedShape(self.graph.spec, self.spec, q.device)
+        return self.graph.run(shape, q, k, v, bias=bias)
+
+
 class ReferenceCompiler:
-    """Builds and loads reference plans for ``TARGET``; needs no GPU, and
-    torch only to run what it loads."""
+    """Builds and loads reference plans for its target (``TARGET``, or the
+    cuDNN and frontend GRAPHCACHE_REFERENCE_CUDNN / _FRONTEND name, or those
+    given); needs no GPU, and torch only to run what it loads."""
 
     name = NAME
 
+    def __init__(self, cudnn: str | None = None, frontend: str | None = None) -> None:
+        if cudnn is None or frontend is None:
+            settings = Settings.from_env()
+            cudnn = settings.reference_cudnn if cudnn is None else cudnn
+            frontend = settings.reference_frontend if frontend is None else frontend
+        self._target = target_for(cudnn, frontend)
+
     def target(self) -> Target:
-        return TARGET
+        return self._target
 
     def build(self, spec: GraphSpec, target: Target, uids: UidMap | None = None) -> Artifact:
         """The artifact of ``spec``'s reference plan. Raises TargetMismatch
-        for any target but ``TARGET`` (a reference plan is never filed under
-        a GPU's key)."""
-        _check_target(target)
+        for any target but this compiler's (a reference plan is never filed
+        under a GPU's key); on a target that names a cuDNN, what the release
+        table says that cuDNN cannot do (UnsupportedGpu below cuDNN 9,
+        UnsupportedSpec at preflight), as the cuDNN compiler does. A class
+        spec is built in the mechanism the target serves it by (``padded``
+        without execute-time override)."""
+        _check_target(target, self._target)
+        spec = _preflight(spec, target)
         start = time.perf_counter()
         payload = plan_bytes(spec)
         return Artifact(
             spec=spec,
-            target=TARGET,
+            target=target,
             payload=payload,
             uids=uids or UidMap.default(),
             dialect=NAME,
@@ -77,11 +218,11 @@ class ReferenceCompiler:
             runtime={"compiler": NAME},
         )
 
-    def load(self, artifact: Artifact) -> TorchSdpaGraph:  # a ReferenceGraph, or a ReferenceBackwardGraph
+    def load(self, artifact: Artifact) -> Any:  # a ReferenceGraph, ReferenceBackwardGraph or ReferencePaddedGraph
         """The graph of a reference artifact. Raises TargetMismatch for an
         artifact of another target and PlanRejected (``deserialize_failed``)
         for a payload that is not this spec's reference plan."""
-        _check_target(artifact.target)
+        _check_target(artifact.target, self._target)
         try:
             plan: Any = json.loads(bytes(artifact.payload))
         except (UnicodeDecodeError, ValueError):
@@ -93,6 +234,8 @@ class ReferenceCompiler:
             )
         if artifact.spec.kind == "backward":
             return ReferenceBackwardGraph(artifact.spec)
+        if artifact.spec.mechanism == "padded":
+            return ReferencePaddedGraph(artifact.spec)
         return ReferenceGraph(artifact.spec)
 
 
@@ -113,9 +256,42 @@ _RUNS = {
 }
 
 
-def _check_target(target: Target) -> None:
-    if target != TARGET:
-        raise TargetMismatch(
-            f"the reference compiler builds and loads for {TARGET} only, not {target}: "
-            "a GPU target's artifacts come from the cuDNN compiler"
+def _check_target(target: Target, own: Target) -> None:
+    if target != own:
+        other = (
+            "another reference target's come from a reference compiler with its versions"
+            if (target.gpu == NAME)
+            else "a GPU target's artifacts come from the cuDNN compiler"
         )
+        raise TargetMismatch(
+            f"this reference compiler builds and loads for {own} only, not {target}: {other} "
+            "(GRAPHCACHE_REFERENCE_CUDNN, GRAPHCACHE_REFERENCE_FRONTEND)"
+        )
+
+
+def _preflight(spec: GraphSpec, target: Target) -> GraphSpec:
+    """``spec`` as ``target`` builds it (a class in its mechanism), after the
+    release table's checks the cuDNN compiler makes, for a reference target
+    that names a cuDNN or frontend (the default reference target: none, as
+    before). Raises UnsupportedGpu / UnsupportedSpec as that compiler does."""
+    from graphcache.compilers.cudnn import backward, override, ragged, releases
+
+    if target == TARGET:
+        return spec
+    frontend, cudnn, cc = releases.table_versions(target)
+    runtime = releases.missing(releases.SERIALIZED_PLANS, cudnn=cudnn)
+    if runtime:
+        raise UnsupportedGpu(f"{runtime} (GRAPHCACHE_REFERENCE_CUDNN={target.cudnn})")
+    if spec.is_class:
+        chosen = releases.class_mechanism(spec, target)
+        assert chosen is not None
+        if not chosen.serves:
+            raise UnsupportedSpec(f"{spec.summary()} is a length class on {target}: {chosen.why}", step="preflight")
+        spec = releases.resolved(spec, target)
+        if spec.mechanism is None:
+            override.check_target(spec, frontend, cudnn)
+    if spec.layout == "thd":
+        ragged.check_target(spec, frontend, cudnn, cc)
+    if spec.kind == "backward":
+        backward.check_target(spec, frontend, cudnn, cc)
+    return spec

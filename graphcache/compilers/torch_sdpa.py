@@ -98,54 +98,11 @@ class TorchSdpaGraph:
         bias: Any = None,
         sink: Any = None,
     ) -> Any:
-        import torch
-
         # A class graph runs at the real tensors' shape (any its class covers).
         spec = real_spec(self.spec, q, k) if self.spec.is_class else self.spec
         given = {"q": q, "k": k, "v": v, "o": out, "seq_len_q": seq_len_q, "seq_len_kv": seq_len_kv, "bias": bias}
         check_inputs(spec, given)
-        if spec.sinks or sink is not None:  # torch's SDPA has no sinks: the float32 reference serves them
-            return _with_sinks(spec, q, k, v, out, seq_len_q, seq_len_kv, bias, sink)
-        qb, kb, vb = (to_bhsd(spec, t, r) for r, t in (("q", q), ("k", k), ("v", v)))
-        group = spec.heads_q // (spec.heads_kv or spec.heads_q)
-        if group > 1:
-            kb = kb.repeat_interleave(group, dim=1)
-            vb = vb.repeat_interleave(group, dim=1)
-        kwargs: dict[str, Any] = {"scale": spec.attn_scale, "dropout_p": spec.dropout}
-        if spec.mask == "causal" and not spec.padding and bias is None:
-            kwargs["is_causal"] = True
-        elif spec.mask != "none" or spec.padding:
-            masks = [
-                allowed_mask(
-                    spec,
-                    None if seq_len_q is None else int(seq_len_q.reshape(-1)[b]),
-                    None if seq_len_kv is None else int(seq_len_kv.reshape(-1)[b]),
-                    device=q.device,
-                )
-                for b in range(spec.batch)
-            ]
-            allowed = torch.stack(masks).unsqueeze(1)
-            kwargs["attn_mask"] = allowed if bias is None else bias.masked_fill(~allowed, float("-inf"))
-        elif bias is not None:  # additive, in the io dtype or float32 (bias_dtype): torch adds it to the scaled scores
-            kwargs["attn_mask"] = bias
-        # torch's own op, not the module attribute: graphcache.torch.patch()
-        # routes F.scaled_dot_product_attention back through graphcache; on a
-        # GPU, not its cuDNN kernel either: install() serves that one, and a
-        # call would come back here until Python's recursion limit (seen on
-        # an H200, 2026-12-04: execute_failed under install()).
-        with not_cudnn(q):
-            result = torch._C._nn.scaled_dot_product_attention(qb, kb, vb, **kwargs).nan_to_num(0.0)
-        if seq_len_q is not None:
-            rows = torch.arange(spec.seq_q, device=q.device).view(1, 1, -1, 1)
-            result = result * (rows < seq_len_q.reshape(-1, 1, 1, 1))
-        o = from_bhsd(spec, result)
-        if out is not None:
-            out.copy_(o)
-            o = out
-        if spec.generate_stats:
-            _, stats = reference(spec, q, k, v, seq_len_q, seq_len_kv, bias)
-            return o, stats
-        return o
+        return compute(spec, q, k, v, out, seq_len_q, seq_len_kv, bias, sink)
 
     def run_varlen(
         self, q: Any, k: Any, v: Any, cu_seq_q: Any, cu_seq_k: Any, seqused_k: Any = None, block_table: Any = None
@@ -161,6 +118,67 @@ class TorchSdpaGraph:
         same way. For specs without padding, stats or dropout; inputs are
         checked as ``execute`` checks them."""
         return run_views(self, q, k, v, bias)
+
+
+def compute(
+    spec: GraphSpec,
+    q: Any,
+    k: Any,
+    v: Any,
+    out: Any = None,
+    seq_len_q: Any = None,
+    seq_len_kv: Any = None,
+    bias: Any = None,
+    sink: Any = None,
+) -> Any:
+    """The fallback's answer for the exact ``spec`` on tensors in its
+    layout's storage order (any strides: nothing is checked here; ``execute``
+    is the checked path, and a padded class's stand-in hands views into its
+    declared buffers)."""
+    import torch
+
+    if spec.sinks or sink is not None:  # torch's SDPA has no sinks: the float32 reference serves them
+        return _with_sinks(spec, q, k, v, out, seq_len_q, seq_len_kv, bias, sink)
+    qb, kb, vb = (to_bhsd(spec, t, r) for r, t in (("q", q), ("k", k), ("v", v)))
+    group = spec.heads_q // (spec.heads_kv or spec.heads_q)
+    if group > 1:
+        kb = kb.repeat_interleave(group, dim=1)
+        vb = vb.repeat_interleave(group, dim=1)
+    kwargs: dict[str, Any] = {"scale": spec.attn_scale, "dropout_p": spec.dropout}
+    if spec.mask == "causal" and not spec.padding and bias is None:
+        kwargs["is_causal"] = True
+    elif spec.mask != "none" or spec.padding:
+        masks = [
+            allowed_mask(
+                spec,
+                None if seq_len_q is None else int(seq_len_q.reshape(-1)[b]),
+                None if seq_len_kv is None else int(seq_len_kv.reshape(-1)[b]),
+                device=q.device,
+            )
+            for b in range(spec.batch)
+        ]
+        allowed = torch.stack(masks).unsqueeze(1)
+        kwargs["attn_mask"] = allowed if bias is None else bias.masked_fill(~allowed, float("-inf"))
+    elif bias is not None:  # additive, in the io dtype or float32 (bias_dtype): torch adds it to the scaled scores
+        kwargs["attn_mask"] = bias
+    # torch's own op, not the module attribute: graphcache.torch.patch()
+    # routes F.scaled_dot_product_attention back through graphcache; on a
+    # GPU, not its cuDNN kernel either: install() serves that one, and a
+    # call would come back here until Python's recursion limit (seen on
+    # an H200, 2026-12-04: execute_failed under install()).
+    with not_cudnn(q):
+        result = torch._C._nn.scaled_dot_product_attention(qb, kb, vb, **kwargs).nan_to_num(0.0)
+    if seq_len_q is not None:
+        rows = torch.arange(spec.seq_q, device=q.device).view(1, 1, -1, 1)
+        result = result * (rows < seq_len_q.reshape(-1, 1, 1, 1))
+    o = from_bhsd(spec, result)
+    if out is not None:
+        out.copy_(o)
+        o = out
+    if spec.generate_stats:
+        _, stats = reference(spec, q, k, v, seq_len_q, seq_len_kv, bias)
+        return o, stats
+    return o
 
 
 def not_cudnn(q: Any) -> Any:

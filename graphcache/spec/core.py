@@ -21,6 +21,11 @@ DTYPES = ("float16", "bfloat16")
 LAYOUTS = ("bshd", "bhsd", "thd")
 MASKS = ("none", "causal", "causal_bottom_right", "sliding_window", "sliding_window_bottom_right")
 SHAPES = ("exact", "class")
+# How a class graph serves real shapes other than its declared maxima. Left
+# out (None), the target's own choice (graphcache.compilers.cudnn.releases.
+# class_mechanism): execute-time shape override where cuDNN >= 9.21 and
+# cudnn-frontend >= 1.24 have it, else "padded". "padded" asks for it anywhere.
+MECHANISMS = ("padded",)
 MAX_HEAD_DIM = 256
 
 _SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16"}
@@ -88,6 +93,7 @@ class GraphSpec:
     layout_q: str | None = None
     layout_v: str | None = None
     layout_o: str | None = None
+    mechanism: str | None = None
 
     def __post_init__(self) -> None:
         spec_bounds.check(self)  # single values, within cuDNN's sizes: every message below quotes them whole
@@ -143,10 +149,35 @@ class GraphSpec:
             # graphcache.spec.classes.has_class says why
             what = "dropout" if self.dropout else "ragged or paged (thd) specs, which serve many lengths already"
             raise SpecError(f"shapes='class' is not supported with {what}: use shapes='exact'", "shapes")
+        self._check_mechanism()
         spec_ragged.check(self)
         spec_bias.check(self)
         spec_sinks.check(self)
         spec_backward.check(self)
+
+    def _check_mechanism(self) -> None:
+        mechanism = self.mechanism
+        if mechanism is None:
+            return
+        if mechanism not in MECHANISMS:
+            raise SpecError(
+                f"mechanism={mechanism!r} is not supported; allowed: padded (declared at the class's maxima, the "
+                "real lengths as the padding mask's seq-len tensors, no execute-time override), or leave it out "
+                "(the target's own: override where cuDNN >= 9.21 and cudnn-frontend >= 1.24, else padded)",
+                "mechanism",
+            )
+        if self.shapes != "class":
+            raise SpecError(
+                f"mechanism={mechanism!r} is given for shapes='exact': a mechanism says how a length class "
+                "serves shapes below its maxima; remove it, or set shapes='class'",
+                "mechanism",
+            )
+        if self.kind == "backward":
+            raise SpecError(
+                f"mechanism={mechanism!r} is not supported for kind='backward': backward classes are served "
+                "through execute-time override only (cuDNN >= 9.21); leave mechanism out",
+                "mechanism",
+            )
 
     def _check_window(self) -> None:
         if spec_ragged.check_window(self):
@@ -245,6 +276,7 @@ class GraphSpec:
             "padding": {"type": "boolean"},
             "dropout": {"type": "number", "minimum": 0, "exclusiveMaximum": 1},
             "shapes": {"enum": list(SHAPES)},
+            "mechanism": {"enum": [*MECHANISMS, None]},
             **spec_ragged.json_schema_props(),
             **spec_bias.json_schema_props(),
             **spec_sinks.json_schema_props(),
@@ -267,7 +299,7 @@ class GraphSpec:
         data = {name: getattr(self, name) for name in _FIELDS}
         if self.shapes == "exact":
             del data["shapes"]
-        for name in (*spec_ragged.PAGED_FIELDS, "bias", "bias_dtype", *spec_layouts.FIELDS):  # only where they are set
+        for name in (*spec_ragged.PAGED_FIELDS, "bias", "bias_dtype", *spec_layouts.FIELDS, "mechanism"):  # where set
             if data[name] is None:
                 del data[name]
         for name, default in (("sinks", False), ("kind", "forward")):  # likewise: only a sink / backward spec
@@ -295,7 +327,7 @@ class GraphSpec:
 
     def covers(self, spec: GraphSpec) -> bool:
         """True when this class spec serves the exact spec ``spec``: every
-        field but the sizes equal, batch, seq_q and seq_kv no larger than
+        field but the sizes (and the class's ``mechanism``) equal, batch, seq_q and seq_kv no larger than
         this class's, and both on the same side of ``seq_q == 1`` (cuDNN
         cannot override a graph across it). An exact spec covers only itself."""
         if not self.is_class:
@@ -312,7 +344,12 @@ class GraphSpec:
 
     def at(self, batch: int, seq_q: int, seq_kv: int) -> GraphSpec:
         """The exact spec of a real shape in this class (not checked against it: see ``covers``)."""
-        return self.replace(batch=batch, seq_q=seq_q, seq_kv=seq_kv, shapes="exact")
+        return self.replace(batch=batch, seq_q=seq_q, seq_kv=seq_kv, shapes="exact", mechanism=None)
+
+    def as_listed(self) -> GraphSpec:
+        """This spec without a ``mechanism``: the class as a manifest lists it,
+        whose mechanism the target decides (an exact spec: itself)."""
+        return self if self.mechanism is None else self.replace(mechanism=None)
 
     # -- derived ---------------------------------------------------------
 
@@ -381,12 +418,13 @@ class GraphSpec:
         if self.dropout:
             parts.append(f"dropout{self.dropout:g}")
         if self.is_class:
-            parts.append("class")
+            parts.append("class" if self.mechanism is None else f"class({self.mechanism})")
         return " ".join(parts)
 
 
 _FIELDS = tuple(f.name for f in dataclasses.fields(GraphSpec))
-_CLASS_SIZES = frozenset({"batch", "seq_q", "seq_kv", "shapes"})  # what a class declares as maxima (and says it is)
+# What a class declares as maxima (and says it is, and how it serves below them).
+_CLASS_SIZES = frozenset({"batch", "seq_q", "seq_kv", "shapes", "mechanism"})
 
 
 def _positive_int(name: str, value: Any) -> None:

@@ -198,8 +198,8 @@ def _plan_for(spec: GraphSpec, device: torch.device) -> BackwardPlan:
         graph, reason, message = _load(cache, spec)
         if graph is None:
             return BackwardPlan(spec, None, reason, message)
-        RUNTIME._graphs[graph.spec] = graph
-        if klass != spec and graph.spec != klass:
+        RUNTIME._graphs[graph.spec.as_listed()] = graph
+        if klass != spec and graph.spec.as_listed() != klass:
             RUNTIME._classless.add(klass)
     if RUNTIME.failures.failed(graph.spec, spec):  # it raised at execute for this shape (graphcache.torch.guard)
         build = RUNTIME.on_miss() == "build"

@@ -30,6 +30,7 @@ from graphcache.torch.derive import packed
 # copy is made, so a hit that copies nothing pays nothing for the count
 # (the runtime's stats()["copies"]; Runtime.reset clears it).
 COPIED: Counter[tuple[str, str]] = Counter()
+COPIED_BYTES: Counter[tuple[str, str]] = Counter()  # the same, in bytes
 _COPIED_LOCK = threading.Lock()
 
 
@@ -60,7 +61,9 @@ class Plan:
             for role, layout, _ in self.copies:
                 given[role] = packed(given[role], layout)
             with _COPIED_LOCK:
-                COPIED.update((role, reason) for role, _, reason in self.copies)
+                for role, _, reason in self.copies:
+                    COPIED[(role, reason)] += 1
+                    COPIED_BYTES[(role, reason)] += given[role].numel() * given[role].element_size()
             q, k, v = given["q"], given["k"], given["v"]
         return q, k, v
 

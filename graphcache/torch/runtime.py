@@ -24,6 +24,7 @@ import torch
 
 from graphcache.cache import GraphCache
 from graphcache.classindex import work
+from graphcache.compilers import padded
 from graphcache.compilers.base import LoadedGraph
 from graphcache.compilers.classgraph import bind
 from graphcache.errors import GraphCacheError, NoGpu, NotFound, UnsupportedCall, UnsupportedGpu, UnsupportedSpec
@@ -34,7 +35,7 @@ from graphcache.torch.derive import Derived, derive_args
 from graphcache.torch.doors import capturing, relayed_sdpa
 from graphcache.torch.guard import Failures, exact_graph, failed_plan, graph_of
 from graphcache.torch.onmiss import ON_MISS, ON_MISS_VAR, on_miss_from_env
-from graphcache.torch.plan import COPIED, BackwardCalls, Plan
+from graphcache.torch.plan import COPIED, COPIED_BYTES, BackwardCalls, Plan
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,8 @@ class Runtime:
             self._served: set[int] = set()
             self.counts = Counts()  # what each call was served by, per door too (graphcache.torch.counts)
             COPIED.clear()  # (tensor, reason): tensors copied for a graph to read (plan.py counts them)
+            COPIED_BYTES.clear()
+            padded.reset()  # tensors copied into a padded class's buffers (graphcache.compilers.padded)
             self.failures = Failures()  # (graph, call shape) pairs whose execute raised (guard.py)
             self.recorders: list[Any] = []
             self.doors = self.counts.doors  # calls by the door they came through (doors.py)
@@ -280,8 +283,9 @@ class Runtime:
             graph, reason, message = self._load(cache, spec)
             if graph is None:
                 return Plan(spec, None, reason, message)
-            self._graphs[graph.spec] = graph
-            if klass != spec and graph.spec != klass:
+            # By the spec as the memo asks for it: a class's graph whatever mechanism serves it (padded, override).
+            self._graphs[graph.spec.as_listed()] = graph
+            if klass != spec and graph.spec.as_listed() != klass:
                 self._classless.add(klass)
         if self.failures.failed(graph.spec, spec):  # it raised at execute for this shape (guard.py)
             build = self.on_miss() == "build"
@@ -290,7 +294,7 @@ class Runtime:
                 return failed_plan(spec, graph.spec)
             graph = found
         serving = graph.spec
-        larger = serving.is_class and serving != class_of(spec, cache.shape_classes)
+        larger = serving.is_class and serving.as_listed() != class_of(spec, cache.shape_classes)
         graph = bind(graph, spec)
         self._served.add(hash(spec))
         views = callable(getattr(graph, "run_views", None)) and not (
@@ -335,13 +339,20 @@ class Runtime:
     def stats(self) -> dict[str, Any]:
         """The calls' counters (graphcache.torch.counts: served from the
         store, built here, fallbacks by reason, misses, by door, ...), the
-        tensors copied for a graph to read, execute_failures (guard.py),
+        tensors copied for a graph to read (``copies``; by tensor and reason
+        in ``copied``, ``class_buffer`` for a padded class's declared
+        buffers; ``copied_bytes``), execute_failures (guard.py),
         graphs loaded, the distinct call shapes (exact specs) they served,
         and sdpa_backward's calls apart (``backward``)."""
+        copied, nbytes = Counter(COPIED), Counter(COPIED_BYTES)
+        for role, row in padded.copies().items():  # into a padded class graph's declared buffers
+            copied[(role, padded.REASON)] += row["copies"]
+            nbytes[(role, padded.REASON)] += row["bytes"]
         return {
             **self.counts.stats(),
-            "copies": sum(COPIED.values()),
-            "copied": _by_tensor(COPIED),
+            "copies": sum(copied.values()),
+            "copied": _by_tensor(copied),
+            "copied_bytes": sum(nbytes.values()),
             "execute_failures": self.failures.count,
             "graphs_loaded": len(self._graphs),
             "shapes_served": len(self._served),

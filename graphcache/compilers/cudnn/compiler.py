@@ -19,11 +19,11 @@ from typing import Any
 
 from graphcache.artifact import Artifact
 from graphcache.compilers import canary, varlen_check
-from graphcache.compilers.cudnn import backward, override, ragged
+from graphcache.compilers.cudnn import backward, override, padded, ragged
 from graphcache.compilers.cudnn.build import build_graph
 from graphcache.compilers.cudnn.failures import execute_failure
 from graphcache.compilers.cudnn.loaded import CudnnGraph, _output
-from graphcache.compilers.cudnn.releases import FUSED_ATTENTION, SERIALIZED_PLANS, missing
+from graphcache.compilers.cudnn.releases import FUSED_ATTENTION, SERIALIZED_PLANS, class_mechanism, missing, resolved
 from graphcache.compilers.cudnn.serialize import (
     _behavior_notes,
     _serialize,
@@ -159,8 +159,14 @@ class CudnnCompiler:
         if target is not None and target != here:
             raise TargetMismatch(f"cannot build for {target} on this machine ({here}); run the build there")
         self.preflight()
-        if spec.is_class:  # override needs cuDNN >= 9.21 and frontend >= 1.24
-            override.check_target(spec, here.frontend, here.cudnn)
+        if spec.is_class:  # override needs cuDNN >= 9.21 and frontend >= 1.24; else the padded form
+            chosen = class_mechanism(spec, here)
+            assert chosen is not None
+            if not chosen.serves:
+                raise UnsupportedSpec(f"{spec.summary()} is a length class on {here}: {chosen.why}", step="preflight")
+            spec = resolved(spec, here)  # the artifact names its mechanism; its key is the same (graphcache.key)
+            if spec.mechanism is None:
+                override.check_target(spec, here.frontend, here.cudnn)
         if spec.layout == "thd":  # paged >= 9.5, ragged over pages >= 9.7, ragged on SM8x >= 9.18.1
             ragged.check_target(spec, here.frontend, here.cudnn, here.compute_capability)
         if spec.kind == "backward":  # sdpa_backward, and its mask keywords, by release
@@ -229,7 +235,8 @@ class CudnnCompiler:
             runtime = {**artifact.runtime, "validation": "skipped: dropout's random stream differs from torch's"}
             return dataclasses.replace(artifact, validation_error=None, canary=None, runtime=runtime)
         with sorted_failures(self.cudnn(), spec, "the class check" if spec.is_class else "the build check"):
-            worst = override.check_class(loaded) if spec.is_class else 0.0  # UnsupportedSpec naming failed shapes
+            run = padded.execute_padded if spec.mechanism == "padded" else None  # None: through override
+            worst = override.check_class(loaded, run) if spec.is_class else 0.0  # UnsupportedSpec naming shapes
             spec = override.canary_spec(spec)  # a class's canary runs at a real shape, not the declared one
             feed = canary.inputs(spec, str(loaded.device))
             result = loaded.execute(**feed)

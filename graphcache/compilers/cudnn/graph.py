@@ -48,8 +48,8 @@ def declare(
     }
     if handle is not None:
         graph_kwargs["handle"] = handle
-    if spec.is_class:  # declared at the class's maxima, run at real shapes (override.py)
-        graph_kwargs["is_override_shape_enabled"] = True
+    if spec.is_class and spec.mechanism is None:  # declared at the class's maxima, run at real shapes (override.py)
+        graph_kwargs["is_override_shape_enabled"] = True  # a padded class (padded.py): the maxima, no override
     graph = cudnn.pygraph(**graph_kwargs)
     tensors: dict[str, Any] = {}
 

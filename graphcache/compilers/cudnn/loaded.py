@@ -1,7 +1,7 @@
 """A loaded (deserialized) plan: its per-stream workspaces and execution.
 
 May import: graphcache.artifact/spec/errors, graphcache.reference (input
-checks), override (class graphs), ragged (a thd call's variant pack). Not
+checks), override and padded (class graphs), ragged (a thd call's variant pack). Not
 ``compiler``, which imports this module: the compiler is typed by what a plan
 uses of it (``override.Loader``).
 """
@@ -12,6 +12,7 @@ from typing import Any
 
 from graphcache.artifact import Artifact
 from graphcache.compilers.cudnn.override import ClassRun, Loader, execute_class
+from graphcache.compilers.cudnn.padded import PaddedRun, execute_padded
 from graphcache.compilers.cudnn.ragged import variant_pack, zero_length_ok
 from graphcache.errors import ExecutionError
 from graphcache.reference.checks import check_inputs, check_sink
@@ -85,8 +86,9 @@ class CudnnGraph:
         import torch
 
         spec = self.spec
-        if spec.is_class:  # real tensors of any shape the class covers
-            return execute_class(self, q, k, v, out, seq_len_q, seq_len_kv, bias=bias, sink=sink)
+        if spec.is_class:  # real tensors of any shape the class covers: override, or declared sizes (padded)
+            run = execute_padded if spec.mechanism == "padded" else execute_class
+            return run(self, q, k, v, out, seq_len_q, seq_len_kv, bias=bias, sink=sink)
         tensors = {"q": q, "k": k, "v": v, "o": out, "seq_len_q": seq_len_q, "seq_len_kv": seq_len_kv, "bias": bias}
         check_inputs(spec, tensors, device_type="cuda")
         check_sink(spec, sink, q)
@@ -140,9 +142,10 @@ class CudnnGraph:
 
     def bind(self, spec: GraphSpec) -> Any:
         """This class graph at one exact spec of its class, its override
-        lists made once (``override.ClassRun``). Raises ExecutionError for a
-        spec the class does not cover."""
-        return ClassRun(self, spec)
+        lists made once (``override.ClassRun``), or for a padded class its
+        declared shapes and seq-len tensors (``padded.PaddedRun``). Raises
+        ExecutionError for a spec the class does not cover."""
+        return PaddedRun(self, spec) if self.spec.mechanism == "padded" else ClassRun(self, spec)
 
     def run_views(self, q: Any, k: Any, v: Any, bias: Any = None) -> Any:
         """The per-call path of graphcache.torch: ``q``, ``k``, ``v`` are the

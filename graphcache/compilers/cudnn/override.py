@@ -9,8 +9,7 @@ every tensor whose extent involves b or s, in the graph's declared axis
 order (b, h, s, d), with the strides of the real buffers, and seq lens equal
 to the real lengths. ``ClassRun`` is a class graph bound to one exact spec,
 with its lists and seq-len tensors made once (what the drop-in memo holds).
-``check_class`` is the build-time guard: nobody has published whether a
-deserialized plan honours overrides, or whether SM90's engines do.
+``check_class`` is the build-time guard (of padded classes too, padded.py).
 
 May import: releases, graphcache.reference (the float32 reference, the
 measures), graphcache.compilers.classgraph, graphcache.spec/uids/errors;
@@ -22,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from graphcache.compilers.classgraph import check_covered, real_spec
@@ -352,10 +352,11 @@ def _poisoned(real: Any, pad: tuple[int, ...]) -> Any:
     return view
 
 
-def check_class(graph: ClassGraph) -> float:
+def check_class(graph: ClassGraph, execute: Callable[..., Any] | None = None) -> float:
     """Run the (round-tripped) class graph at every ``check_shapes`` shape,
     each tensor a view into a NaN-filled buffer, against the float32
-    reference, the log-sum-exp too where the spec asks for stats. Returns
+    reference, the log-sum-exp too where the spec asks for stats (``execute``:
+    how it runs one, ``execute_class`` by default; padded classes pass theirs). Returns
     the largest output error; raises UnsupportedSpec naming the shapes whose
     output, or else whose stats, disagreed (recorded for this target: callers
     use exact specs there)."""
@@ -371,7 +372,7 @@ def check_class(graph: ClassGraph) -> float:
         lengths, bias = (feed.get("seq_len_q"), feed.get("seq_len_kv")), feed.get("bias")
         bias = None if bias is None else _poisoned(bias, (0, 0, 64, 64))  # a view into a buffer longer in s_q, s_kv
         q, k, v = (poisoned[r] for r in ("q", "k", "v"))
-        execute_class(graph, q, k, v, out, *lengths, stats=stats, bias=bias, sink=feed.get("sink"))
+        (execute or execute_class)(graph, q, k, v, out, *lengths, stats=stats, bias=bias, sink=feed.get("sink"))
         error, stats_error = reference_errors(real, out, feed, stats)
         worst = max(worst, error)
         shape = f"b{real.batch} q{real.seq_q} kv{real.seq_kv}"

@@ -33,6 +33,7 @@ PYTHON_ENGINE_BLOBS = "python_engine_blobs"
 OVERRIDE_FLAG = "override_flag"
 SHAPE_OVERRIDE = "shape_override"
 OVERRIDE_WORKSPACE = "override_workspace"
+PADDING_MASK = "padding_mask"
 PAGED = "paged"
 PACKED_PAGE_TABLES = "packed_page_tables"
 RAGGED = "ragged"
@@ -191,6 +192,19 @@ ROWS = (
         "requires cuDNN v9.23.0' (W124, W132)",
         frontend="1.24",
         cudnn="9.23",
+    ),
+    # -- length classes without override: declared at the class's maxima, the real lengths as the padding
+    # mask's seq-len tensors (graphcache/compilers/padded.py)
+    Feature(
+        PADDING_MASK,
+        "sdpa(use_padding_mask=, seq_len_q=, seq_len_kv=), the real lengths of a graph declared longer",
+        "cudnn-frontend v1.0.0 python_bindings/pygraph/sdpa.cpp (use_padding_mask, seq_len_q, seq_len_kv) and "
+        "include/cudnn_frontend/node/scaled_dot_product_flash_attention.h (bmm1 and bmm2 take the seq-len "
+        "tensors as their m/n/k overrides, the scores past them are masked); v1.23.0's causal_mask_bottom_right "
+        "and sliding_window_mask read the same tensors, so bottom-right alignment follows the real lengths; "
+        "graphcache's plans need cuDNN 9.0",
+        frontend="1.0",
+        cudnn="9.0",
     ),
     # -- an additive score bias (attn_mask tensors) --
     Feature(

@@ -10,7 +10,15 @@ caller does not pass (None) is unknown, and a feature that needs it is not
 available. ``known_bad(spec, target)`` is the window of ``KNOWN_BAD`` (cuDNN,
 compute capability, call shape) that forbids serving a spec on a target, and
 ``refusal`` the sentence, with the window's name and source, that a
-negative entry for it carries.
+negative entry for it carries. ``class_mechanism(spec, target)`` is how a
+length class serves real shapes on a target (execute-time override, or
+``padded``: declared at the maxima with the padding mask), and ``resolved``
+the class spec with that mechanism written in, which its key covers.
+
+A target's versions are read by ``table_versions``: a GPU's as they are; the
+reference compiler's (``graphcache.compilers.reference``, compute capability
+0.0) as an SM90 GPU with the cuDNN and frontend it names
+(GRAPHCACHE_REFERENCE_CUDNN / _FRONTEND), 0.0.0 standing for "no limit".
 
 The rows are ``release_rows``; its names are this module's too.
 
@@ -21,12 +29,21 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from functools import cache
 from types import MappingProxyType
-from typing import Any
+from typing import Any, ClassVar
 
 from graphcache.compilers.cudnn.release_rows import *  # noqa: F403 - the feature names, by which callers ask
-from graphcache.compilers.cudnn.release_rows import KNOWN_BAD, ROWS, Feature, Window
+from graphcache.compilers.cudnn.release_rows import (
+    BIAS_OVERRIDE,
+    KNOWN_BAD,
+    PADDING_MASK,
+    ROWS,
+    SHAPE_OVERRIDE,
+    Feature,
+    Window,
+)
 from graphcache.errors import KnownBad, TargetError
 from graphcache.target import cudnn_version_text
 
@@ -121,7 +138,11 @@ def missing(
 
 
 def _shown(version: VersionLike | None) -> str:
-    return "unknown" if version is None else ".".join(map(str, parse_version(version)))
+    if version is None:
+        return "unknown"
+    if parse_version(version) == _NO_LIMIT:
+        return "any (the reference target names none)"
+    return ".".join(map(str, parse_version(version)))
 
 
 def available(
@@ -152,6 +173,113 @@ def frontends(first: str, until: str | None = None) -> str:
     return f"{low}-{major}.{minor - 1}" if minor else f"{low} to before {major}.0"
 
 
+# -- a target as the table reads it -----------------------------------------------
+
+# What a reference target's 0.0.0 stands for: newer than any release the table names.
+_NO_LIMIT: Version = (9999, 0, 0)
+# The compute capability a reference target is read at: the SM90 GPUs (H100,
+# H200) that the cuDNN releases PyTorch bundles run on most.
+_REFERENCE_CC: Capability = (9, 0)
+
+
+def is_reference(target: Any) -> bool:
+    """Whether ``target`` is the reference compiler's (gpu ``reference``, compute capability 0.0)."""
+    return bool(target.gpu == "reference")
+
+
+def table_versions(target: Any) -> tuple[VersionLike, VersionLike, str | Capability]:
+    """(frontend, cuDNN, compute capability) of ``target`` as the table reads
+    them: a GPU's own; a reference target's named versions at compute
+    capability 9.0, its 0.0.0 (the default) read as newer than every release,
+    so the default reference target has every feature."""
+    if not is_reference(target):
+        return target.frontend, target.cudnn, target.compute_capability
+    frontend = _NO_LIMIT if parse_version(target.frontend) == (0, 0, 0) else target.frontend
+    cudnn = _NO_LIMIT if parse_version(target.cudnn) == (0, 0, 0) else target.cudnn
+    return frontend, cudnn, _REFERENCE_CC
+
+
+# -- how a length class serves its shapes --------------------------------------------
+
+
+@dataclass(frozen=True)
+class Mechanism:
+    """How a class spec serves real shapes below its maxima on a target:
+    ``name`` ``override`` (execute-time shape override) or ``padded``
+    (declared at the maxima, the real lengths as the padding mask's seq-len
+    tensors, the tensors read where their memory fits the declared strides,
+    else copied into a reused buffer); ``serves`` False where neither can
+    (exact graphs serve); ``why``, the sentence ``explain`` and ``warm
+    --check`` show."""
+
+    name: str
+    serves: bool
+    why: str
+
+    OVERRIDE: ClassVar[str] = "override"
+    PADDED: ClassVar[str] = "padded"
+    # What ``padded`` does, in the words explain shows.
+    HOW_PADDED: ClassVar[str] = (
+        "the graph is declared at the class's maxima with the padding mask, the call's real lengths as its seq-len "
+        "tensors; a tensor whose memory already fits the declared strides is read in place, any other is copied "
+        "into a buffer of the declared size, reused across calls (counted in copies)"
+    )
+
+
+def class_mechanism(spec: Any, target: Any) -> Mechanism | None:
+    """The mechanism that serves the class spec ``spec`` on ``target`` (None
+    for an exact spec): execute-time override where the target has it
+    (``SHAPE_OVERRIDE``, and ``BIAS_OVERRIDE`` for a bias), else ``padded``
+    where it has the padding mask, which every cuDNN graphcache builds for
+    does. A spec that asks for ``mechanism: padded`` gets it. Backward
+    classes are served by override only."""
+    if not spec.is_class:
+        return None
+    frontend, cudnn, cc = table_versions(target)
+    padding = missing(PADDING_MASK, frontend, cudnn, cc)
+    if spec.mechanism == Mechanism.PADDED:
+        if padding:
+            return Mechanism(Mechanism.PADDED, False, f"the spec asks for mechanism padded, and {padding}")
+        return Mechanism(Mechanism.PADDED, True, "the spec asks for mechanism padded: " + Mechanism.HOW_PADDED)
+    problem = missing(SHAPE_OVERRIDE, frontend, cudnn, cc)
+    if problem is None and spec.bias is not None:
+        problem = missing(BIAS_OVERRIDE, frontend, cudnn, cc)
+    if problem is None:
+        return Mechanism(
+            Mechanism.OVERRIDE,
+            True,
+            f"execute-time shape override ({requirement(SHAPE_OVERRIDE)}: {_has(target)} has it): the graph runs "
+            "at each call's own shape, reading its tensors where they lie",
+        )
+    if spec.kind == "backward":
+        return Mechanism(
+            Mechanism.OVERRIDE, False, f"{problem}, and backward classes have no padded form: exact graphs serve"
+        )
+    if padding:
+        return Mechanism(Mechanism.PADDED, False, f"{problem}, and {padding}: exact graphs serve")
+    return Mechanism(Mechanism.PADDED, True, f"no execute-time shape override ({problem}): {Mechanism.HOW_PADDED}")
+
+
+def _has(target: Any) -> str:
+    frontend, cudnn, _ = table_versions(target)
+    where = "the reference target, read as" if is_reference(target) else "this target,"
+    return f"{where} cuDNN {_shown(cudnn)} with cudnn-frontend {_shown(frontend)},"
+
+
+def resolved(spec: Any, target: Any) -> Any:
+    """``spec`` with the mechanism ``target`` serves it by written in: a class
+    spec that leaves it out gets ``mechanism: padded`` where that is the
+    target's choice; any other spec is returned as it is. The key covers the
+    resolved spec (graphcache.key), so one store holds both kinds of class
+    graph for different targets."""
+    if not spec.is_class or spec.mechanism is not None:
+        return spec
+    chosen = class_mechanism(spec, target)
+    if chosen is not None and chosen.name == Mechanism.PADDED:
+        return spec.replace(mechanism=Mechanism.PADDED)
+    return spec
+
+
 # -- known-bad windows ----------------------------------------------------------------
 
 
@@ -160,13 +288,14 @@ def known_bad(spec: Any, target: Any) -> Window | None:
     GraphSpec: its ``seq_q``, ``layout``, ``heads_q``, ``heads_kv``) on
     ``target`` (a Target: its ``cudnn`` and ``compute_capability``), else
     None. A target whose versions do not parse is in no window, nor is the
-    reference compiler's (``reference-sm00-cudnn0.0.0-fe0.0.0``): it runs
-    torch's SDPA, no cuDNN release at all."""
-    if target.gpu == "reference":  # graphcache.compilers.reference.TARGET
-        return None
+    default reference target (``reference-sm00-cudnn0.0.0-fe0.0.0``): it
+    runs torch's SDPA, no cuDNN release at all. A reference target that
+    names a cuDNN (GRAPHCACHE_REFERENCE_CUDNN) is read as an SM90 GPU with
+    it (``table_versions``), so it walks the windows such a GPU walks."""
     try:
-        cudnn = parse_version(target.cudnn)
-        cc = _cc(target.compute_capability)
+        _, version, capability = table_versions(target)
+        cudnn = parse_version(version)
+        cc = _cc(capability)
     except TargetError:
         return None
     for row in KNOWN_BAD:
