@@ -22,10 +22,11 @@ MAY_IMPORT = {
     "failures": set(),
     "build": {"dialects", "failures", "graph", "releases"},
     "serialize": {"failures", "releases"},
-    "override": {"releases"},  # the loaded plan's type is a Protocol of its own (override.ClassGraph)
-    "padded": {"override"},  # classes without override: the plan's Protocol (override.ClassGraph)
-    "loaded": {"override", "padded", "ragged"},  # the compiler's type too (override.Loader)
-    "backward": {"loaded", "override", "releases"},  # SDPA backward graphs: gate, execute, check
+    "planapi": set(),  # what the loaded plan and its compiler offer, as Protocols (loaded imports the rest)
+    "override": {"planapi", "releases"},
+    "padded": {"override", "planapi"},  # classes without override
+    "loaded": {"override", "padded", "planapi", "ragged"},  # the compiler's type: planapi.Loader
+    "backward": {"loaded", "override", "planapi", "releases"},  # SDPA backward graphs: gate, execute, check
     "compiler": {"backward", "build", "failures", "loaded", "override", "padded", "ragged", "releases", "serialize"},
 }
 

@@ -93,9 +93,10 @@ def warm_cmd(
                 row.spec.summary(),
                 row.key[:12],
                 Text("refused", "yellow") if row.refused else status,
-                f"class {row.served_by.summary()}" if row.served_by else "",
+                f"class {row.served_by.summary()} ({row.mechanism})" if row.served_by else "",
             )
         console.print(table)
+        _mechanisms(tgt, [r.served_by for r in rows if r.served_by is not None])
         for row in rows:
             if row.refused:  # served by torch at every door, never a graph: not missing
                 console.print(f"refused: {row.refused}", highlight=False)
@@ -116,6 +117,7 @@ def warm_cmd(
                                 "key": r.key,
                                 "present": r.present,
                                 "served_by": r.served_by.to_dict() if r.served_by else None,
+                                "mechanism": r.mechanism or None,
                                 "refused": r.refused or None,
                             }
                             for r in rows
@@ -146,6 +148,7 @@ def warm_cmd(
     for built in built_rows:
         table.add_row(built.spec.summary(), built.key[:12], Text(built.status, colour[built.status]), built.detail)
     console.print(table)
+    _mechanisms(compiler.target(), [r.spec for r in built_rows if r.mechanism])
     counts = {s: sum(r.status == s for r in built_rows) for s in colour}
     console.print(", ".join(f"{n} {s}" for s, n in counts.items()))
     if json_out:
@@ -154,7 +157,13 @@ def warm_cmd(
                 {
                     "target": str(compiler.target()),
                     "rows": [
-                        {"spec": r.spec.to_dict(), "key": r.key, "status": r.status, "detail": r.detail}
+                        {
+                            "spec": r.spec.to_dict(),
+                            "key": r.key,
+                            "status": r.status,
+                            "detail": r.detail,
+                            "mechanism": r.mechanism or None,
+                        }
                         for r in built_rows
                     ],
                 },
@@ -299,6 +308,12 @@ def _explain(ctx: Context, spec: Any, tgt: Any, store: Any) -> bool:
             f"class: {spec.summary()} falls in {result.klass.summary()} (key {result.class_key[:12]}), {state}",
             highlight=False,
         )
+    if result.mechanism is not None:
+        how = "serves" if result.mechanism.serves else "cannot serve"
+        console.print(
+            f"mechanism: {result.mechanism.name} {how} length classes on {tgt}: {result.mechanism.why}",
+            highlight=False,
+        )
     if result.class_present:
         console.print(f"present: {spec.summary()} on {tgt} is served by its class's graph {result.class_key}")
         return True
@@ -329,3 +344,16 @@ def _explain(ctx: Context, spec: Any, tgt: Any, store: Any) -> bool:
         for diff in cand.differences:
             console.print(f"  - {diff}")
     return False
+
+
+def _mechanisms(tgt: Any, classes: list[Any]) -> None:
+    """One line per mechanism that serves ``classes`` on ``tgt``: which, and why."""
+    from graphcache.compilers.cudnn.releases import class_mechanism
+
+    seen: dict[str, str] = {}
+    for klass in classes:
+        chosen = class_mechanism(klass, tgt)
+        if chosen is not None and chosen.name not in seen:
+            seen[chosen.name] = chosen.why
+    for name, why in seen.items():
+        console.print(f"length classes on {tgt}: {name}: {why}", highlight=False)

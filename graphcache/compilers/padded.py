@@ -50,7 +50,9 @@ REASON = "class_buffer"  # the reason a copy is counted under (``copies``)
 _lock = threading.Lock()
 _copies: Counter[str] = Counter()  # role -> tensors copied
 _copied_bytes: Counter[str] = Counter()  # role -> bytes copied
-_buffers: dict[tuple[Any, ...], Any] = {}  # (device, stream or thread, role, dtype) -> flat buffer
+_buffers: dict[tuple[Any, ...], Any] = {}  # (device, stream, role, dtype) -> a GPU stream's flat buffer
+_checking = threading.local()  # .on: this thread runs a build check (``poisoned``)
+_own = threading.local()  # .buffers: a CPU thread's own, gone with the thread
 
 
 def copies() -> dict[str, dict[str, int]]:
@@ -68,15 +70,32 @@ def reset() -> None:
 
 
 def release_buffers() -> None:
-    """Drop every reused buffer (their memory goes back to torch's allocator)."""
+    """Drop every reused buffer of the GPUs' streams and of this thread (their
+    memory goes back to torch's allocator)."""
     with _lock:
         _buffers.clear()
+    getattr(_own, "buffers", {}).clear()
 
 
 def buffer_bytes() -> int:
-    """Bytes the reused buffers hold now."""
+    """Bytes the reused buffers of the GPUs' streams and of this thread hold now."""
     with _lock:
-        return sum(int(b.numel()) * int(b.element_size()) for b in _buffers.values())
+        held = list(_buffers.values())
+    held += list(getattr(_own, "buffers", {}).values())
+    return sum(int(b.numel()) * int(b.element_size()) for b in held)
+
+
+class poisoned:  # noqa: N801 - a context manager, used as ``with poisoned():``
+    """While a build check runs in this thread: every buffer a tensor is
+    copied into is NaN before the copy, so a plan that reads past the real
+    lengths gives non-finite output (tensors read in place are the check's
+    own NaN-filled views)."""
+
+    def __enter__(self) -> None:
+        _checking.on = True
+
+    def __exit__(self, *exc: object) -> None:
+        _checking.on = False
 
 
 def _count(role: str, nbytes: int) -> None:
@@ -92,16 +111,21 @@ def _span(dims: tuple[int, ...], strides: tuple[int, ...]) -> int:
 
 def _buffer(device: Any, role: str, dtype: Any, numel: int) -> Any:
     """The reused flat buffer of ``role`` on this device's current stream
-    (a CPU: this thread), at least ``numel`` elements."""
+    (a CPU: this thread's own), at least ``numel`` elements. Work on one
+    stream runs in order, so a buffer is free again once its call is queued."""
     import torch
 
-    where = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else threading.get_ident()
-    slot = (device, where, role, dtype)
+    if device.type != "cuda":
+        own = _own.__dict__.setdefault("buffers", {})
+        held = own.get((device, role, dtype))
+        if held is None or held.numel() < numel:
+            held = own[(device, role, dtype)] = torch.empty(numel, dtype=dtype, device=device)
+        return held
+    slot = (device, torch.cuda.current_stream(device).cuda_stream, role, dtype)
     with _lock:
         held = _buffers.get(slot)
         if held is None or held.numel() < numel:
-            held = torch.empty(numel, dtype=dtype, device=device)
-            _buffers[slot] = held
+            held = _buffers[slot] = torch.empty(numel, dtype=dtype, device=device)
         return held
 
 
@@ -125,6 +149,8 @@ def place(role: str, t: Any, dims: tuple[int, ...], strides: tuple[int, ...]) ->
     if fits(t, dims, strides):
         return t.as_strided(dims, strides, t.storage_offset())
     flat = _buffer(t.device, role, t.dtype, _span(dims, strides))
+    if getattr(_checking, "on", False) and flat.is_floating_point():
+        flat.fill_(float("nan"))
     declared = flat.as_strided(dims, strides, 0)
     declared[tuple(slice(0, n) for n in t.shape)].copy_(t)
     _count(role, int(t.numel()) * int(t.element_size()))

@@ -138,8 +138,8 @@ class ReferencePaddedGraph:
         placed = shape.place(q, k, v, bias, seq_len_q, seq_len_kv)
         at = {r: real(t, spec, r) for r, t in placed.tensors.items() if r in ("q", "k", "v", "o", "stats", "bias")}
         stored = {r: storage_view(spec, r, at[r]) for r in ("q", "k", "v")}
-        lengths = (seq_len_q, seq_len_kv) if spec.padding else (None, None)
-        result = compute(spec, stored["q"], stored["k"], stored["v"], None, *lengths, at.get("bias"), sink)
+        len_q, len_kv = (seq_len_q, seq_len_kv) if spec.padding else (None, None)
+        result = compute(spec, stored["q"], stored["k"], stored["v"], None, len_q, len_kv, at.get("bias"), sink)
         o, stats = result if spec.generate_stats else (result, None)
         at["o"].copy_(bhsd_view(spec, "o", o))
         if stats is not None:

@@ -1,25 +1,23 @@
 """What ops run at deploy: warm a cache from a manifest, gate on coverage,
-and explain a miss. The CLI prints what these return."""
+purge (explaining a miss is ``explain``). The CLI prints what these return."""
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from graphcache.artifact import Artifact
 from graphcache.cache import GraphCache
-from graphcache.classindex import ClassIndex, check_slack, differences, slack_from_env
-from graphcache.compilers.cudnn.releases import refused
-from graphcache.errors import CorruptArtifact, GraphCacheError, KnownBad, SpecError, TargetError, UnsupportedSpec
+from graphcache.classindex import ClassIndex, check_slack, slack_from_env
+from graphcache.compilers.cudnn.releases import Mechanism, class_mechanism, refused
+from graphcache.errors import CorruptArtifact, GraphCacheError, KnownBad, UnsupportedSpec
 from graphcache.key import key_for
 from graphcache.spec import GraphSpec
-from graphcache.spec.classes import ENV_VAR as SHAPES_VAR
-from graphcache.spec.classes import check_policy, class_of, has_class, policy_from_env
-from graphcache.spec.layouts import shown
+from graphcache.spec.classes import check_policy, class_of, policy_from_env
 from graphcache.stores import stored_header, stored_headers
 from graphcache.stores.base import Store
 from graphcache.target import Target
@@ -35,6 +33,7 @@ class WarmRow:
     detail: str = ""
     seconds: float = 0.0
     serves: tuple[GraphSpec, ...] = ()  # the manifest's exact specs this class graph serves
+    mechanism: str = ""  # a class row's: override or padded (releases.class_mechanism), the one it was stored in
 
 
 def warm(
@@ -68,11 +67,24 @@ def warm(
     def one(spec: GraphSpec) -> WarmRow:
         key = key_for(spec, target, cache.uids)
         start = time.perf_counter()
+        chosen = class_mechanism(spec, target)
         try:
-            artifact, built = cache.ensure(spec, target)
+            try:
+                artifact, built = cache.ensure(spec, target)
+                refusal = ""
+            except UnsupportedSpec as exc:  # override refused for this spec: its padded form, where the target has it
+                padded = padded_form(spec, target)
+                if padded is None or isinstance(exc, KnownBad):
+                    raise
+                key, refusal = key_for(padded, target, cache.uids), f"; execute-time override refused: {exc}"
+                artifact, built = cache.ensure(padded, target)
+                chosen = class_mechanism(padded, target)
             row = WarmRow(spec, key, "built" if built else "present", seconds=time.perf_counter() - start)
             if built:
                 row.detail = f"built in {artifact.build_seconds:.2f}s"
+            if chosen is not None:
+                row.mechanism = chosen.name
+                row.detail = f"{chosen.name}{'; ' if row.detail else ''}{row.detail}{refusal}"
             if pin and hasattr(cache.store, "pin"):
                 cache.store.pin(key)
         except KnownBad as exc:
@@ -96,6 +108,18 @@ def warm(
     return rows + list(_map(one, exact, jobs))
 
 
+def padded_form(klass: GraphSpec, target: Target) -> GraphSpec | None:
+    """The ``padded`` form of the class ``klass`` where ``target`` would
+    serve ``klass`` through execute-time override and has the padding mask
+    (what a load tries once override is refused for the spec); else None."""
+    chosen = class_mechanism(klass, target)
+    if chosen is None or chosen.name != Mechanism.OVERRIDE or klass.mechanism is not None or klass.kind == "backward":
+        return None
+    padded = klass.replace(mechanism=Mechanism.PADDED)
+    fallback = class_mechanism(padded, target)
+    return padded if fallback is not None and fallback.serves else None
+
+
 def _stored_refusal(cache: GraphCache, spec: GraphSpec, target: Target, key: str, exc: KnownBad) -> str:
     """Store ``exc`` as ``key``'s negative entry unless one is stored; '' or why it could not be."""
     try:
@@ -115,6 +139,7 @@ class CheckRow:
     present: bool
     served_by: GraphSpec | None = None  # the class whose stored graph serves this exact spec
     refused: str = ""  # why a known-bad window of the release table forbids the spec on the target
+    mechanism: str = ""  # how ``served_by`` serves it on the target: override or padded
 
 
 def check(
@@ -143,13 +168,15 @@ def check(
     # Each class asked once: over HTTP its header is the whole artifact, and
     # a decode loop's exact specs share a handful of classes (asked under the
     # lock, one at a time: there are few).
-    serving: dict[GraphSpec, bool] = {}
+    serving: dict[GraphSpec, GraphSpec | None] = {}
     lock = threading.Lock()
 
-    def serves(klass: GraphSpec) -> bool:
+    def serves(klass: GraphSpec) -> GraphSpec | None:
+        """The form of ``klass`` stored as a graph on ``target`` (its target's
+        mechanism, else its padded form where override was refused), or None."""
         with lock:
             if klass not in serving:
-                serving[klass] = _serves(store, key_for(klass, target))
+                serving[klass] = served_form(store, klass, target)
             return serving[klass]
 
     def larger(spec: GraphSpec, klass: GraphSpec) -> GraphSpec | None:
@@ -164,10 +191,11 @@ def check(
         klass = class_of(spec, policy)
         if (refusal := refused(spec, target)) is not None:
             row = CheckRow(spec, key, False, refused=str(refusal))
-        elif klass != spec and serves(klass):
-            row = CheckRow(spec, key, True, klass)
+        elif klass != spec and (form := serves(klass)) is not None:
+            row = CheckRow(spec, key, True, form, mechanism=_mechanism_name(form, target))
         elif klass != spec and (bigger := larger(spec, klass)) is not None:
-            row = CheckRow(spec, key, True, bigger)
+            form = serves(bigger) or bigger
+            row = CheckRow(spec, key, True, form, mechanism=_mechanism_name(form, target))
         else:
             row = CheckRow(spec, key, store.exists(key))
         if progress:
@@ -177,7 +205,23 @@ def check(
     return list(_map(one, specs, jobs))
 
 
-def _serves(store: Store, key: str) -> bool:
+def served_form(store: Store, klass: GraphSpec, target: Target) -> GraphSpec | None:
+    """``klass`` where its key (its target's mechanism) holds a graph, else
+    its padded form where that does (override refused for it), else None."""
+    if serves_graph(store, key_for(klass, target)):
+        return klass
+    padded = padded_form(klass, target)
+    if padded is not None and serves_graph(store, key_for(padded, target)):
+        return padded
+    return None
+
+
+def _mechanism_name(klass: GraphSpec, target: Target) -> str:
+    chosen = class_mechanism(klass, target)
+    return chosen.name if chosen is not None else ""
+
+
+def serves_graph(store: Store, key: str) -> bool:
     """Whether ``key`` is stored and is a graph (not a negative entry)."""
     if not store.exists(key):
         return False
@@ -229,133 +273,3 @@ def purge(store: Store, target: Target | None = None, *, unsupported: bool = Fal
             store.delete(key)
         removed.append(key)
     return removed
-
-
-# -- explain --------------------------------------------------------------------------
-
-
-@dataclass
-class Candidate:
-    key: str
-    target: str
-    spec: GraphSpec | None
-    differences: list[str] = field(default_factory=list)
-
-
-@dataclass
-class Explanation:
-    key: str
-    present: bool
-    nearest: list[Candidate]
-    scanned: int
-    klass: GraphSpec | None = None  # the class the spec falls in under the policy (None: no class)
-    class_key: str = ""
-    class_present: bool = False  # that class's graph is stored (not a negative entry): it serves the spec
-    serving: GraphSpec | None = None  # the stored class that would serve (its own class, or a larger one)
-    serving_key: str = ""
-    not_serving: list[str] = field(default_factory=list)  # why each other stored class of its family does not
-    refused: str = ""  # why a known-bad window of the release table forbids the spec on the target
-
-
-def explain(
-    spec: GraphSpec,
-    target: Target,
-    store: Store,
-    headers: Iterable[dict[str, Any]] | None = None,
-    *,
-    top: int = 5,
-    shape_classes: str | None = None,
-    class_slack: float | None = None,
-) -> Explanation:
-    """Why ``spec`` misses on ``target``: the class it falls in under the
-    policy (``shape_classes``, default GRAPHCACHE_SHAPE_CLASSES) and whether
-    that is stored; where it is not, the stored class that would serve
-    instead (``GraphCache.serving_class``: the smallest covering it within
-    ``class_slack``, default GRAPHCACHE_CLASS_SLACK) and why each other
-    stored class of its family does not; else the nearest stored entries and
-    exactly which spec or target fields differ.
-
-    ``headers`` are stored headers to compare with (default: read every
-    entry of ``store``). A spec a known-bad window of the release table
-    forbids on ``target`` is ``refused``: the reason and its source, and
-    nothing compared.
-    """
-    key = key_for(spec, target)
-    if (refusal := refused(spec, target)) is not None:
-        return Explanation(key, False, [], 0, refused=str(refusal))
-    policy = policy_from_env() if shape_classes is None else check_policy(shape_classes, "shape_classes")
-    found = class_of(spec, policy)
-    klass = found if found != spec else None
-    class_key = key_for(klass, target) if klass is not None else ""
-    served = klass is not None and _serves(store, class_key)
-    if served or store.exists(key):
-        return Explanation(
-            key, store.exists(key), [], 0, klass, class_key, served, klass if served else None, class_key
-        )
-    listed = list(headers if headers is not None else stored_headers(store))
-    not_serving: list[str] = []
-    slack = slack_from_env() if class_slack is None else check_slack(class_slack)
-    if klass is not None:
-        index = ClassIndex.listed(listed, target)
-        chosen, not_serving = index.why(spec, klass, target, slack)
-        if chosen != klass:
-            return Explanation(
-                key, False, [], len(listed), klass, class_key, False, chosen, key_for(chosen, target), not_serving
-            )
-    wanted_spec = _all_fields(spec)
-    wanted_target = target.to_dict()
-    candidates = []
-    scanned = 0
-    for header in listed:
-        scanned += 1
-        try:
-            stored = GraphSpec.from_dict(header["spec"])
-            stored_target = Target.from_dict(header["target"])
-        except (SpecError, TargetError, KeyError, TypeError):
-            continue
-        if stored.is_class and has_class(spec):
-            # Compared as the class that would serve the call, not field by
-            # field with a spec whose ``shapes`` the user never wrote.
-            diffs = differences(stored, spec, class_of(spec, "pow2"), slack)
-            if klass is None:  # the exact policy: no class serves, whatever its sizes
-                diffs.insert(0, f"policy: {SHAPES_VAR} is exact here; a stored length class serves only under pow2")
-        else:
-            diffs = _field_differences(stored, spec, wanted_spec)
-        diffs += [
-            f"target.{name}: stored {value!r}, asked {wanted_target[name]!r}"
-            for name, value in stored_target.to_dict().items()
-            if value != wanted_target[name]
-        ]
-        if header.get("uids") != _default_uids(stored):
-            diffs.append("uids: the stored entry uses another tensor UID map")
-        candidates.append(Candidate(header.get("key", "?"), str(stored_target), stored, diffs))
-    candidates.sort(key=lambda c: (len(c.differences), c.key))
-    return Explanation(key, False, candidates[:top], scanned, klass, class_key, not_serving=not_serving)
-
-
-def _field_differences(stored: GraphSpec, spec: GraphSpec, wanted: dict[str, Any]) -> list[str]:
-    """Each field of ``stored`` that differs from the asked ``spec`` (its
-    fields ``wanted``); a stored class against an exact spec no class serves
-    says why rather than naming a ``shapes`` the user did not write."""
-    diffs = []
-    for name, value in _all_fields(stored).items():
-        if value == wanted[name]:
-            continue
-        if name == "shapes" and stored.is_class and not spec.is_class:
-            diffs.append("stored a length class: a spec like this one (ragged, paged or with dropout) has no class")
-            continue
-        diffs.append(f"spec.{name}: stored {shown(stored, name)}, asked {shown(spec, name)}")
-    return diffs
-
-
-def _all_fields(spec: GraphSpec) -> dict[str, Any]:
-    """Every field, those to_dict leaves out (an exact spec's shapes) included."""
-    return {name: getattr(spec, name) for name in GraphSpec.field_names()}
-
-
-def _default_uids(spec: GraphSpec) -> dict[str, int]:
-    """The map graphcache builds ``spec`` with (a thd spec's holds its offset
-    and table roles too)."""
-    from graphcache.spec.uids import UidMap
-
-    return UidMap.default().for_spec(spec).to_dict()

@@ -34,7 +34,6 @@ from graphcache.compilers.classgraph import BoundGraph, check_covered, real_spec
 from graphcache.compilers.cudnn.loaded import CudnnGraph
 from graphcache.compilers.cudnn.override import (
     OVERRIDDEN,
-    _on,
     _poisoned,
     bound_lengths,
     canary_spec,
@@ -42,6 +41,7 @@ from graphcache.compilers.cudnn.override import (
     workspace,
     workspace_size,
 )
+from graphcache.compilers.cudnn.planapi import on
 from graphcache.compilers.cudnn.releases import BACKWARD_MASKS, SDPA_BACKWARD, missing
 from graphcache.errors import BuildError, ExecutionError, UnsupportedSpec
 from graphcache.reference.backward import GRADIENTS, backward_inputs, check_backward, defined, gradient_errors
@@ -114,7 +114,7 @@ class CudnnBackwardGraph(CudnnGraph):
         if q.device != self.device:
             raise ExecutionError(f"q is on {q.device}; this graph was loaded on {self.device}: move the tensors")
         graph: Any = self  # override's helpers read what they read of a forward class graph (ClassGraph)
-        with _on(self.device), self._compiler._lock:
+        with on(self.device), self._compiler._lock:
             made = [
                 t if t is not None else torch.empty(spec.storage_shape(r), dtype=q.dtype, device=q.device)
                 for r, t in (("dQ", dq), ("dK", dk), ("dV", dv))

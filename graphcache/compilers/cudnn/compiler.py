@@ -235,8 +235,8 @@ class CudnnCompiler:
             runtime = {**artifact.runtime, "validation": "skipped: dropout's random stream differs from torch's"}
             return dataclasses.replace(artifact, validation_error=None, canary=None, runtime=runtime)
         with sorted_failures(self.cudnn(), spec, "the class check" if spec.is_class else "the build check"):
-            run = padded.execute_padded if spec.mechanism == "padded" else None  # None: through override
-            worst = override.check_class(loaded, run) if spec.is_class else 0.0  # UnsupportedSpec naming shapes
+            check = padded.check_padded if spec.mechanism == "padded" else override.check_class
+            worst = check(loaded) if spec.is_class else 0.0  # UnsupportedSpec naming failed shapes
             spec = override.canary_spec(spec)  # a class's canary runs at a real shape, not the declared one
             feed = canary.inputs(spec, str(loaded.device))
             result = loaded.execute(**feed)

@@ -1,9 +1,9 @@
 """A loaded (deserialized) plan: its per-stream workspaces and execution.
 
 May import: graphcache.artifact/spec/errors, graphcache.reference (input
-checks), override and padded (class graphs), ragged (a thd call's variant pack). Not
+checks), override and padded (class graphs), planapi (the compiler's type), ragged (a thd call's variant pack). Not
 ``compiler``, which imports this module: the compiler is typed by what a plan
-uses of it (``override.Loader``).
+uses of it (``planapi.Loader``).
 """
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from graphcache.artifact import Artifact
-from graphcache.compilers.cudnn.override import ClassRun, Loader, execute_class
+from graphcache.compilers.cudnn.override import ClassRun, execute_class
 from graphcache.compilers.cudnn.padded import PaddedRun, execute_padded
+from graphcache.compilers.cudnn.planapi import Loader
 from graphcache.compilers.cudnn.ragged import variant_pack, zero_length_ok
 from graphcache.errors import ExecutionError
 from graphcache.reference.checks import check_inputs, check_sink

@@ -11,20 +11,20 @@ to the real lengths. ``ClassRun`` is a class graph bound to one exact spec,
 with its lists and seq-len tensors made once (what the drop-in memo holds).
 ``check_class`` is the build-time guard (of padded classes too, padded.py).
 
-May import: releases, graphcache.reference (the float32 reference, the
-measures), graphcache.compilers.classgraph, graphcache.spec/uids/errors;
-torch lazily. Not ``loaded``: it imports this module (class graphs' execute
-and bind), so the loaded plan's type is stated here (``ClassGraph``).
+May import: releases, planapi (what it reads of a loaded plan, as
+Protocols: ``loaded`` imports this module), graphcache.reference (the float32
+reference, the measures), graphcache.compilers.classgraph,
+graphcache.spec/uids/errors; torch lazily.
 """
 
 from __future__ import annotations
 
-import contextlib
 import weakref
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 from graphcache.compilers.classgraph import check_covered, real_spec
+from graphcache.compilers.cudnn.planapi import ClassGraph, on
 from graphcache.compilers.cudnn.releases import BIAS_OVERRIDE, OVERRIDE_WORKSPACE, SHAPE_OVERRIDE, available, missing
 from graphcache.errors import ExecutionError, UnsupportedSpec
 from graphcache.reference.checks import check_sink, check_tensor
@@ -32,50 +32,6 @@ from graphcache.reference.dense import bias_dtype, in_layout, random_inputs, ref
 from graphcache.reference.measure import TOLERANCE, within_tolerance
 from graphcache.spec import GraphSpec
 from graphcache.spec.uids import UidMap
-
-
-class Loader(Protocol):
-    """What a loaded plan uses of the compiler that loaded it
-    (``CudnnCompiler`` is one): its GPU, the lock that makes work on its
-    handle take turns, and the handle, bound to the current stream."""
-
-    @property
-    def device(self) -> int: ...
-
-    @property
-    def _lock(self) -> Any: ...
-
-    def handle(self) -> Any: ...
-
-
-class ClassGraph(Protocol):
-    """What a class graph's execution reads of the loaded plan
-    (``loaded.CudnnGraph`` is one)."""
-
-    # fmt: off
-    @property
-    def spec(self) -> GraphSpec: ...
-    @property
-    def uids(self) -> UidMap: ...
-    @property
-    def device(self) -> Any: ...
-    @property
-    def artifact(self) -> Any: ...
-    @property
-    def workspace_size(self) -> int: ...
-    @property
-    def workspace(self) -> Any: ...
-    @property
-    def _workspaces(self) -> dict[int, Any]: ...
-    @property
-    def _graph(self) -> Any: ...
-    @property
-    def _compiler(self) -> Loader: ...
-    def execute(
-        self, q: Any, k: Any, v: Any, *, out: Any = None, seq_len_q: Any = None, seq_len_kv: Any = None
-    ) -> Any: ...
-    # fmt: on
-
 
 # Every tensor whose extent involves b or s, in the order they are passed
 # (a bias's s_q and s_kv always do, its batch where it has one).
@@ -147,17 +103,10 @@ def workspace(graph: ClassGraph, size: int) -> Any:
     if current.numel() >= size:
         return current
     stream = torch.cuda.current_stream(graph.device)
-    with _on(graph.device):
+    with on(graph.device):
         grown = torch.empty(size, device=graph.device, dtype=torch.uint8)
     graph._workspaces[stream.cuda_stream] = grown
     return grown
-
-
-def _on(device: Any) -> Any:
-    """The GPU's context (a CPU stand-in of the frontend graph, in tests, needs none)."""
-    import torch
-
-    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def _lengths(spec: GraphSpec, device: Any) -> tuple[Any, Any]:
@@ -170,24 +119,13 @@ def _lengths(spec: GraphSpec, device: Any) -> tuple[Any, Any]:
     )
 
 
-def execute_class(
-    graph: ClassGraph,
-    q: Any,
-    k: Any,
-    v: Any,
-    out: Any,
-    seq_len_q: Any,
-    seq_len_kv: Any,
-    stats: Any = None,
-    bias: Any = None,
-    sink: Any = None,
-) -> Any:
-    """``CudnnGraph.execute`` of a class graph: real tensors of any shape the
-    class covers, in its layout, any strides with a packed last dim (a view
-    into a larger buffer included). ``stats``, where given, is the
-    (b, h, s, 1) float32 buffer the log-sum-exp is written to (the check's
-    NaN-poisoned view); ``bias``, a bias spec's (b|1, h|1, s_q, s_kv) tensor
-    at the real shape. Raises ExecutionError otherwise."""
+def checked_call(
+    graph: ClassGraph, q: Any, k: Any, v: Any, out: Any, seq_len_q: Any, seq_len_kv: Any, bias: Any, sink: Any
+) -> GraphSpec:
+    """The real spec of a class graph's call (``real_spec``), its tensors
+    checked: shapes at it, dtype, device, a packed last dim (any other
+    strides); seq lens and bias as the exact path takes them. Raises
+    ExecutionError naming what is wrong."""
     import torch
 
     spec = real_spec(graph.spec, q, k)
@@ -216,7 +154,31 @@ def execute_class(
     ):
         raise ExecutionError(f"bias must be {spec.dims('bias') if spec.bias else 'absent'} in {bias_dtype(spec)} here")
     check_sink(spec, sink, q)
-    with _on(graph.device), graph._compiler._lock:
+    return spec
+
+
+def execute_class(
+    graph: ClassGraph,
+    q: Any,
+    k: Any,
+    v: Any,
+    out: Any,
+    seq_len_q: Any,
+    seq_len_kv: Any,
+    stats: Any = None,
+    bias: Any = None,
+    sink: Any = None,
+) -> Any:
+    """``CudnnGraph.execute`` of a class graph: real tensors of any shape the
+    class covers, in its layout, any strides with a packed last dim (a view
+    into a larger buffer included). ``stats``, where given, is the
+    (b, h, s, 1) float32 buffer the log-sum-exp is written to (the check's
+    NaN-poisoned view); ``bias``, a bias spec's (b|1, h|1, s_q, s_kv) tensor
+    at the real shape. Raises ExecutionError otherwise (``checked_call``)."""
+    import torch
+
+    spec = checked_call(graph, q, k, v, out, seq_len_q, seq_len_kv, bias, sink)
+    with on(graph.device), graph._compiler._lock:
         if out is None:
             out = torch.empty(spec.storage_shape("o"), dtype=q.dtype, device=q.device)
         if seq_len_q is None:
@@ -293,7 +255,7 @@ class ClassRun:
         graph, uids = self.graph, self.graph.uids
         shape, strides = self._out
         assert self.seq_lens is not None
-        with _on(graph.device), graph._compiler._lock:
+        with on(graph.device), graph._compiler._lock:
             out = torch.empty_strided(shape, strides, dtype=q.dtype, device=q.device)
             pack = {uids["q"]: q, uids["k"]: k, uids["v"]: v, uids["o"]: out}
             pack[uids["seq_len_q"]], pack[uids["seq_len_kv"]] = self.seq_lens

@@ -10,9 +10,11 @@ stand-in. Here: the checked ``execute``, ``PaddedRun`` (a padded class
 graph bound to one exact spec: the drop-in's per-call path) and the pack
 cuDNN runs. The build-time check is ``override.check_class`` with this
 module's ``execute_padded``: the same real shapes, every tensor a view into a
-NaN-filled buffer, against the float32 reference.
+NaN-filled buffer and every buffer it is copied into NaN first, against the
+float32 reference (``check_padded``).
 
-May import: override (the loaded plan's Protocol, the device context),
+May import: override (the call's checks, the build-time check), planapi
+(the loaded plan's Protocol, the device context),
 graphcache.compilers.padded/classgraph, graphcache.reference (input checks),
 graphcache.spec/errors; torch lazily.
 """
@@ -21,11 +23,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from graphcache.compilers.classgraph import check_covered, real_spec, storage_view
-from graphcache.compilers.cudnn.override import ClassGraph, _on
-from graphcache.compilers.padded import PaddedShape
-from graphcache.errors import ExecutionError
-from graphcache.reference.checks import check_inputs, check_sink
+from graphcache.compilers.classgraph import check_covered, storage_view
+from graphcache.compilers.cudnn.override import check_class, checked_call
+from graphcache.compilers.cudnn.planapi import ClassGraph, on
+from graphcache.compilers.padded import PaddedShape, poisoned
 from graphcache.reference.dense import to_bhsd
 from graphcache.spec import GraphSpec
 
@@ -43,16 +44,11 @@ def execute_padded(
     sink: Any = None,
 ) -> Any:
     """``CudnnGraph.execute`` of a padded class graph: real tensors in the
-    class's layout, of any shape it covers, checked as an exact graph checks
-    its inputs at that shape (ExecutionError otherwise). ``out`` and
+    class's layout, of any shape it covers, any strides with a packed last
+    dim (``override.checked_call``; ExecutionError otherwise). ``out`` and
     ``stats``, where given, receive the real rows (the check's NaN-poisoned
     views); else the call gets views of the declared output."""
-    spec = real_spec(graph.spec, q, k)
-    given = {"q": q, "k": k, "v": v, "o": out, "seq_len_q": seq_len_q, "seq_len_kv": seq_len_kv, "bias": bias}
-    check_inputs(spec, given, device_type="cuda")
-    check_sink(spec, sink, q)
-    if q.device != graph.device:
-        raise ExecutionError(f"q is on {q.device}; this graph was loaded on {graph.device}: move the tensors")
+    spec = checked_call(graph, q, k, v, out, seq_len_q, seq_len_kv, bias, sink)  # as an override class checks
     shape = PaddedShape(graph.spec, spec, graph.device)
     views = [to_bhsd(spec, t, r) for r, t in (("q", q), ("k", k), ("v", v))]
     result = run(graph, shape, *views, bias=bias, seq_len_q=seq_len_q, seq_len_kv=seq_len_kv, sink=sink)
@@ -86,13 +82,23 @@ def run(
     real rows of the declared output (a (b, h, s, d) view) out, and its
     stats where the spec asks. Runs on the current stream, the lock held."""
     uids = graph.uids
-    with _on(graph.device), graph._compiler._lock:
+    with on(graph.device), graph._compiler._lock:
         placed = shape.place(q, k, v, bias, seq_len_q, seq_len_kv)
         pack = {uids[r]: t for r, t in placed.tensors.items()}
         if sink is not None:
             pack[uids["sink"]] = sink
         graph._graph.execute(pack, graph.workspace, handle=graph._compiler.handle())
     return shape.output(placed)
+
+
+def check_padded(graph: ClassGraph) -> float:
+    """The build-time check of a padded class graph: ``override.check_class``
+    (every check shape, each tensor a view into a NaN-filled buffer, against
+    the float32 reference) through ``execute_padded``, with every buffer a
+    tensor is copied into NaN first. Returns the largest error; raises
+    UnsupportedSpec naming the shapes that disagreed."""
+    with poisoned():
+        return check_class(graph, execute_padded)
 
 
 class PaddedRun:

@@ -141,7 +141,7 @@ def _shown(version: VersionLike | None) -> str:
     if version is None:
         return "unknown"
     if parse_version(version) == _NO_LIMIT:
-        return "any (the reference target names none)"
+        return "any"
     return ".".join(map(str, parse_version(version)))
 
 
@@ -187,16 +187,17 @@ def is_reference(target: Any) -> bool:
     return bool(target.gpu == "reference")
 
 
-def table_versions(target: Any) -> tuple[VersionLike, VersionLike, str | Capability]:
+def table_versions(target: Any) -> tuple[str, str, str]:
     """(frontend, cuDNN, compute capability) of ``target`` as the table reads
     them: a GPU's own; a reference target's named versions at compute
     capability 9.0, its 0.0.0 (the default) read as newer than every release,
     so the default reference target has every feature."""
     if not is_reference(target):
         return target.frontend, target.cudnn, target.compute_capability
-    frontend = _NO_LIMIT if parse_version(target.frontend) == (0, 0, 0) else target.frontend
-    cudnn = _NO_LIMIT if parse_version(target.cudnn) == (0, 0, 0) else target.cudnn
-    return frontend, cudnn, _REFERENCE_CC
+    newest = ".".join(map(str, _NO_LIMIT))
+    frontend = newest if parse_version(target.frontend) == (0, 0, 0) else target.frontend
+    cudnn = newest if parse_version(target.cudnn) == (0, 0, 0) else target.cudnn
+    return frontend, cudnn, "{}.{}".format(*_REFERENCE_CC)
 
 
 # -- how a length class serves its shapes --------------------------------------------
@@ -262,8 +263,8 @@ def class_mechanism(spec: Any, target: Any) -> Mechanism | None:
 
 def _has(target: Any) -> str:
     frontend, cudnn, _ = table_versions(target)
-    where = "the reference target, read as" if is_reference(target) else "this target,"
-    return f"{where} cuDNN {_shown(cudnn)} with cudnn-frontend {_shown(frontend)},"
+    where = "the reference target's" if is_reference(target) else ""
+    return f"{where} cuDNN {_shown(cudnn)} with cudnn-frontend {_shown(frontend)}".lstrip()
 
 
 def resolved(spec: Any, target: Any) -> Any:
