@@ -12,7 +12,7 @@ from typing import Any
 from graphcache.artifact import Artifact
 from graphcache.classindex import ClassIndex, check_slack, local_headers, slack_from_env, work
 from graphcache.compilers.base import LoadedGraph
-from graphcache.compilers.cudnn.releases import Mechanism, class_mechanism, refused
+from graphcache.compilers.cudnn.releases import forms, refused
 from graphcache.compilers.named import Named, resolve
 from graphcache.counters import PrefetchReport, Stats
 from graphcache.errors import (
@@ -324,23 +324,12 @@ class GraphCache:
         return self._load(spec, target, build)
 
     def _forms(self, klass: GraphSpec, target: Target | None) -> list[GraphSpec]:
-        """The class graphs ``load`` tries for ``klass``, in order: the one
-        its target serves it by (``releases.class_mechanism``), then, where
-        that is execute-time override and the target has the padding mask,
-        its ``padded`` form (an override cuDNN refused for this spec, a
-        negative entry, is not the end of the class)."""
-        if klass.mechanism is not None:
-            return [klass]
+        """The class graphs ``load`` tries for ``klass`` (``releases.forms``:
+        its target's mechanism, then padded where override was refused)."""
         try:
-            resolved = self.target(target)
+            return forms(klass, self.target(target))
         except NoGpu:
             return [klass]
-        chosen = class_mechanism(klass, resolved)
-        if chosen is None or chosen.name != Mechanism.OVERRIDE or klass.kind == "backward":
-            return [klass]
-        padded = klass.replace(mechanism=Mechanism.PADDED)
-        fallback = class_mechanism(padded, resolved)
-        return [klass, padded] if fallback is not None and fallback.serves else [klass]
 
     def _load(self, spec: GraphSpec, target: Target | None, build: bool, fallback: bool = True) -> Loaded:
         """``spec``'s own graph, and whether it was built here; no class

@@ -1,11 +1,20 @@
 #!/usr/bin/env python3
-"""Class graphs on a GPU: the error of a class graph against the float32
-reference at off-tile real shapes, and its execute time at a short real
-shape against the exact graph of that shape (cuDNN warns a long declaration
-can run short rows about 2x slower, cudnn-frontend#1087). Needs a GPU; run by
-scripts/gpu_check.sh. Not yet run on a GPU.
+"""What a call costs by mechanism, on a GPU: each real shape through its exact
+graph, its class in the padded form (declared at the class's maxima, no
+execute-time override: every cuDNN PyTorch bundles below 9.21; k and v as a
+DynamicCache hands them, copied every call, and for decode also as views of a
+static cache as long as the class, read in place) and, where the target's
+cuDNN has it (>= 9.21, frontend >= 1.24), through override. Decode and
+prefill, batch 1 to 64, Llama-3-8B's heads (32/8, d128, bf16). Every graph
+is built here with its reference check, and timed on the drop-in's per-call
+path (graphcache.ops.classbench), copies included. Run by
+scripts/gpu_check.sh (step "classes"). Not yet run on a GPU.
 
-    python scripts/bench_classes_gpu.py [--repeat 200] [--json out.json]
+    python scripts/bench_classes_gpu.py [--repeat 100] [--json out.json] [--quick]
+    python scripts/bench_classes_gpu.py --compiler reference   # the CPU dry run (no cuDNN timed)
+
+With --compiler reference, GRAPHCACHE_REFERENCE_CUDNN=9.19.0 walks the padded
+path of a cuDNN 9.19 worker on the CPU.
 """
 
 from __future__ import annotations
@@ -18,80 +27,67 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from graphcache import GraphSpec  # noqa: E402
-from graphcache.spec.classes import class_of  # noqa: E402
 
-# (exact short shape, what it stands for)
-CASES = [
-    (
-        dict(batch=8, heads_q=32, heads_kv=8, seq_q=1, seq_kv=130, head_dim=128, dtype="bfloat16"),
-        "decode, kv 130 in kv256",
-    ),
-    (
-        dict(batch=8, heads_q=32, heads_kv=8, seq_q=4, seq_kv=4, head_dim=128, dtype="bfloat16", mask="causal"),
-        "4-row prefill in q128",
-    ),
-    (
-        dict(batch=1, heads_q=32, heads_kv=8, seq_q=300, seq_kv=300, head_dim=128, dtype="bfloat16", mask="causal"),
-        "prefill 300 in q512",
-    ),
+HEADS = dict(heads_q=32, heads_kv=8, head_dim=128, dtype="bfloat16")
+# (batch, seq_q, seq_kv, mask): decode over a cache, prefill of a prompt.
+SHAPES = [
+    (1, 1, 1000, "none"),
+    (8, 1, 1000, "none"),
+    (64, 1, 1000, "none"),
+    (1, 1, 3000, "none"),
+    (8, 1, 3000, "none"),
+    (1, 300, 300, "causal"),
+    (8, 300, 300, "causal"),
+    (1, 3000, 3000, "causal"),
 ]
+QUICK = [(1, 1, 200, "none"), (3, 1, 200, "none"), (1, 150, 150, "causal")]  # the CPU dry run's small heads
+QUICK_HEADS = dict(heads_q=8, heads_kv=2, head_dim=64, dtype="bfloat16")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeat", type=int, default=200)
+    parser.add_argument("--repeat", type=int, default=100)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--compiler", default="cudnn", help="cudnn (a GPU), or reference (the CPU dry run)")
+    parser.add_argument(
+        "--quick", action="store_true", help="three small shapes (the default with --compiler reference)"
+    )
     args = parser.parse_args()
-    import torch
 
-    from graphcache.compilers.cudnn import CudnnCompiler
-    from graphcache.compilers.cudnn.override import check_shapes
-    from graphcache.compilers.torch_sdpa import random_inputs, reference_error
+    from graphcache.compilers.named import compiler_named
+    from graphcache.ops.classbench import WAYS, compare, table
 
-    compiler = CudnnCompiler()
-    print(f"target {compiler.target()}")
-    rows = []
-    for fields, what in CASES:
-        exact = GraphSpec(**fields)
-        klass = class_of(exact, "pow2")
-        row: dict = {"case": what, "exact": exact.summary(), "class": klass.summary()}
-        try:
-            class_graph = compiler.load(compiler.build(klass))
-            exact_graph = compiler.load(compiler.build(exact))
-        except Exception as exc:  # noqa: BLE001 - reported, the other cases still run
-            row["error"] = f"{type(exc).__name__}: {exc}"
-            rows.append(row)
-            print(f"{what}: {row['error'][:200]}")
-            continue
-        errors = {}
-        for real in check_shapes(klass):
-            feed = random_inputs(real, "cuda", seed=3)
-            result = class_graph.execute(**feed)
-            errors[f"b{real.batch} q{real.seq_q} kv{real.seq_kv}"] = reference_error(
-                real, result[0] if real.generate_stats else result, feed
-            )
-        feed = random_inputs(exact, "cuda", seed=5)
-        times = {}
-        for name, graph in (("class", class_graph), ("exact", exact_graph)):
-            for _ in range(10):
-                graph.execute(**feed)
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(args.repeat):
-                graph.execute(**feed)
-            end.record()
-            torch.cuda.synchronize()
-            times[name] = start.elapsed_time(end) / args.repeat * 1e3  # us
-        row.update(
-            errors=errors, class_us=times["class"], exact_us=times["exact"], ratio=times["class"] / times["exact"]
-        )
-        rows.append(row)
-        print(
-            f"{what:28} class {times['class']:8.1f} us  exact {times['exact']:8.1f} us  ratio {row['ratio']:.2f}  "
-            f"max error {max(errors.values()):.2e} at {max(errors, key=errors.get)}"
-        )
+    compiler = compiler_named(args.compiler)
+    quick = args.quick or args.compiler == "reference"
+    shapes, heads = (QUICK, QUICK_HEADS) if quick else (SHAPES, HEADS)
+    specs = [
+        GraphSpec(batch=b, seq_q=sq, seq_kv=skv, mask=mask, layout="bhsd", layout_q="bshd" if sq > 1 else None, **heads)
+        for b, sq, skv, mask in shapes
+    ]
+    print(f"target {compiler.target()}: per call, on the drop-in's path (copies included), {args.repeat} calls a way")
+    rows = compare(specs, compiler, repeat=args.repeat, progress=lambda s: print(f"  timing {s}", flush=True))
+    header = ["call", "class", *WAYS]
+    cells = table(rows)
+    widths = [max(len(r[i]) for r in [header, *cells]) for i in range(len(header))]
+    for line in [header, *cells]:
+        print("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip())
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2))
+        Path(args.json).write_text(
+            json.dumps(
+                [
+                    {
+                        "call": r.spec.to_dict(),
+                        "class": r.klass.to_dict(),
+                        **{
+                            name: {"us": t.us, "copied_bytes": t.copied_bytes, "note": t.note}
+                            for name, t in r.timings.items()
+                        },
+                    }
+                    for r in rows
+                ],
+                indent=2,
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -47,8 +47,25 @@ def test_warm_builds_one_graph_per_class_and_the_exact_specs_where_a_class_is_re
     assert [r.status for r in rows[:2]] == ["unsupported", "unsupported"]
     assert [(r.spec, r.status) for r in rows[2:]] == [(s, "built") for s in exact]
     again = ops.warm(exact, GraphCache(DiskStore(tmp_path / "b"), refusing, shape_classes="pow2"))
-    assert refusing.builds == 2 + len(exact), "the negative entries and exact graphs answered the second warm"
+    # Each class in both forms (override refused, then padded refused), then the exact specs; the
+    # negative entries and exact graphs answered the second warm.
+    assert refusing.builds == 2 * 2 + len(exact)
     assert {r.status for r in again[2:]} == {"present"}
+
+
+def test_warm_serves_a_class_whose_override_is_refused_by_its_padded_form_and_check_counts_it(tmp_path):
+    _, exact = specs(tmp_path)
+    store = DiskStore(tmp_path / "a")
+    rows = ops.warm(exact, GraphCache(store, FakeCompiler(override=False), shape_classes="pow2"))
+    assert [(r.spec, r.status, r.mechanism) for r in rows] == [
+        (CLASS_128, "built", "padded"),
+        (CLASS_256, "built", "padded"),
+    ]
+    assert "execute-time override refused" in rows[0].detail
+    assert rows[0].key == key_for(CLASS_128.replace(mechanism="padded"), TARGET)
+    checked = ops.check(exact, TARGET, store, shape_classes="pow2")
+    assert all(r.present for r in checked) and {r.mechanism for r in checked} == {"padded"}
+    assert checked[0].served_by == CLASS_128.replace(mechanism="padded")
 
 
 def test_check_counts_an_exact_spec_present_through_its_stored_class_but_not_through_a_negative_entry(tmp_path):

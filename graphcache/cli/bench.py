@@ -29,6 +29,34 @@ from graphcache.cli.common import (
 from graphcache.spec import GraphSpec
 
 
+def _bench_classes(
+    ctx: Context, specs: list[GraphSpec], repeat: int, compiler_name: str | None, json_out: str | None
+) -> None:
+    """``bench --classes``: graphcache.ops.classbench's table, with a line per call as it is timed."""
+    from graphcache.cli.common import chosen_compiler
+    from graphcache.ops.classbench import WAYS, compare, table
+
+    compiler = chosen_compiler(ctx, compiler_name)
+    calls = [s for s in specs if not s.is_class]
+    if not calls:
+        raise click.UsageError("bench --classes times exact specs (real call shapes): the manifest names classes only")
+    times = max(repeat, 20)
+    err_console.print(f"bench --classes: {len(calls)} call(s) on {compiler.target()}, {times} calls a way")
+    rows = compare(calls, compiler, repeat=times, progress=lambda s: err_console.print(f"bench timing {s}"))
+    out = Table("call", "class", *WAYS)
+    for cells in table(rows):
+        out.add_row(*cells)
+    console.print(out)
+    if json_out:
+        report = [
+            {"call": r.spec.to_dict(), "class": r.klass.to_dict()}
+            | {name: {"us": t.us, "copied_bytes": t.copied_bytes, "note": t.note} for name, t in r.timings.items()}
+            for r in rows
+        ]
+        Path(json_out).write_text(json.dumps(report, indent=2))
+        console.print(f"wrote {json_out}")
+
+
 def _manifest_specs(manifest: str | None, spec_args: tuple[str, ...]) -> list[GraphSpec]:
     from graphcache.ops import manifest as manifest_mod
     from graphcache.settings import Settings
@@ -56,6 +84,12 @@ def _manifest_specs(manifest: str | None, spec_args: tuple[str, ...]) -> list[Gr
 @click.option("--json", "json_out", default=None, type=click.Path(dir_okay=False), help="Write the report as JSON.")
 @click.option("--plot", "plot_out", default=None, type=click.Path(dir_okay=False), help="Write a PNG bar chart.")
 @click.option("--no-memory", is_flag=True, help="Skip the peak GPU memory comparison.")
+@click.option(
+    "--classes",
+    is_flag=True,
+    help="Instead: time each exact spec's call through its exact graph, its class in the padded form "
+    "(copies included) and, where the target has execute-time override, through override.",
+)
 @compiler_option
 @store_options
 @pass_ctx
@@ -69,11 +103,18 @@ def bench_cmd(
     json_out: str | None,
     plot_out: str | None,
     no_memory: bool,
+    classes: bool,
     compiler_name: str | None,
 ) -> None:
-    """Cold build vs warm start per spec, phase by phase, with the speedup."""
+    """Cold build vs warm start per spec, phase by phase, with the speedup.
+
+    With --classes: each spec's call per mechanism (exact, padded, override), microseconds a call."""
     from graphcache.ops import bench
     from graphcache.target import Target
+
+    if classes:
+        _bench_classes(ctx, _manifest_specs(manifest, spec_args), repeat, compiler_name, json_out)
+        return
 
     if plot_out:
         # Before any work: a bench run is minutes on a GPU, and its plot the last step.

@@ -13,7 +13,7 @@ from typing import Any
 from graphcache.artifact import Artifact
 from graphcache.cache import GraphCache
 from graphcache.classindex import ClassIndex, check_slack, slack_from_env
-from graphcache.compilers.cudnn.releases import Mechanism, class_mechanism, refused
+from graphcache.compilers.cudnn.releases import class_mechanism, forms, refused
 from graphcache.errors import CorruptArtifact, GraphCacheError, KnownBad, UnsupportedSpec
 from graphcache.key import key_for
 from graphcache.spec import GraphSpec
@@ -109,15 +109,11 @@ def warm(
 
 
 def padded_form(klass: GraphSpec, target: Target) -> GraphSpec | None:
-    """The ``padded`` form of the class ``klass`` where ``target`` would
-    serve ``klass`` through execute-time override and has the padding mask
-    (what a load tries once override is refused for the spec); else None."""
-    chosen = class_mechanism(klass, target)
-    if chosen is None or chosen.name != Mechanism.OVERRIDE or klass.mechanism is not None or klass.kind == "backward":
-        return None
-    padded = klass.replace(mechanism=Mechanism.PADDED)
-    fallback = class_mechanism(padded, target)
-    return padded if fallback is not None and fallback.serves else None
+    """The ``padded`` form of the class ``klass`` where ``target`` serves it
+    through execute-time override and has the padding mask (what a load
+    tries once override is refused for the spec; ``releases.forms``); else None."""
+    tried = forms(klass, target)
+    return tried[1] if len(tried) > 1 else None
 
 
 def _stored_refusal(cache: GraphCache, spec: GraphSpec, target: Target, key: str, exc: KnownBad) -> str:

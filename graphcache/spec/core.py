@@ -14,21 +14,17 @@ from graphcache.spec import backward as spec_backward
 from graphcache.spec import bias as spec_bias
 from graphcache.spec import bounds as spec_bounds
 from graphcache.spec import layouts as spec_layouts
+from graphcache.spec import mechanism as spec_mechanism
 from graphcache.spec import ragged as spec_ragged
 from graphcache.spec import sinks as spec_sinks
+from graphcache.spec import text as spec_text
 
 DTYPES = ("float16", "bfloat16")
 LAYOUTS = ("bshd", "bhsd", "thd")
 MASKS = ("none", "causal", "causal_bottom_right", "sliding_window", "sliding_window_bottom_right")
 SHAPES = ("exact", "class")
-# How a class graph serves real shapes other than its declared maxima. Left
-# out (None), the target's own choice (graphcache.compilers.cudnn.releases.
-# class_mechanism): execute-time shape override where cuDNN >= 9.21 and
-# cudnn-frontend >= 1.24 have it, else "padded". "padded" asks for it anywhere.
-MECHANISMS = ("padded",)
 MAX_HEAD_DIM = 256
 
-_SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16"}
 _is_int = spec_bounds.is_int
 
 
@@ -149,35 +145,11 @@ class GraphSpec:
             # graphcache.spec.classes.has_class says why
             what = "dropout" if self.dropout else "ragged or paged (thd) specs, which serve many lengths already"
             raise SpecError(f"shapes='class' is not supported with {what}: use shapes='exact'", "shapes")
-        self._check_mechanism()
+        spec_mechanism.check(self)
         spec_ragged.check(self)
         spec_bias.check(self)
         spec_sinks.check(self)
         spec_backward.check(self)
-
-    def _check_mechanism(self) -> None:
-        mechanism = self.mechanism
-        if mechanism is None:
-            return
-        if mechanism not in MECHANISMS:
-            raise SpecError(
-                f"mechanism={mechanism!r} is not supported; allowed: padded (declared at the class's maxima, the "
-                "real lengths as the padding mask's seq-len tensors, no execute-time override), or leave it out "
-                "(the target's own: override where cuDNN >= 9.21 and cudnn-frontend >= 1.24, else padded)",
-                "mechanism",
-            )
-        if self.shapes != "class":
-            raise SpecError(
-                f"mechanism={mechanism!r} is given for shapes='exact': a mechanism says how a length class "
-                "serves shapes below its maxima; remove it, or set shapes='class'",
-                "mechanism",
-            )
-        if self.kind == "backward":
-            raise SpecError(
-                f"mechanism={mechanism!r} is not supported for kind='backward': backward classes are served "
-                "through execute-time override only (cuDNN >= 9.21); leave mechanism out",
-                "mechanism",
-            )
 
     def _check_window(self) -> None:
         if spec_ragged.check_window(self):
@@ -276,12 +248,12 @@ class GraphSpec:
             "padding": {"type": "boolean"},
             "dropout": {"type": "number", "minimum": 0, "exclusiveMaximum": 1},
             "shapes": {"enum": list(SHAPES)},
-            "mechanism": {"enum": [*MECHANISMS, None]},
             **spec_ragged.json_schema_props(),
             **spec_bias.json_schema_props(),
             **spec_sinks.json_schema_props(),
             **spec_backward.json_schema_props(),
             **spec_layouts.json_schema_props(),
+            **spec_mechanism.json_schema_props(),
         }
         return {
             "type": "object",
@@ -399,27 +371,8 @@ class GraphSpec:
         return self.dims(role)
 
     def summary(self) -> str:
-        """A short human form, e.g. ``b1 h32/8 s4096 d128 bf16 bshd causal``."""
-        heads = f"h{self.heads_q}" + (f"/{self.heads_kv}" if self.heads_kv != self.heads_q else "")
-        seq = f"s{self.seq_q}" + (f"/{self.seq_kv}" if self.seq_kv != self.seq_q else "")
-        dim = f"d{self.head_dim}" + (f"/{self.head_dim_v}" if self.head_dim_v != self.head_dim else "")
-        mask = self.mask
-        if mask == "sliding_window":
-            mask = f"window({self.window_left},{self.window_right})"
-        elif mask == "sliding_window_bottom_right":
-            mask = spec_ragged.mask_text(self)
-        parts = [f"b{self.batch}", heads, seq, dim, _SHORT_DTYPE[self.dtype], *spec_layouts.summary_part(self), mask]
-        parts += spec_ragged.summary_parts(self)
-        parts += spec_bias.summary_part(self) + spec_sinks.summary_part(self) + spec_backward.summary_part(self)
-        if self.padding:
-            parts.append("padded")
-        if self.generate_stats:
-            parts.append("stats")
-        if self.dropout:
-            parts.append(f"dropout{self.dropout:g}")
-        if self.is_class:
-            parts.append("class" if self.mechanism is None else f"class({self.mechanism})")
-        return " ".join(parts)
+        """A short human form, e.g. ``b1 h32/8 s4096 d128 bf16 bshd causal`` (``graphcache.spec.text``)."""
+        return spec_text.summary(self)
 
 
 _FIELDS = tuple(f.name for f in dataclasses.fields(GraphSpec))

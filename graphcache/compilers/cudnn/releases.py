@@ -281,6 +281,20 @@ def resolved(spec: Any, target: Any) -> Any:
     return spec
 
 
+def forms(klass: Any, target: Any) -> list[Any]:
+    """The class graphs that may serve the class ``klass`` on ``target``, in
+    the order a load tries them: the one the target serves it by, then, where
+    that is execute-time override and the target has the padding mask, its
+    ``padded`` form (cuDNN may refuse override for one spec: a negative
+    entry is not the end of the class). A class naming its mechanism: itself."""
+    chosen = class_mechanism(klass, target)
+    if chosen is None or chosen.name != Mechanism.OVERRIDE or klass.mechanism is not None or klass.kind == "backward":
+        return [klass]
+    padded = klass.replace(mechanism=Mechanism.PADDED)
+    fallback = class_mechanism(padded, target)
+    return [klass, padded] if fallback is not None and fallback.serves else [klass]
+
+
 # -- known-bad windows ----------------------------------------------------------------
 
 
