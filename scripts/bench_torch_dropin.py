@@ -23,6 +23,13 @@ seq_kv 128, head_dim 64, bfloat16, on the CPU):
   first, and every later request, find them there).
 - class new shape: the first call of each of 256 new shapes (kv 257..512,
   class kv512, already loaded): derive, class, bind, memo entry.
+- padded: the same decode loop (kv 129..256) served by a class graph of the
+  padded mechanism (a cuDNN without execute-time override, 9.19 here: the
+  class declared at kv256, each call's k and v copied into the reused buffer
+  of that size, graphcache.compilers.padded), against exact hits of the same
+  shapes: graphcache's cost of a padded hit, copies included, with the bytes
+  copied per call (a call whose memory fits the declared strides is read in
+  place: scripts/bench_classes_gpu.py times both).
 - bias: a masked call served by a bias graph (issue 25) against the same
   call without a mask, both through the drop-in: the added cost of turning
   the mask into the graph's bias on the device (a boolean mask: 0 / -inf;
@@ -87,24 +94,61 @@ class NullGraph:
         return self.view
 
 
+class NullPaddedGraph:
+    """A padded class graph that does no work but what graphcache does for
+    it: each call's tensors placed as the declared graph reads them (the
+    copies into the reused buffers, the seq-len tensors, the declared
+    output), then the output's view of the real rows handed back."""
+
+    backend = "null"
+
+    def __init__(self, spec: GraphSpec) -> None:
+        self.spec = spec
+
+    def execute(self, q: Any, k: Any, v: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError("bound per call shape only")
+
+    def bind(self, spec: GraphSpec) -> Any:
+        from graphcache.compilers.padded import PaddedShape
+
+        shape = PaddedShape(self.spec, spec, torch.device("cpu"))
+
+        class Run:
+            backend = "null"
+            class_spec = self.spec
+
+            def __init__(self) -> None:
+                self.spec = spec
+
+            def run_views(self, q: Any, k: Any, v: Any, bias: Any = None) -> Any:
+                return shape.output(shape.place(q, k, v, bias))
+
+        return Run()
+
+
 class NullCompiler:
     """Builds empty artifacts and loads them as ``graph`` (NullGraph unless
-    told otherwise; scripts/bench_varlen.py passes its own)."""
+    told otherwise; scripts/bench_varlen.py passes its own) for ``target``."""
 
     name = "null"
     device = None
 
-    def __init__(self, graph: Any = NullGraph) -> None:
+    def __init__(self, graph: Any = NullGraph, target: Target = TARGET) -> None:
         self.graph = graph
+        self._target = target
 
     def target(self) -> Target:
-        return TARGET
+        return self._target
 
     def build(self, spec: GraphSpec, target: Target, uids: UidMap | None = None) -> Artifact:
+        from graphcache.compilers.cudnn.releases import resolved
+
+        spec = resolved(spec, target)  # a class in the mechanism the target has, as the real compilers build it
         return Artifact(spec=spec, target=target, payload=b"null", uids=uids or UidMap.default(), dialect="null")
 
     def load(self, artifact: Artifact) -> Any:
-        return self.graph(artifact.spec)
+        graph = NullPaddedGraph if artifact.spec.is_class and artifact.spec.mechanism == "padded" else self.graph
+        return graph(artifact.spec)
 
 
 _FLOOR_LIB: Any = None
@@ -233,6 +277,41 @@ def main() -> None:
             klass_graph.execute(*step)
         new_shape_base_us = (time.perf_counter() - t0) / len(fresh) * 1e6
         class_stats = gt.stats()
+        # The same decode loop on a cuDNN without override: the class is padded; against exact hits.
+        old_cudnn = Target.parse("h200-sm90-cudnn9.19.0-fe1.28.0")
+        exact_old = GraphCache(
+            DiskStore(Path(tmp) / "exact-old"), NullCompiler(target=old_cudnn), shape_classes="exact"
+        )  # type: ignore[arg-type]
+        padded_old = GraphCache(
+            DiskStore(Path(tmp) / "padded-old"), NullCompiler(target=old_cudnn), shape_classes="pow2"
+        )  # type: ignore[arg-type]
+        from graphcache.compilers import padded as padded_mod
+
+        runs = {}
+        for name, klass_of in (("exact", exact_old), ("padded", padded_old)):
+            gt.configure(klass_of, device="cpu", on_miss="build")
+            for step in steps:
+                gt.scaled_dot_product_attention(*step)
+            runs[name] = gt.RUNTIME._memo.copy()  # the plans of every shape, as a warmed worker holds them
+        padded_copies = {}
+
+        def served_by(memo: dict[Any, Any], it: Any) -> Any:
+            def call() -> Any:
+                gt.RUNTIME._memo = memo
+                return gt.scaled_dot_product_attention(*next(it))
+
+            return call
+
+        for name, loop in (("padded decode kv129-256", steps),):
+            cases[name] = (
+                served_by(runs["exact"], itertools.cycle(loop)),
+                served_by(runs["padded"], itertools.cycle(loop)),
+            )
+            padded_mod.reset()
+            for step in loop:
+                gt.RUNTIME._memo = runs["padded"]
+                gt.scaled_dot_product_attention(*step)
+            padded_copies[name] = sum(r["bytes"] for r in padded_mod.copies().values()) / len(loop)
         gt.configure(cache, device="cpu", on_miss="build")
         q, k, v = tensors("bhsd")
         # Float32 on the CPU: cuDNN would not take it, so the drop-in runs torch's SDPA.
@@ -258,6 +337,7 @@ def main() -> None:
         "op": "graph.execute() direct",
         "fallback": "F.scaled_dot_product_attention",
         "class": "class graph.execute() direct",
+        "padded": "exact hits of the same shapes (drop-in)",
         "bias": "the same call without a mask (drop-in hit)",
         "aten": "the same hit through patch()'s door",
         "floor": "the same hit through patch()'s door",
@@ -273,6 +353,8 @@ def main() -> None:
         f"{'class new shape':22} {new_shape_base_us:12.2f} {new_shape_us:11.2f} {new_shape_us - new_shape_base_us:9.2f} "
         f"{'':>10}  first call of each of {len(fresh)} new shapes (one pass)"
     )
+    for name, nbytes in padded_copies.items():
+        print(f"{name}: {nbytes / 1024:.0f} KiB copied a call (k and v into the class's buffers)")
     print(
         f"drop-in stats: {stats['served_from_store']} served from the store, {stats['built_here']} by graphs built "
         f"here, fallbacks {stats['fallbacks']}, graphs {stats['graphs_loaded']}"

@@ -3,6 +3,7 @@ change of a library interface cannot leave them broken unnoticed."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +28,11 @@ def test_bench_torch_dropin_runs_and_reports_every_case():
     out = run_script("bench_torch_dropin.py", "--calls", "50", "--rounds", "1", timeout=300)
     for case in ("hit bhsd", "hit bshd", "op (custom op) bhsd", "fallback bhsd fp32", "class decode kv129-256"):
         assert case in out.stdout, out.stdout
+    # A padded class's hit on a cuDNN without override, against exact hits, with what it copies.
+    copied = re.search(r"padded decode kv129-256: (\d+) KiB copied a call", out.stdout)
+    assert copied is not None, out.stdout
+    # k and v of 8 heads x d64 bf16, 129..256 rows each: between the shortest's and the longest's 2 x 8 x n x 128 B.
+    assert 2 * 8 * 129 * 128 / 1024 <= int(copied[1]) <= 2 * 8 * 256 * 128 / 1024
     assert "class run: graphs 2, call shapes served 384" in out.stdout, out.stdout
     for case in ("bias decode bool b1ss", "bias decode float 1hss", "bias q128 bool b1ss"):
         assert case in out.stdout, out.stdout
@@ -34,6 +40,17 @@ def test_bench_torch_dropin_runs_and_reports_every_case():
     for case in ("aten bhsd", "aten bshd"):  # the aten door's hit beside patch()'s (issue 42)
         assert case in out.stdout, out.stdout
     assert "by door: sdpa " in out.stdout and "aten " in out.stdout, out.stdout
+
+
+@pytest.mark.torch
+def test_bench_classes_dry_run_times_exact_padded_and_override_calls():
+    pytest.importorskip("torch", reason="the class benchmark needs torch")
+    out = run_script("bench_classes_gpu.py", "--compiler", "reference", "--repeat", "3", timeout=300)
+    assert "target reference-sm00-cudnn0.0.0-fe0.0.0" in out.stdout
+    header = next(line for line in out.stdout.splitlines() if line.startswith("call "))
+    assert header.split() == ["call", "class", "exact", "padded", "padded", "in", "place", "override"]
+    decode = next(line for line in out.stdout.splitlines() if line.startswith("b3 h8/2 s1/200"))
+    assert "KiB copied" in decode and "n/a" not in decode, "every way ran; the padded one copied"
 
 
 @pytest.mark.torch

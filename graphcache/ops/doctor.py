@@ -92,12 +92,15 @@ def diagnose(spec: GraphSpec | None = None) -> dict[str, Any]:
 
 def _reference_target(torch: bool) -> str:
     """The reference compiler's target row: what --compiler reference builds for on any machine."""
-    from graphcache.compilers.reference import TARGET
+    from graphcache.compilers.reference import TARGET, ReferenceCompiler
 
+    target = ReferenceCompiler().target()
+    standing = "" if target == TARGET else ", standing in for that cuDNN (GRAPHCACHE_REFERENCE_CUDNN / _FRONTEND)"
     if torch:
-        return f"{TARGET} (what --compiler reference builds for, here on the CPU; no GPU has it)"
+        return f"{target} (what --compiler reference builds for, here on the CPU{standing}; no GPU has it)"
     return (
-        f"{TARGET} (--compiler reference: warm --check, prefetch and explain need nothing more; its builds need torch)"
+        f"{target} (--compiler reference{standing}: warm --check, prefetch and explain need nothing more; "
+        "its builds need torch)"
     )
 
 
