@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable
 
 from graphcache.artifact import Artifact
 from graphcache.classindex import ClassIndex
+from graphcache.compilers.cudnn.releases import forms
 from graphcache.counters import PrefetchReport
 from graphcache.errors import StoreUnavailable
 from graphcache.key import key_for
@@ -57,12 +58,25 @@ def fetch_all(
     present = size = corrupt = 0
     missing: list[GraphSpec] = []
     serving: set[GraphSpec] = set()  # classes stored as graphs (not negative entries)
+    refused: list[GraphSpec] = []  # classes whose entry is negative: their padded form may serve
     for key, klass in class_keys.items():
         data = found.get(key)
         artifact = decoded(key, data) if data is not None else None
         if artifact is not None and not artifact.unsupported:
             serving.add(klass)
             size += len(data or b"") if key not in wanted else 0
+        elif artifact is not None:
+            refused.append(klass)
+    padded = {key_for(form, target, uids): klass for klass in refused for form in forms(klass, target)[1:]}
+    if padded:  # override refused for these classes: the padded form load() takes next (releases.forms)
+        found_padded = get_many(store, list(padded))
+        _failed(store, failures)
+        for key, klass in padded.items():
+            data = found_padded.get(key)
+            artifact = decoded(key, data) if data is not None else None
+            if artifact is not None and not artifact.unsupported:
+                serving.add(klass)
+                size += len(data or b"")
     served_by: dict[GraphSpec, GraphSpec] = {}
     for key, spec in wanted.items():
         if classes.get(key) in serving:

@@ -11,7 +11,7 @@ import pytest
 from graphcache import GraphCache, GraphSpec, key_for, manifest, ops
 from graphcache.settings import Settings
 from graphcache.spec.classes import class_of
-from graphcache.stores import DiskStore
+from graphcache.stores import DiskStore, TieredStore
 from service.app import create_app
 from tests.clirun import cli
 from tests.fakes import TARGET, FakeCompiler, make_artifact
@@ -66,6 +66,11 @@ def test_warm_serves_a_class_whose_override_is_refused_by_its_padded_form_and_ch
     checked = ops.check(exact, TARGET, store, shape_classes="pow2")
     assert all(r.present for r in checked) and {r.mechanism for r in checked} == {"padded"}
     assert checked[0].served_by == CLASS_128.replace(mechanism="padded")
+    # A worker's prefetch fetches the padded forms into its local store: its loads then read nothing remote.
+    local = DiskStore(tmp_path / "local")
+    report = GraphCache(TieredStore(local, store), shape_classes="pow2").prefetch(exact, TARGET)
+    assert report.present == len(exact) and not report.missing
+    assert local.exists(key_for(CLASS_128.replace(mechanism="padded"), TARGET))
 
 
 def test_check_counts_an_exact_spec_present_through_its_stored_class_but_not_through_a_negative_entry(tmp_path):
