@@ -374,3 +374,27 @@ def test_a_padded_cudnn_graph_passes_no_override_lists_and_binds_once_per_shape(
     want = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), enable_gqa=True)
     assert out.shape == (3, 8, 1, 64) and torch.allclose(out.float(), want, atol=2e-2)
     assert graph._graph.calls == 1
+
+
+def test_the_aten_doors_nine_outputs_keep_the_meta_kernels_strides_through_a_padded_class(tmp_path):
+    import graphcache.torch as gt
+    from graphcache import GraphCache
+    from graphcache.stores import DiskStore
+
+    op = torch.ops.aten._scaled_dot_product_cudnn_attention
+    gt.reset()
+    try:
+        gt.configure(GraphCache(DiskStore(tmp_path), reference_compiler()), device="cpu", on_miss="build")
+        gt.install(dispatch_key="CPU")
+        q, k, v = (torch.randn(1, n, 8, 64, dtype=torch.bfloat16).transpose(1, 2) for n in (16, 32, 32))
+        got = op(q, k, v, None, True, 0.0, True, False)  # the logsumexp asked: a stats graph
+        metas = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta") for t in (q, k, v)]
+        want = op(*metas, None, True, 0.0, True, False)
+        for mine, theirs in zip(got[:2], want[:2], strict=True):
+            assert (mine.shape, mine.stride()) == (theirs.shape, theirs.stride())
+        assert any(g.endswith("stats class(padded)") for g in gt.stats()["built_graphs"]), gt.stats()["built_graphs"]
+        torch.testing.assert_close(got[0].float(), torch.nn.functional.scaled_dot_product_attention(
+            q.float(), k.float(), v.float(), is_causal=True), atol=2e-2, rtol=0)  # fmt: skip
+    finally:
+        gt.uninstall()
+        gt.reset()

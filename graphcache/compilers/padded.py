@@ -234,8 +234,14 @@ class PaddedShape:
         return Placed(tensors)
 
     def output(self, placed: Placed) -> Any:
-        """The call's output: the real rows of the declared output (a view), and its stats where asked."""
+        """The call's output: the real rows of the declared output (a view),
+        and its stats where asked, packed (b, h, s_q, 1) as every graph
+        writes them (a copy of the real rows, counted: they are small)."""
         o = real(placed.tensors["o"], self.spec, "o")
         if "stats" in placed.tensors:
-            return o, real(placed.tensors["stats"], self.spec, "stats")
+            stats = real(placed.tensors["stats"], self.spec, "stats")
+            if not stats.is_contiguous():
+                stats = stats.contiguous()
+                _count("stats", int(stats.numel()) * 4)
+            return o, stats
         return o
