@@ -59,3 +59,29 @@ def test_a_reference_cudnn_that_is_no_release_is_refused_naming_the_variable(tmp
     assert out.returncode != 0
     assert "GRAPHCACHE_REFERENCE_CUDNN='nine' is not a release number; write it as 9.19.0" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_explain_says_which_mechanism_serves_a_class_on_a_target_and_why(tmp_path):
+    spec = tmp_path / "decode.json"
+    spec.write_text(
+        json.dumps(
+            {"batch": 3, "heads_q": 8, "heads_kv": 2, "seq_q": 1, "seq_kv": 300, "head_dim": 64, "dtype": "bfloat16"}
+        )
+    )
+    klass = tmp_path / "class.yaml"
+    klass.write_text(
+        "graphs:\n  - {name: decode, batch: 4, heads_q: 8, heads_kv: 2, seq_q: 1, seq_kv: 512, head_dim: 64, dtype: bfloat16,"
+        " shapes: class}\n"
+    )
+    store = ["--compiler", "reference", "--cache-dir", str(tmp_path / "s")]
+    for cudnn, mechanism, why in (
+        ("9.19.0", "padded serves", "no execute-time shape override (execute-time shape override needs cuDNN >= 9.21"),
+        ("9.26.0", "override serves", "execute-time shape override (cuDNN >= 9.21 and cudnn-frontend >= 1.24"),
+    ):
+        env = {"GRAPHCACHE_REFERENCE_CUDNN": cudnn}
+        assert cli("warm", str(klass), *store, env=env).returncode == 0
+        out = cli("explain", str(spec), *store, env=env)
+        assert out.returncode == 0, out.stdout + out.stderr
+        text = " ".join(out.stdout.split())
+        assert f"mechanism: {mechanism} length classes on reference-sm00-cudnn{cudnn}-fe0.0.0: {why}" in text, text
+        assert "is served by its class's graph" in text
