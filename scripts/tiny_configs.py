@@ -66,6 +66,28 @@ def transformers_configs() -> dict[str, Any]:
             layer_types=["mamba", "attention"],
         ),
         "falcon-h1": AutoConfig.for_model("falcon_h1", **_DECODER),
+        # Windowed attention: 56 px in patches of 4 is 14 x 14, 4 windows of 7 x 7 (shifted in the second
+        # block), then 7 x 7, one window: each call's batch is images x windows.
+        "swin": AutoConfig.for_model(
+            "swin", image_size=56, patch_size=4, embed_dim=64, depths=[2, 2], num_heads=[2, 4], window_size=7
+        ),
+        # SAM: a windowed layer and a global one (relative position biases), then the mask decoder's
+        # two-way attention between the prompt's tokens and the image's 16 x 16 embeddings.
+        "sam": transformers.SamConfig(
+            vision_config=dict(
+                hidden_size=256,
+                num_hidden_layers=2,
+                num_attention_heads=8,
+                mlp_dim=512,
+                image_size=256,
+                patch_size=16,
+                window_size=7,
+                global_attn_indexes=[1],
+                output_channels=256,
+            ),
+            prompt_encoder_config=dict(image_size=256, patch_size=16, image_embedding_size=16, hidden_size=256),
+            mask_decoder_config=dict(hidden_size=256, mlp_dim=512, num_hidden_layers=2, num_attention_heads=8),
+        ),
     }
 
 

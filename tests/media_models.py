@@ -43,7 +43,7 @@ class Bench:
     """A model of CONFIGS: its kind, the manifest's options, and its serving cases
     (case name -> runs; a run is (size, batch) or, for audio, the lengths of a batch)."""
 
-    kind: str  # "vision", "audio", "multimodal" or "diffusion"
+    kind: str  # "vision", "segmentation", "audio", "multimodal" or "diffusion"
     options: tuple[str, ...]
     cases: dict[str, list[Any]] = field(default_factory=dict)
 
@@ -75,6 +75,20 @@ MODELS: dict[str, Bench] = {
             "left-padded batch of 4": [((224, 224), (20, 50, 9, 33))],
         },
     ),
+    # Windowed attention: each call's batch is images x windows (4 windows of 7 x 7 at 56 px, 16 at 112 px).
+    "swin": Bench(
+        "vision",
+        ("--max-batch", "4", "--image-size", "56x56", "--image-size", "112x112"),
+        {
+            "56x56, b=1": [((56, 56), 1)],
+            "112x112, b=1": [((112, 112), 1)],
+            "batch of 4": [((56, 56), 4), ((112, 112), 4)],
+        },
+    ),
+    # SamModel: its vision encoder (windows, a global layer) and mask decoder, prompted with two points an image.
+    "sam": Bench(
+        "segmentation", ("--max-batch", "2"), {"256x256, b=1": [((256, 256), 1)], "2 images": [((256, 256), 2)]}
+    ),  # fmt: skip
     "sd-unet": Bench("diffusion", _DIFFUSION, _PAIRS),
     "flux": Bench("diffusion", _DIFFUSION, _PAIRS),
     "sd3": Bench("diffusion", _DIFFUSION, _PAIRS),
@@ -129,6 +143,8 @@ def run(name: str, model: Any, runs: Sequence[Any]) -> list[torch.Tensor]:
     with torch.no_grad():
         if kind == "vision":
             return [_vision(model, size, b) for size, b in runs]
+        if kind == "segmentation":
+            return [_segment(model, size, b) for size, b in runs]
         if kind == "audio":
             return [_audio(model, lengths) for lengths in runs]
         if kind == "multimodal":
@@ -146,6 +162,12 @@ def _vision(model: Any, size: tuple[int, int], b: int) -> torch.Tensor:
     if "interpolate_pos_encoding" in inspect.signature(model.forward).parameters and size != (own, own):
         kwargs["interpolate_pos_encoding"] = True
     return model(**kwargs).last_hidden_state.float()
+
+
+def _segment(model: Any, size: tuple[int, int], b: int) -> torch.Tensor:
+    """SamModel's masks for ``b`` images of ``size``, each prompted with two points."""
+    points = torch.rand((b, 1, 2, 2), generator=torch.Generator().manual_seed(b)) * min(size)
+    return model(pixel_values=_random(b, 3, *size), input_points=points).pred_masks.float()
 
 
 def _audio(model: Any, lengths: tuple[int, ...]) -> torch.Tensor:

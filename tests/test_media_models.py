@@ -33,6 +33,7 @@ CASES = {
         "--max-batch 1 --max-seq 384 --image-size 224x224",
         {"224x224 image, b=1": [((224, 224), (20,))]},
     ),
+    "sam": ("--max-batch 2", {"2 images": [((256, 256), 2)]}),  # its vision encoder and mask decoder
     "sd-unet": ("--max-batch 1 --resolution 192x192", {"192x192, guidance pair": [((192, 192), 1)]}),  # batch 2
     "flux": ("--max-batch 1 --resolution 128x128", {"128x128, guidance pair": [((128, 128), 1)]}),  # 512 + 64
 }
@@ -65,3 +66,18 @@ def test_a_unet_recorded_at_one_latent_size_with_max_seq_serves_a_larger_one(tmp
     plain = manifest.load(tmp_path / "plain" / "sd-unet-recorded.yaml")
     assert max(s.seq_q for s in plain) == 256
     assert max(s.seq_q for s in manifest.load(tmp_path / "sd-unet-recorded.yaml")) == 1024
+
+
+def test_a_swin_recorded_at_one_image_with_max_batch_2_serves_two_images(tmp_path):
+    """Swin's windows: each call's batch is images x windows (4 windows at 56
+    px, then one), so --max-batch 2 widens each call by images (4 windows to
+    8 rows, one to 2), not every call to batches 1 and 2."""
+    from graphcache import manifest
+
+    compiler = CpuGraphCompiler()
+    model, cache = media_models.recorded("swin", tmp_path, compiler, [((56, 56), 1)], max_seq=None, max_batch=2)
+    # One image: 4 windows of 49 tokens (batch 4), then one window (batch 1); by images up to 2: 8 and 2 rows.
+    assert {s.batch for s in manifest.load(tmp_path / "swin-recorded.yaml") if s.bias == "1hss"} >= {4, 8}
+    (two,) = media_models.serve("swin", model, cache, cases={"2 images": [((56, 56), 2)]})
+    assert two.calls and two.fraction == 1.0, two
+    assert two.equal, two

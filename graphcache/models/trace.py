@@ -139,7 +139,11 @@ def run(
         raise
     except Exception as exc:  # noqa: BLE001 - the model's own failure on the meta device, named
         text = str(exc).splitlines()[0] if str(exc) else ""
-        raise ManifestError(f"{source}: tracing {what} failed: {type(exc).__name__}: {text}") from None
+        step = f"its step {recorder.phase!r}" if recorder.phase else "its first forward"
+        raise ManifestError(
+            f"{source}: {what} is not covered: the trace cannot run {step} ({type(exc).__name__}: {text}): "
+            "record a run with graphcache record"
+        ) from None
     finally:
         where.remove()
     if route == "graphcache" and not recorder.noted:
