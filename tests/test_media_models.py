@@ -36,6 +36,8 @@ CASES = {
     "sam": ("--max-batch 2", {"2 images": [((256, 256), 2)]}),  # its vision encoder and mask decoder
     "sd-unet": ("--max-batch 1 --resolution 192x192", {"192x192, guidance pair": [((192, 192), 1)]}),  # batch 2
     "flux": ("--max-batch 1 --resolution 128x128", {"128x128, guidance pair": [((128, 128), 1)]}),  # 512 + 64
+    # A denoiser in no table of graphcache.models.diffusion: its inputs derived from its forward and config.
+    "cogview4": ("--max-batch 1 --resolution 128x128 --text-len 32", {"128x128, guidance pair": [((128, 128), 1)]}),
 }
 
 
