@@ -70,16 +70,20 @@ def test_a_unet_recorded_at_one_latent_size_with_max_seq_serves_a_larger_one(tmp
     assert max(s.seq_q for s in manifest.load(tmp_path / "sd-unet-recorded.yaml")) == 1024
 
 
-def test_a_swin_recorded_at_one_image_with_max_batch_2_serves_two_images(tmp_path):
-    """Swin's windows: each call's batch is images x windows (4 windows at 56
-    px, then one), so --max-batch 2 widens each call by images (4 windows to
-    8 rows, one to 2), not every call to batches 1 and 2."""
+@pytest.mark.parametrize("name", ["swin", "sam"])
+def test_windowed_attention_recorded_at_one_image_with_max_batch_2_serves_two_images(tmp_path, name):
+    """Windows: each call's batch is images x windows (Swin at 56 px: 4
+    windows, then one; SAM at 256 px: 9 windows, then its global layer), so
+    --max-batch 2 widens each call by images (4 windows to 8 rows, one to 2),
+    not every call to batches 1 and 2. SAM's global layer takes q, k and v
+    as views of its fused qkv at one image and as copies at two: both."""
     from graphcache import manifest
 
     compiler = CpuGraphCompiler()
-    model, cache = media_models.recorded("swin", tmp_path, compiler, [((56, 56), 1)], max_seq=None, max_batch=2)
-    # One image: 4 windows of 49 tokens (batch 4), then one window (batch 1); by images up to 2: 8 and 2 rows.
-    assert {s.batch for s in manifest.load(tmp_path / "swin-recorded.yaml") if s.bias == "1hss"} >= {4, 8}
-    (two,) = media_models.serve("swin", model, cache, cases={"2 images": [((56, 56), 2)]})
+    size = (56, 56) if name == "swin" else (256, 256)
+    model, cache = media_models.recorded(name, tmp_path, compiler, [(size, 1)], max_seq=None, max_batch=2)
+    rows = {4, 8} if name == "swin" else {16, 32}  # the windows' classes for one image and two
+    assert {s.batch for s in manifest.load(tmp_path / f"{name}-recorded.yaml") if s.bias} >= rows
+    (two,) = media_models.serve(name, model, cache, cases={"2 images": [(size, 2)]})
     assert two.calls and two.fraction == 1.0, two
     assert two.equal, two

@@ -73,13 +73,19 @@ def _sizes(order: str) -> Any:
     help="diffusers models: images (or video frames) of this size in pixels (repeatable; default: the config's "
     "sample_size).",
 )
-@click.option("--frames", default=None, type=click.IntRange(1, 1 << 16), help="diffusers video models: frames a clip.")
+@click.option(
+    "--frames",
+    default=None,
+    type=click.IntRange(1, 1 << 16),
+    help="diffusers video models: frames a clip (default the pipeline's: Wan 81, CogVideoX 49, LTX 161).",
+)
 @click.option(
     "--text-len",
     default=None,
     type=click.IntRange(1, 1 << 20),
-    help="diffusers models: the prompt length the pipeline pads to (default its own: 77 CLIP tokens for "
-    "Stable Diffusion's UNet, 512 T5 tokens for Flux and Wan, 256 T5 tokens after CLIP's 77 for SD3).",
+    help="diffusers models: the prompt length the pipeline pads to (default: a pipeline folder's pipeline's, else "
+    "its own: 77 CLIP tokens for Stable Diffusion's UNet, 512 T5 tokens for Flux and Wan, 256 T5 tokens after "
+    "CLIP's 77 for SD3, 300 for PixArt-Sigma and Sana, ...; a class in no table needs it).",
 )
 @click.option(
     "--guidance/--no-guidance",

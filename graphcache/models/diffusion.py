@@ -274,7 +274,9 @@ class Feed:
         for name in SIZES:
             if name in self.params:
                 kwargs[name] = zeros(b, 2)
-        if "class_labels" in self.params and _required(self.params["class_labels"]):
+        # Class-conditional denoisers (DiT: ada_norm_zero over num_embeds_ada_norm classes) take a label a row.
+        conditional = getattr(c, "norm_type", None) == "ada_norm_zero" and getattr(c, "num_embeds_ada_norm", None)
+        if "class_labels" in self.params and (conditional or _required(self.params["class_labels"])):
             kwargs["class_labels"] = torch.zeros((b,), dtype=torch.long, device="meta")
         if self.extra is not None:
             kwargs.update(self.extra(torch, c, b, dtype))

@@ -320,13 +320,20 @@ def widened(
     out = ModelSpecs()
     sizes = per_input(rows, max_batch)
     klass = class_of(spec, "pow2") if spec.layout != "thd" else spec
+    layout = {name: getattr(spec, name) for name in LAYOUT_FIELDS if getattr(spec, name) is not None}
+    # A batch-1 view whose batch lies inside a fused group (SAM's q, k, v: its qkv projection reshaped to
+    # (3, b x heads, s, d), "s[3]bhd") is no view at a larger batch: torch's reshape copies it, contiguous.
+    copied = spec.batch == 1 and any(_inside(value) for value in layout.values())
     if spec.layout == "thd" or spec.bias is not None or spec.sinks or spec.padding or spec.dropout:
         # Already what a padded batch calls (a ragged or bias graph), or a kind
         # the padded-batch rules do not cover: the same graph at each batch.
         bias = {"bhss", "1hss"} if spec.bias == "bhss" else {spec.bias}  # T5: the position bias alone above 1
+        contiguous = dict.fromkeys(FIELDS, None)
         for b in sizes:
             for dims in bias:
                 out.add(klass.replace(batch=b, bias=dims if b > 1 else spec.bias), "")
+                if copied and b > 1:
+                    out.add(klass.replace(batch=b, bias=dims, layout="bhsd", **contiguous), "")
         return list(out.users)
     maker = _Maker(out, route, spec.dtype, "bias" in GraphSpec.field_names())
     own = spec.window_left + 1 if spec.mask == "sliding_window" and spec.window_left is not None else None
@@ -334,16 +341,22 @@ def widened(
     scale = spec.attn_scale if spec.attn_scale is not None else spec.head_dim**-0.5
     seq_kv = klass.seq_kv if klass.seq_kv is not None else klass.seq_q
     heads_kv = spec.heads_kv or spec.heads_q
-    layout = {name: getattr(spec, name) for name in LAYOUT_FIELDS if getattr(spec, name) is not None}
     for kind in {causal, False} if spec.seq_q == 1 else {causal}:
         for window in {own} if own is not None or not kind else {None, *windows}:
             a = Attention("self", (), spec.heads_q, heads_kv, spec.head_dim, scale, kind, window)
             for b in sizes:
                 maker.call(a, b, klass.seq_q, seq_kv, layout, "widened")
+                if copied and b > 1:
+                    maker.call(a, b, klass.seq_q, seq_kv, "bhsd", "widened")
                 if route == "graphcache" and kind and b > 1 and spec.seq_q == seq_kv and window is None:
                     # graphcache.hf: a right-padded causal prompt is a padded dense graph.
                     out.add(maker._dense(a, b, klass.seq_q, seq_kv, layout, "causal", padding=True), "")
     return list(out.users)
+
+
+def _inside(layout: str) -> bool:
+    """Whether a layout's batch comes after a fused group's (``s[3]bhd``)."""
+    return "]" in layout and "b" in layout and layout.index("b") > layout.index("]")
 
 
 def per_input(rows: int, max_batch: int) -> list[int]:
