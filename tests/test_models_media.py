@@ -186,6 +186,21 @@ def test_a_pipeline_folder_traces_its_denoiser_at_its_vaes_scale(tmp_path):
         locate(tmp_path)
 
 
+@needs_diffusers
+def test_a_pipeline_folder_gives_its_vaes_factor_and_its_pipelines_prompt_length(tmp_path):
+    file = locate(TINY / "sana-vae8")  # vae/: a DC-AE of four stages, 8 pixels a latent (Sana's own is 32)
+    sana = diffusion.trace(read(file), str(file), diffusion.Sizes(1, ((256, 256),), guidance=False), folder=file.parent)
+    # 256 px / 8 = 32 x 32 latents: 1024 queries over SanaPipeline's 300 prompt tokens, with the prompt's mask
+    # (Sana's linear self-attention makes no SDPA call).
+    assert shapes(sana.specs.users) == {(1, 1024, 512, 8, "none", "bhss")}
+    # PixArt in PixArtAlphaPipeline's folder: that pipeline's 120 tokens (class 128), not PixArt-Sigma's 300.
+    (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": "PixArtAlphaPipeline"}))
+    (tmp_path / "transformer").mkdir()
+    (tmp_path / "transformer" / "config.json").write_text((TINY / "pixart" / "config.json").read_text())
+    alpha = diffusion.trace(data("pixart"), "pixart", diffusion.Sizes(1, ((128, 128),), guidance=False), folder=tmp_path / "transformer")  # fmt: skip
+    assert {(s.seq_q, s.seq_kv) for s in alpha.specs.users} == {(128, 128)}
+
+
 @pytest.mark.parametrize("name", ["granite-4.0-h", "falcon-h1"])
 def test_a_config_transformers_5_wrote_with_an_infinity_gets_a_manifest(tmp_path, name):
     raw = json.loads((TINY / name / "config.json").read_text())

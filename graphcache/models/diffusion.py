@@ -46,7 +46,7 @@ import json
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -178,7 +178,7 @@ def pipeline_text(folder: Path | None, diffusers: Any) -> int | None:
             name = json.loads(path.read_text(encoding="utf-8")).get("_class_name")
         except (OSError, ValueError, AttributeError):
             return None
-        pipeline = getattr(diffusers, str(name), None)
+        pipeline: Any = getattr(diffusers, str(name), None)
         try:
             default = inspect.signature(pipeline.__call__).parameters["max_sequence_length"].default
         except (AttributeError, KeyError, TypeError, ValueError):
@@ -211,7 +211,6 @@ class Feed:
     extra: Callable[..., dict[str, Any]] | None = None  # INPUTS' feeder of this class
     layout: str = ""
     width: int = 0
-    tried: list[str] = field(default_factory=list)
 
     @property
     def multiple(self) -> int:
@@ -300,7 +299,7 @@ class Feed:
 
                     failures.append(f"{_form(layout, width)}: {type(exc).__name__}: {one_line(exc)[:200]}")
                     continue
-                self.layout, self.width, self.tried = layout, width, failures
+                self.layout, self.width = layout, width
                 return
         raise ManifestError(
             f"{source}: the trace cannot feed diffusers' {self.name} a step (it tried {len(failures)} form(s) of "
