@@ -201,6 +201,16 @@ def test_a_pipeline_folder_gives_its_vaes_factor_and_its_pipelines_prompt_length
     assert {(s.seq_q, s.seq_kv) for s in alpha.specs.users} == {(128, 128)}
 
 
+@needs_diffusers
+def test_manifest_max_seq_widens_traced_cross_attention_by_its_own_lengths(tmp_path):
+    # Sana beside an 8x VAE at 64 px: 64 queries over 120 prompt tokens, both in the class of 128.
+    out = tmp_path / "sana.yaml"
+    options = ("--max-batch", "1", "--resolution", "64x64", "--text-len", "120", "--max-seq", "1024")
+    main.main(["manifest", str(TINY / "sana-vae8"), *options, "-o", str(out)], standalone_mode=False)
+    # Cross-attention: each side to every class, so 1024 queries (256 px) over the same 120 keys are listed.
+    assert {(s.seq_q, s.seq_kv) for s in manifest.load(out)} == {(q, kv) for q in (128, 256, 512, 1024) for kv in (128, 256, 512, 1024)}  # fmt: skip
+
+
 @pytest.mark.parametrize("name", ["granite-4.0-h", "falcon-h1"])
 def test_a_config_transformers_5_wrote_with_an_infinity_gets_a_manifest(tmp_path, name):
     raw = json.loads((TINY / name / "config.json").read_text())

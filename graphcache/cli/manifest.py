@@ -279,9 +279,11 @@ def _traced(
     if max_seq and traced.kind in _SIZED:
         specs = ModelSpecs()
         for spec, users in traced.specs.users.items():
-            for long in lengthened(spec, max_seq):
-                for user in users:
-                    specs.add(long, user if long == spec else f"{user} (widened to --max-seq {max_seq})")
+            # Each exact call its class serves: a call's own lengths say whether it is cross-attention.
+            for call in traced.calls_of.get(spec, [spec]):
+                for long in lengthened(call, max_seq):
+                    for user in users:
+                        specs.add(long, user if long == spec else f"{user} (widened to --max-seq {max_seq})")
         how.append(f"widened to every length class up to --max-seq {max_seq}")
     missing = [f"{code}: {message} ({'; '.join(users)})" for (code, message), users in sorted(traced.refused.items())]
     missing += [f"tower not traced: {why}" for why in traced.untraced]

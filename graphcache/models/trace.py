@@ -52,6 +52,8 @@ class Traced:
     layers: str  # how the stacks were cut, in words
     refused: dict[tuple[str, str], list[str]] = field(default_factory=dict)
     untraced: list[str] = field(default_factory=list)  # towers the trace could not run, and why
+    # The exact calls each class spec serves: their own lengths say what a call is (models.specs.lengthened).
+    calls_of: dict[GraphSpec, list[GraphSpec]] = field(default_factory=dict)
 
 
 def trace(
@@ -151,6 +153,11 @@ def run(
     specs, refused = _collect(recorder.noted, plan)
     took = time.perf_counter() - started
     traced = Traced(name, kind, route, specs, len(recorder.noted), took, layers, refused, list(notes.values()))
+    for _, _, found in recorder.noted:
+        if isinstance(found, GraphSpec):
+            calls = traced.calls_of.setdefault(class_of(found, "pow2"), [])
+            if found not in calls:
+                calls.append(found)
     if not traced.specs.users:
         reasons = "; ".join(f"{code}: {message}" for code, message in traced.refused) or "no attention call was made"
         raise ManifestError(f"{source}: no attention call of {what} can be a graph: {reasons}")
