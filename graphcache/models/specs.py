@@ -313,12 +313,14 @@ def widened(
     in ``windows`` (those the recording saw): the call alone says neither.
     ``rows``: the rows each input of the recording makes in this call (an
     image's windows: Swin's and SAM's windowed attention runs images x
-    windows rows); the call is then widened by inputs, to ``rows`` x 1, 2,
-    4 ... ``max_batch`` rows (``per_input``)."""
+    windows rows); the call is then widened by inputs too, to ``rows`` x 1,
+    2, 4 ... ``max_batch`` rows (``per_input``). A ragged (thd) call's batch
+    is its sequences, no input's rows: widened by batch alone."""
     if route not in ROUTES:
         raise ValueError(f"route={route!r} is not one of {', '.join(ROUTES)}")
     out = ModelSpecs()
-    sizes = per_input(rows, max_batch)
+    every = batches(max_batch)
+    sizes = every if spec.layout == "thd" else sorted({*every, *per_input(rows, max_batch)})
     klass = class_of(spec, "pow2") if spec.layout != "thd" else spec
     layout = {name: getattr(spec, name) for name in LAYOUT_FIELDS if getattr(spec, name) is not None}
     # A batch-1 view whose batch lies inside a fused group (SAM's q, k, v: its qkv projection reshaped to
