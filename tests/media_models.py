@@ -43,9 +43,10 @@ class Bench:
     """A model of CONFIGS: its kind, the manifest's options, and its serving cases
     (case name -> runs; a run is (size, batch) or, for audio, the lengths of a batch)."""
 
-    kind: str  # "vision", "audio", "multimodal" or "diffusion"
+    kind: str  # "vision", "segmentation", "audio", "multimodal" or "diffusion"
     options: tuple[str, ...]
     cases: dict[str, list[Any]] = field(default_factory=dict)
+    text: int | None = None  # a derived denoiser's prompt tokens, where not its pipeline's default (PROMPT)
 
 
 _IMAGES = ("--max-batch", "4", "--image-size", "224x224", "--image-size", "288x288")
@@ -75,9 +76,39 @@ MODELS: dict[str, Bench] = {
             "left-padded batch of 4": [((224, 224), (20, 50, 9, 33))],
         },
     ),
+    # Windowed attention: each call's batch is images x windows (4 windows of 7 x 7 at 56 px, 16 at 112 px).
+    "swin": Bench(
+        "vision",
+        ("--max-batch", "4", "--image-size", "56x56", "--image-size", "112x112"),
+        {
+            "56x56, b=1": [((56, 56), 1)],
+            "112x112, b=1": [((112, 112), 1)],
+            "batch of 4": [((56, 56), 4), ((112, 112), 4)],
+        },
+    ),
+    # SamModel: its vision encoder (windows, a global layer) and mask decoder, prompted with two points an image.
+    "sam": Bench(
+        "segmentation", ("--max-batch", "2"), {"256x256, b=1": [((256, 256), 1)], "2 images": [((256, 256), 2)]}
+    ),  # fmt: skip
     "sd-unet": Bench("diffusion", _DIFFUSION, _PAIRS),
     "flux": Bench("diffusion", _DIFFUSION, _PAIRS),
     "sd3": Bench("diffusion", _DIFFUSION, _PAIRS),
+    # Denoisers whose inputs the trace derives from their config and forward signature.
+    "pixart": Bench("diffusion", _DIFFUSION, _PAIRS),
+    "sana": Bench("diffusion", _DIFFUSION, _PAIRS),
+    "auraflow": Bench("diffusion", _DIFFUSION, _PAIRS),
+    "lumina2": Bench("diffusion", _DIFFUSION, _PAIRS),
+    "cogview4": Bench("diffusion", (*_DIFFUSION, "--text-len", "32"), _PAIRS),  # in no table: its prompt length given
+    "cogvideox": Bench("diffusion", (*_DIFFUSION, "--frames", "9"), _PAIRS),
+    "ltx": Bench("diffusion", (*_DIFFUSION, "--frames", "9"), _PAIRS),
+    # A pipeline folder (Sana beside a VAE of 8 pixels a latent), prompts of 120 tokens: at 64 px its
+    # cross-attention runs 64 queries over 120 keys, one length class; at 256 px 1024 queries.
+    "sana-vae8": Bench(
+        "diffusion",
+        ("--max-batch", "2", "--resolution", "64x64", "--resolution", "256x256", "--text-len", "120"),
+        {"64x64, guidance pair": [((64, 64), 1)], "256x256, guidance pair": [((256, 256), 1)]},
+        text=120,
+    ),
 }
 
 
@@ -90,6 +121,17 @@ def build(name: str) -> Any:
     import transformers
 
     torch.manual_seed(0)
+    index = CONFIGS / name / "model_index.json"
+    if index.is_file():  # a pipeline folder: its denoiser and VAE
+        import diffusers
+
+        diffusers.utils.logging.set_verbosity_error()
+        parts = json.loads(index.read_text())
+        models = {
+            part: getattr(diffusers, cls).from_config(json.loads((CONFIGS / name / part / "config.json").read_text()))
+            for part, (_, cls) in ((k, v) for k, v in parts.items() if not k.startswith("_"))
+        }
+        return _pipeline(models["transformer"].to(torch.bfloat16).eval(), models.get("vae"))
     data = config(name)
     if "_class_name" in data:
         import diffusers
@@ -102,7 +144,10 @@ def build(name: str) -> Any:
     return auto.from_config(cfg, attn_implementation="sdpa").eval().to(torch.bfloat16)
 
 
-def _pipeline(model: Any) -> Any:
+def _pipeline(model: Any, vae: Any = None) -> Any:
+    """The model's own pipeline with no VAE, text encoder or tokenizer (the
+    prompt's embeddings are given, the latents returned): the latents' size,
+    the guidance pair and the prompt's length and mask are the pipeline's."""
     import diffusers
 
     flow = diffusers.FlowMatchEulerDiscreteScheduler()
@@ -119,8 +164,35 @@ def _pipeline(model: Any) -> Any:
     twos = {"text_encoder_2": None, "tokenizer_2": None}
     if isinstance(model, diffusers.FluxTransformer2DModel):
         return diffusers.FluxPipeline(transformer=model, scheduler=flow, **empty, **twos)
-    threes = {"text_encoder_3": None, "tokenizer_3": None}
-    return diffusers.StableDiffusion3Pipeline(transformer=model, scheduler=flow, **empty, **twos, **threes)
+    if isinstance(model, diffusers.SD3Transformer2DModel):
+        threes = {"text_encoder_3": None, "tokenizer_3": None}
+        return diffusers.StableDiffusion3Pipeline(transformer=model, scheduler=flow, **empty, **twos, **threes)
+    pipeline, scheduler = PIPELINES[type(model).__name__]
+    empty["vae"] = vae  # a pipeline folder's VAE: only its factor is read (the latents are returned)
+    return getattr(diffusers, pipeline)(transformer=model, scheduler=getattr(diffusers, scheduler)(), **empty)
+
+
+# Denoisers whose inputs graphcache manifest derives: their pipeline and scheduler, the prompt
+# length the pipeline pads to (the model's TEXT or config), and whether it passes the prompt's mask.
+PIPELINES = {
+    "PixArtTransformer2DModel": ("PixArtSigmaPipeline", "DPMSolverMultistepScheduler"),
+    "SanaTransformer2DModel": ("SanaPipeline", "FlowMatchEulerDiscreteScheduler"),
+    "AuraFlowTransformer2DModel": ("AuraFlowPipeline", "FlowMatchEulerDiscreteScheduler"),
+    "Lumina2Transformer2DModel": ("Lumina2Pipeline", "FlowMatchEulerDiscreteScheduler"),
+    "CogView4Transformer2DModel": ("CogView4Pipeline", "FlowMatchEulerDiscreteScheduler"),
+    "CogVideoXTransformer3DModel": ("CogVideoXPipeline", "CogVideoXDDIMScheduler"),
+    "LTXVideoTransformer3DModel": ("LTXPipeline", "FlowMatchEulerDiscreteScheduler"),
+}
+PROMPT = {  # tokens and mask of the prompt's embeddings each pipeline hands its denoiser
+    "PixArtTransformer2DModel": (300, True),
+    "SanaTransformer2DModel": (300, True),
+    "AuraFlowTransformer2DModel": (256, True),
+    "Lumina2Transformer2DModel": (256, True),
+    "CogView4Transformer2DModel": (32, False),
+    "CogVideoXTransformer3DModel": (64, False),
+    "LTXVideoTransformer3DModel": (128, True),
+}
+FRAMES = 9  # a video case's frames: 3 latent frames for CogVideoX's VAE (4 a latent frame), 2 for LTX's (8)
 
 
 def run(name: str, model: Any, runs: Sequence[Any]) -> list[torch.Tensor]:
@@ -129,11 +201,13 @@ def run(name: str, model: Any, runs: Sequence[Any]) -> list[torch.Tensor]:
     with torch.no_grad():
         if kind == "vision":
             return [_vision(model, size, b) for size, b in runs]
+        if kind == "segmentation":
+            return [_segment(model, size, b) for size, b in runs]
         if kind == "audio":
             return [_audio(model, lengths) for lengths in runs]
         if kind == "multimodal":
             return [_image_text(model, size, lengths) for size, lengths in runs]
-        return [_denoise(model, size, images) for size, images in runs]
+        return [_denoise(model, size, images, MODELS[name].text) for size, images in runs]
 
 
 def _random(*shape: int, seed: int = 0) -> torch.Tensor:
@@ -146,6 +220,12 @@ def _vision(model: Any, size: tuple[int, int], b: int) -> torch.Tensor:
     if "interpolate_pos_encoding" in inspect.signature(model.forward).parameters and size != (own, own):
         kwargs["interpolate_pos_encoding"] = True
     return model(**kwargs).last_hidden_state.float()
+
+
+def _segment(model: Any, size: tuple[int, int], b: int) -> torch.Tensor:
+    """SamModel's masks for ``b`` images of ``size``, each prompted with two points."""
+    points = torch.rand((b, 1, 2, 2), generator=torch.Generator().manual_seed(b)) * min(size)
+    return model(pixel_values=_random(b, 3, *size), input_points=points).pred_masks.float()
 
 
 def _audio(model: Any, lengths: tuple[int, ...]) -> torch.Tensor:
@@ -186,7 +266,7 @@ def _image_text(model: Any, size: tuple[int, int], lengths: tuple[int, ...]) -> 
     )
 
 
-def _denoise(pipe: Any, size: tuple[int, int], images: int) -> torch.Tensor:
+def _denoise(pipe: Any, size: tuple[int, int], images: int, tokens: int | None = None) -> torch.Tensor:
     """``images`` images of ``size`` (W, H), classifier-free guidance on:
     the UNet's and SD3's pipelines batch the pair, Flux's (true CFG) calls
     its transformer once for each half."""
@@ -205,11 +285,37 @@ def _denoise(pipe: Any, size: tuple[int, int], images: int) -> torch.Tensor:
         text, pooled = _random(images, 77 + 256, c.joint_attention_dim), _random(images, c.pooled_projection_dim)
         embeds = dict(prompt_embeds=text, pooled_prompt_embeds=pooled)
         embeds.update(negative_prompt_embeds=torch.zeros_like(text), negative_pooled_prompt_embeds=pooled)
-    else:
+    elif isinstance(pipe, diffusers.StableDiffusionPipeline):
         text = _random(images, 77, c.cross_attention_dim)
         embeds = dict(prompt_embeds=text, negative_prompt_embeds=torch.zeros_like(text))
+    else:
+        embeds = _prompt(type(denoiser).__name__, pipe, images, c, tokens)
     pipe.set_progress_bar_config(disable=True)
-    return pipe(**embeds, **steps, generator=generator).images.float()
+    out = pipe(**embeds, **steps, generator=generator)
+    return (out.frames if hasattr(out, "frames") else out.images).float()
+
+
+def _prompt(name: str, pipe: Any, images: int, c: Any, tokens: int | None = None) -> dict[str, Any]:
+    """A derived denoiser's pipeline's prompt: embeddings of its length (or
+    ``tokens``) and width (the config's caption_channels, text_embed_dim,
+    ...), the mask where the pipeline passes one, and a video's frames."""
+    own, masked = PROMPT[name]
+    tokens = tokens or own
+    width = next(getattr(c, k) for k in ("caption_channels", "joint_attention_dim", "text_embed_dim", "cap_feat_dim") if getattr(c, k, None))  # fmt: skip
+    text = _random(images, tokens, width)
+    embeds: dict[str, Any] = dict(prompt_embeds=text, negative_prompt_embeds=torch.zeros_like(text))
+    params = inspect.signature(pipe.__call__).parameters
+    if masked:
+        mask = torch.ones((images, tokens), dtype=torch.long)
+        mask[:, tokens // 2 :] = 0  # half the prompt is padding, as a tokenizer pads a short prompt
+        embeds.update(prompt_attention_mask=mask, negative_prompt_attention_mask=mask.clone())
+    if "negative_prompt" in params:
+        embeds["negative_prompt"] = None  # given as embeddings
+    if "use_resolution_binning" in params:
+        embeds["use_resolution_binning"] = False  # the size asked, not the nearest trained aspect ratio
+    if "num_frames" in params:
+        embeds["num_frames"] = FRAMES
+    return embeds
 
 
 def same(want: torch.Tensor, got: torch.Tensor) -> bool:

@@ -33,8 +33,11 @@ CASES = {
         "--max-batch 1 --max-seq 384 --image-size 224x224",
         {"224x224 image, b=1": [((224, 224), (20,))]},
     ),
+    "sam": ("--max-batch 2", {"2 images": [((256, 256), 2)]}),  # its vision encoder and mask decoder
     "sd-unet": ("--max-batch 1 --resolution 192x192", {"192x192, guidance pair": [((192, 192), 1)]}),  # batch 2
     "flux": ("--max-batch 1 --resolution 128x128", {"128x128, guidance pair": [((128, 128), 1)]}),  # 512 + 64
+    # A denoiser in no table of graphcache.models.diffusion: its inputs derived from its forward and config.
+    "cogview4": ("--max-batch 1 --resolution 128x128 --text-len 32", {"128x128, guidance pair": [((128, 128), 1)]}),
 }
 
 
@@ -65,3 +68,22 @@ def test_a_unet_recorded_at_one_latent_size_with_max_seq_serves_a_larger_one(tmp
     plain = manifest.load(tmp_path / "plain" / "sd-unet-recorded.yaml")
     assert max(s.seq_q for s in plain) == 256
     assert max(s.seq_q for s in manifest.load(tmp_path / "sd-unet-recorded.yaml")) == 1024
+
+
+@pytest.mark.parametrize("name", ["swin", "sam"])
+def test_windowed_attention_recorded_at_one_image_with_max_batch_2_serves_two_images(tmp_path, name):
+    """Windows: each call's batch is images x windows (Swin at 56 px: 4
+    windows, then one; SAM at 256 px: 9 windows, then its global layer), so
+    --max-batch 2 widens each call by images (4 windows to 8 rows, one to 2),
+    not every call to batches 1 and 2. SAM's global layer takes q, k and v
+    as views of its fused qkv at one image and as copies at two: both."""
+    from graphcache import manifest
+
+    compiler = CpuGraphCompiler()
+    size = (56, 56) if name == "swin" else (256, 256)
+    model, cache = media_models.recorded(name, tmp_path, compiler, [(size, 1)], max_seq=None, max_batch=2)
+    rows = {4, 8} if name == "swin" else {16, 32}  # the windows' classes for one image and two
+    assert {s.batch for s in manifest.load(tmp_path / f"{name}-recorded.yaml") if s.bias} >= rows
+    (two,) = media_models.serve(name, model, cache, cases={"2 images": [(size, 2)]})
+    assert two.calls and two.fraction == 1.0, two
+    assert two.equal, two

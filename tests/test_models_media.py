@@ -111,6 +111,29 @@ def test_a_flux_transformer_attends_over_its_512_prompt_tokens_and_the_image_tog
     assert "(widened to --max-seq 1024)" in out.read_text()
 
 
+@needs_diffusers
+def test_a_denoiser_outside_every_table_is_fed_from_its_forward_signature_and_config():
+    """PixArt's latents at the config's in_channels, its 300 prompt tokens at
+    caption_channels' width (128; the attention's own is 256) with the mask
+    its pipeline passes; CogVideoX's video with its frames after the batch and
+    before the channels, joint with the config's max_text_seq_length tokens."""
+    pixart = diffusion.trace(data("pixart"), "pixart", diffusion.Sizes(1, ((128, 128),)))
+    # 128 px: 16 x 16 latents in patches of 2, 64 tokens (class 128); the prompt: 300 (class 512), its mask a bias.
+    assert shapes(pixart.specs.users) == {(b, 128, 128, 8, "none", None) for b in (1, 2)} | {
+        (b, 128, 512, 8, "none", "bhss") for b in (1, 2)
+    }
+    assert "transformer_blocks 0-1 attn2: denoise 128x128, guidance pair" in phases(pixart)
+    video = diffusion.trace(data("cogvideox"), "cogvideox", diffusion.Sizes(1, ((128, 128),), frames=9))
+    # 9 frames are 3 latent frames of 8 x 8 patches (192 tokens) after 64 prompt tokens: 256.
+    assert shapes(video.specs.users) == {(b, 256, 256, 8, "none", None) for b in (1, 2)}
+    assert video.kind == "video diffusion" and "denoise 128x128, 9 frames, guidance pair" in str(phases(video))
+    # A class in no table needs what no config says: the prompt length its pipeline pads to.
+    for table in (diffusion.TEXT, diffusion.FRAMES, diffusion.VAES, diffusion.INPUTS, diffusion.PREFIX):
+        assert "CogView4Transformer2DModel" not in table
+    with pytest.raises(ManifestError, match="CogView4Transformer2DModel: pass --text-len N"):
+        diffusion.trace(data("cogview4"), "cogview4", diffusion.Sizes(1, ((128, 128),)))
+
+
 @pytest.mark.parametrize(
     ("args", "named"),
     [
@@ -133,9 +156,14 @@ def test_what_a_model_cannot_take_is_refused_in_one_line_naming_the_option(args,
 @needs_diffusers
 def test_a_diffusers_class_the_trace_cannot_feed_and_a_missing_diffusers_are_named():
     autoencoder = {"_class_name": "AutoencoderKL", "_diffusers_version": "0.42.1"}
-    with pytest.raises(ManifestError, match="does not know the inputs of diffusers' AutoencoderKL") as refused:
+    with pytest.raises(ManifestError, match="diffusers' AutoencoderKL is not a denoiser") as refused:
         diffusion.trace(autoencoder, "vae", diffusion.Sizes(1))
-    assert "UNet2DConditionModel" in str(refused.value) and "graphcache record" in str(refused.value)
+    assert "transformer/ or unet/" in str(refused.value) and "graphcache record" in str(refused.value)
+    # Stable Video Diffusion's UNet takes size and motion conditions its config does not describe: named.
+    svd = {"_class_name": "UNetSpatioTemporalConditionModel", "_diffusers_version": "0.42.1"}
+    with pytest.raises(ManifestError, match="takes 'added_time_ids', an input the trace cannot make") as refused:
+        diffusion.trace(svd, "svd", diffusion.Sizes(1, ((64, 64),), frames=14))
+    assert "\n" not in str(refused.value)
     hidden = cli("manifest", str(TINY / "sd3"), "--max-batch", "1", hide=("diffusers",))
     assert hidden.returncode != 0 and hidden.stderr.count("\n") == 1
     assert "pip install 'graphcache[diffusers]'" in hidden.stderr
@@ -156,6 +184,31 @@ def test_a_pipeline_folder_traces_its_denoiser_at_its_vaes_scale(tmp_path):
     (tmp_path / "transformer" / "config.json").unlink()
     with pytest.raises(ManifestError, match="pipeline folder .* with no transformer or unet or prior or decoder"):
         locate(tmp_path)
+
+
+@needs_diffusers
+def test_a_pipeline_folder_gives_its_vaes_factor_and_its_pipelines_prompt_length(tmp_path):
+    file = locate(TINY / "sana-vae8")  # vae/: a DC-AE of four stages, 8 pixels a latent (Sana's own is 32)
+    sana = diffusion.trace(read(file), str(file), diffusion.Sizes(1, ((256, 256),), guidance=False), folder=file.parent)
+    # 256 px / 8 = 32 x 32 latents: 1024 queries over SanaPipeline's 300 prompt tokens, with the prompt's mask
+    # (Sana's linear self-attention makes no SDPA call).
+    assert shapes(sana.specs.users) == {(1, 1024, 512, 8, "none", "bhss")}
+    # PixArt in PixArtAlphaPipeline's folder: that pipeline's 120 tokens (class 128), not PixArt-Sigma's 300.
+    (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": "PixArtAlphaPipeline"}))
+    (tmp_path / "transformer").mkdir()
+    (tmp_path / "transformer" / "config.json").write_text((TINY / "pixart" / "config.json").read_text())
+    alpha = diffusion.trace(data("pixart"), "pixart", diffusion.Sizes(1, ((128, 128),), guidance=False), folder=tmp_path / "transformer")  # fmt: skip
+    assert {(s.seq_q, s.seq_kv) for s in alpha.specs.users} == {(128, 128)}
+
+
+@needs_diffusers
+def test_manifest_max_seq_widens_traced_cross_attention_by_its_own_lengths(tmp_path):
+    # Sana beside an 8x VAE at 64 px: 64 queries over 120 prompt tokens, both in the class of 128.
+    out = tmp_path / "sana.yaml"
+    options = ("--max-batch", "1", "--resolution", "64x64", "--text-len", "120", "--max-seq", "1024")
+    main.main(["manifest", str(TINY / "sana-vae8"), *options, "-o", str(out)], standalone_mode=False)
+    # Cross-attention: each side to every class, so 1024 queries (256 px) over the same 120 keys are listed.
+    assert {(s.seq_q, s.seq_kv) for s in manifest.load(out)} == {(q, kv) for q in (128, 256, 512, 1024) for kv in (128, 256, 512, 1024)}  # fmt: skip
 
 
 @pytest.mark.parametrize("name", ["granite-4.0-h", "falcon-h1"])

@@ -261,6 +261,10 @@ def test_lengthened_grows_each_call_shape_to_every_length_class_up_to_max_seq():
     cross = spec(batch=2, heads_q=8, seq_q=256, seq_kv=77, head_dim=64, layout="bshd", mask="none")
     grown = {(s.seq_q, s.seq_kv) for s in lengthened(cross, 512)}
     assert grown == {(q, kv) for q in (128, 256, 512) for kv in (128, 256, 512)}
+    # The call's lengths say it is cross-attention, whatever classes they fall in: 64 queries to 24 keys
+    # (both class 128) grow each side too, not along the diagonal.
+    short = spec(batch=1, heads_q=8, seq_q=64, seq_kv=24, head_dim=64, layout="bhsd", mask="none")
+    assert {(s.seq_q, s.seq_kv) for s in lengthened(short, 512)} == grown
     # A causal call with fewer queries than keys (a chunk on a cache) keeps fewer queries.
     chunk = spec(batch=1, heads_q=8, seq_q=100, seq_kv=300, head_dim=64, layout="bhsd", mask="causal_bottom_right")
     assert all(s.seq_q <= s.seq_kv for s in lengthened(chunk, 512))
@@ -301,3 +305,39 @@ def test_graphcache_record_max_seq_and_max_batch_widen_together(tmp_path):
     assert dense == {(b, n) for b in (1, 2) for n in (128, 256, 512, 1024)}
     # Batch 2 may be a padded batch: transformers' sdpa passes its mask, a bias graph, at every length too.
     assert {(s.batch, s.seq_q) for s in specs if s.bias} == {(2, n) for n in (128, 256, 512, 1024)}
+
+
+def test_cross_attention_recorded_with_max_seq_serves_longer_queries_over_the_same_keys(tmp_path):
+    """q of 64 rows over 24 keys (both in the class of 128), recorded with
+    --max-seq 1024, then run with q of 1024: each side grows to every class."""
+    from graphcache import GraphCache, ops
+    from graphcache.stores import DiskStore
+
+    script = tmp_path / "cross.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import sys
+            import torch
+            g = torch.Generator().manual_seed(0)
+            q = torch.randn(1, 8, int(sys.argv[1]), 64, generator=g).to(torch.bfloat16)
+            k, v = (torch.randn(1, 8, 24, 64, generator=g).to(torch.bfloat16) for _ in range(2))
+            torch.nn.functional.scaled_dot_product_attention(q, k, v)
+            """
+        )
+    )
+    path = tmp_path / "m.yaml"
+    out = cli("record", "-o", str(path), "--max-seq", "1024", "--shape-classes", "pow2", str(script), "64")
+    assert out.returncode == 0, out.stderr
+    store = DiskStore(tmp_path / "store")
+    ops.warm(manifest.load(path), GraphCache(store, "reference", shape_classes="pow2"))
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(1, 8, 1024, 64, generator=g).to(torch.bfloat16)
+    k, v = (torch.randn(1, 8, 24, 64, generator=g).to(torch.bfloat16) for _ in range(2))
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    gt.configure(GraphCache(store, "reference", shape_classes="pow2"), device="cpu", on_miss="torch")
+    with gt.patch():
+        got = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    stats = gt.stats()
+    assert (stats["calls"], stats["hits"]) == (1, 1), stats
+    assert torch.allclose(got.float(), want.float(), atol=2e-2)

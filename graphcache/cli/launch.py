@@ -41,14 +41,16 @@ from graphcache.cli.common import Context, chosen_compiler, console, err_console
     default=None,
     type=click.IntRange(1, 65536),
     help="Also write every call's graphs for each batch class up to N (beams included: batch x beams), "
-    "unpadded and padded, so a batch-1 recording serves padded batches.",
+    "unpadded and padded, so a batch-1 recording serves padded batches; N counts inputs: a call of several "
+    "rows per input (an image's windows) is written at that many rows for each number of inputs.",
 )
 @click.option(
     "--max-seq",
     default=None,
     type=click.IntRange(1, 1 << 24),
     help="Also write every call's graphs for each length class up to N, so a run at one resolution or prompt "
-    "length serves longer ones (queries and keys grow together where they were equal).",
+    "length serves longer ones (queries and keys grow together where the call had as many of each, else each "
+    "side to every class).",
 )
 @click.option(
     "--backward",

@@ -73,13 +73,19 @@ def _sizes(order: str) -> Any:
     help="diffusers models: images (or video frames) of this size in pixels (repeatable; default: the config's "
     "sample_size).",
 )
-@click.option("--frames", default=None, type=click.IntRange(1, 1 << 16), help="diffusers video models: frames a clip.")
+@click.option(
+    "--frames",
+    default=None,
+    type=click.IntRange(1, 1 << 16),
+    help="diffusers video models: frames a clip (default the pipeline's: Wan 81, CogVideoX 49, LTX 161).",
+)
 @click.option(
     "--text-len",
     default=None,
     type=click.IntRange(1, 1 << 20),
-    help="diffusers models: the prompt length the pipeline pads to (default its own: 77 CLIP tokens for "
-    "Stable Diffusion's UNet, 512 T5 tokens for Flux and Wan, 256 T5 tokens after CLIP's 77 for SD3).",
+    help="diffusers models: the prompt length the pipeline pads to (default: a pipeline folder's pipeline's, else "
+    "its own: 77 CLIP tokens for Stable Diffusion's UNet, 512 T5 tokens for Flux and Wan, 256 T5 tokens after "
+    "CLIP's 77 for SD3, 300 for PixArt-Sigma and Sana, ...; a class in no table needs it).",
 )
 @click.option(
     "--guidance/--no-guidance",
@@ -273,9 +279,11 @@ def _traced(
     if max_seq and traced.kind in _SIZED:
         specs = ModelSpecs()
         for spec, users in traced.specs.users.items():
-            for long in lengthened(spec, max_seq):
-                for user in users:
-                    specs.add(long, user if long == spec else f"{user} (widened to --max-seq {max_seq})")
+            # Each exact call its class serves: a call's own lengths say whether it is cross-attention.
+            for call in traced.calls_of.get(spec, [spec]):
+                for long in lengthened(call, max_seq):
+                    for user in users:
+                        specs.add(long, user if long == spec else f"{user} (widened to --max-seq {max_seq})")
         how.append(f"widened to every length class up to --max-seq {max_seq}")
     missing = [f"{code}: {message} ({'; '.join(users)})" for (code, message), users in sorted(traced.refused.items())]
     missing += [f"tower not traced: {why}" for why in traced.untraced]

@@ -7,21 +7,43 @@ Per resolution (``--resolution WxH``, pixels; default the config's
 ``sample_size`` latents) and batch (each class up to ``--max-batch`` images,
 times 2 for classifier-free guidance's pair of a conditional and an
 unconditional row, ``guidance``), one denoising step: the latents the VAE
-makes of such an image (``W / 8`` by ``H / 8``, the VAE's own factors where
-the pipeline folder holds ``vae/config.json``), the prompt's embeddings at
-the length the pipeline pads every prompt to (``--text-len``; the defaults
-are ``TEXT``'s), and for a video model ``--frames`` frames (the VAE's
-temporal factor, 4 by default, gives the latent frames). A step's
-attention does not depend on the timestep or the values, so one step of
-each size is every call the pipeline makes at that size.
+makes of such an image, the prompt's embeddings at the length the pipeline
+pads every prompt to (``--text-len``), and for a video model ``--frames``
+frames. A step's attention does not depend on the timestep or the values,
+so one step of each size is every call the pipeline makes at that size.
 
-Denoisers the trace knows how to feed are ``INPUTS``'s; every other
-diffusers class is refused naming them (record a run instead).
+The inputs are derived from the model's forward signature and its config
+(``Feed``), for any class diffusers builds: the latents (``hidden_states``
+or ``sample``) with the config's ``in_channels`` at the resolution's latent
+size, whose side divides by the config's ``patch_size`` (a video's frames by
+its temporal patch); the prompt's embeddings at the width the config names
+for its text encoder (``caption_channels``, ``joint_attention_dim``,
+``text_embed_dim``, ``text_dim``, ``cap_feat_dim``, ``cross_attention_dim``
+...); the timestep, the guidance scale where ``guidance_embeds``, pooled
+projections, the prompt's mask where the forward takes one, packed latents
+with their position ids where it takes ``img_ids`` (the Flux family), the
+latent frames and sides where it takes ``num_frames``, ``height`` and
+``width`` (LTX), size conditions (``original_size``, ``target_size``,
+``crop_coords``). Which form of latents (a video's channels before or after
+its frames) and which text width the model takes is settled by running it
+on the meta device, one candidate at a time.
+
+What the config cannot say is kept in tables, by class: the prompt length a
+pipeline pads to (``TEXT``; from a pipeline folder, its pipeline's own
+``max_sequence_length``), the frames a video pipeline makes by default
+(``FRAMES``), the VAE's factors where a pipeline's VAE is not Stable
+Diffusion's (``VAES``; from a pipeline folder, its ``vae/config.json``), the
+pipelines that pass no prompt mask (``UNMASKED``), and the inputs of a class
+whose form its config does not tell (``INPUTS``: SDXL's size conditions).
+What stops a class is named in one line: an input the trace cannot make, a
+model that is not a denoiser, the model's own refusal of every candidate.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,17 +53,45 @@ from typing import Any
 from graphcache.errors import ManifestError
 
 EXTRA = "diffusers"
-# The prompt length each denoiser's pipeline pads to: StableDiffusionPipeline's
-# CLIP tokenizer (77), Flux's and Wan's T5 max_sequence_length (512), SD3's T5
-# part (256), after which SD3 appends CLIP's 77 (StableDiffusion3Pipeline).
+# The prompt length each denoiser's pipeline pads to, where no pipeline folder says it
+# (the pipelines' max_sequence_length): StableDiffusionPipeline's CLIP tokenizer (77),
+# Flux's and Wan's T5 (512), SD3's T5 part (256, after CLIP's 77: PREFIX),
+# PixArt-Sigma's and Sana's 300 (PixArt-Alpha: 120), AuraFlow's and Lumina 2's 256, LTX's 128.
 TEXT = {
     "UNet2DConditionModel": 77,
     "SD3Transformer2DModel": 256,
     "FluxTransformer2DModel": 512,
     "WanTransformer3DModel": 512,
+    "PixArtTransformer2DModel": 300,
+    "SanaTransformer2DModel": 300,
+    "AuraFlowTransformer2DModel": 256,
+    "Lumina2Transformer2DModel": 256,
+    "LTXVideoTransformer3DModel": 128,
 }
-SD3_CLIP_TOKENS = 77
-VIDEO = frozenset({"WanTransformer3DModel"})
+# Tokens a pipeline puts before the padded prompt: StableDiffusion3Pipeline's CLIP part.
+PREFIX = {"SD3Transformer2DModel": 77}
+# A video pipeline's frames by default (its num_frames), where no --frames is given.
+FRAMES = {"WanTransformer3DModel": 81, "CogVideoXTransformer3DModel": 49, "LTXVideoTransformer3DModel": 161}
+# Pipelines whose prompt embeddings come without a mask, though the denoiser's forward takes one.
+UNMASKED = frozenset({"UNet2DConditionModel"})
+# CLIP ViT-H/14's tokens of one 224 px image (an image-to-video model's image embeddings).
+CLIP_IMAGE_TOKENS = 257
+# Config fields naming the width of the prompt's embeddings, the encoder's side first (a
+# projection's input) and the attention's own width last; the model settles which it takes.
+WIDTHS = (
+    "caption_channels",
+    "joint_attention_dim",
+    "text_embed_dim",
+    "text_dim",
+    "cap_feat_dim",
+    "encoder_hid_dim",
+    "cross_attention_input_dim",
+    "context_in_dim",
+    "text_hidden_dim",
+    "cross_attention_dim",
+)
+MASKS = ("encoder_attention_mask", "encoder_hidden_states_mask", "text_embedding_mask", "encoder_mask")
+SIZES = ("original_size", "target_size", "crop_coords")  # CogView's size conditions: (b, 2)
 
 
 @dataclass(frozen=True)
@@ -67,6 +117,15 @@ class Vae:
     temporal: int = 4
 
 
+# The VAE a pipeline pairs with the denoiser where no vae/config.json says it (the factors
+# its pipeline assumes without one): Sana's DC-AE (32), LTX's video VAE (32 and 8), Mochi's (8 and 6).
+VAES = {
+    "SanaTransformer2DModel": Vae(32, 1),
+    "LTXVideoTransformer3DModel": Vae(32, 8),
+    "MochiTransformer3DModel": Vae(8, 6),
+}
+
+
 def libraries() -> tuple[Any, Any]:
     """torch and diffusers, or ManifestError naming the extra that has them."""
     try:
@@ -80,22 +139,265 @@ def libraries() -> tuple[Any, Any]:
     return torch, diffusers
 
 
-def vae_of(folder: Path | None) -> Vae:
+def vae_of(folder: Path | None, name: str = "") -> Vae:
     """The VAE's factors from a pipeline folder's ``vae/config.json`` (the
-    denoiser's folder or the pipeline's), else Stable Diffusion's 8 and Wan's 4."""
+    denoiser's folder or the pipeline's), else those the pipeline of class
+    ``name`` assumes (``VAES``), else Stable Diffusion's 8 and Wan's 4."""
+    own = VAES.get(name, Vae())
     for where in [folder, folder.parent] if folder is not None else []:
         path = where / "vae" / "config.json"
         if path.is_file():
             try:
                 data = json.loads(path.read_text(encoding="utf-8"))
             except (OSError, ValueError):
-                return Vae()
-            blocks = data.get("block_out_channels")
-            spatial = data.get("scale_factor_spatial") or (2 ** (len(blocks) - 1) if isinstance(blocks, list) else 8)
-            return Vae(
-                int(spatial), int(data.get("scale_factor_temporal") or data.get("temporal_compression_ratio") or 4)
+                return own
+            blocks = data.get("encoder_block_out_channels") or data.get("block_out_channels")
+            spatial = (
+                data.get("scale_factor_spatial")
+                or data.get("spatial_compression_ratio")
+                or (2 ** (len(blocks) - 1) if isinstance(blocks, list) else own.spatial)
             )
-    return Vae()
+            expansions = data.get("temporal_expansions")
+            temporal = (
+                data.get("scale_factor_temporal")
+                or data.get("temporal_compression_ratio")
+                or (math.prod(expansions) if isinstance(expansions, list) else own.temporal)
+            )
+            return Vae(int(spatial), int(temporal))
+    return own
+
+
+def pipeline_text(folder: Path | None, diffusers: Any) -> int | None:
+    """The prompt length of the pipeline a folder's ``model_index.json``
+    names (its ``__call__``'s ``max_sequence_length`` default), if any."""
+    for where in [folder, folder.parent] if folder is not None else []:
+        path = where / "model_index.json"
+        if not path.is_file():
+            continue
+        try:
+            name = json.loads(path.read_text(encoding="utf-8")).get("_class_name")
+        except (OSError, ValueError, AttributeError):
+            return None
+        pipeline: Any = getattr(diffusers, str(name), None)
+        try:
+            default = inspect.signature(pipeline.__call__).parameters["max_sequence_length"].default
+        except (AttributeError, KeyError, TypeError, ValueError):
+            return None
+        return default if isinstance(default, int) and default > 0 else None
+    return None
+
+
+@dataclass
+class Feed:
+    """How a denoiser of class ``name`` takes one step's inputs, derived from
+    its forward's parameters (``params``) and its config (see the module's
+    text). ``layout`` and ``width`` are settled by running the model
+    (``settle``) among the candidates the config leaves open."""
+
+    name: str
+    params: dict[str, inspect.Parameter]
+    config: Any
+    vae: Vae
+    text: int  # the prompt's tokens, PREFIX's included
+    frames: int | None  # pixel frames a clip (video models)
+    sample: str  # the latents' parameter: hidden_states or sample
+    packed: str  # "": latents as an image or video; "ids": 2 x 2 patches a token, with img_ids (Flux);
+    # "grid": a token a latent, with num_frames, height and width (LTX)
+    patch: int
+    patch_t: int
+    layouts: list[str]  # "image", or a video's "cf" (b, C, F, H, W) / "fc" (b, F, C, H, W); "tokens" when packed
+    widths: list[int]  # the prompt embeddings' width: the config's candidates
+    mask: str | None  # the parameter of the prompt's mask the pipeline passes
+    extra: Callable[..., dict[str, Any]] | None = None  # INPUTS' feeder of this class
+    layout: str = ""
+    width: int = 0
+
+    @property
+    def multiple(self) -> int:
+        """Latents a token's side takes: the patch, times Flux's 2 x 2 packing."""
+        return self.patch * (2 if self.packed == "ids" else 1)
+
+    def latent(self, size: tuple[int, int]) -> tuple[int, int]:
+        return _latent(size, self.vae, self.multiple, self.name)
+
+    @property
+    def latent_frames(self) -> int:
+        """The pipeline's latent frames of ``frames``, padded to a multiple of the temporal patch (CogVideoX 1.5)."""
+        assert self.frames is not None
+        frames = (self.frames - 1) // self.vae.temporal + 1
+        return -(-frames // self.patch_t) * self.patch_t
+
+    def kwargs(self, torch: Any, size: tuple[int, int], b: int, dtype: Any, layout: str, width: int) -> dict:
+        """One step's keyword arguments for ``b`` rows at ``size`` (W, H)."""
+        c, h_w = self.config, self.latent(size)
+        h, w = h_w
+        channels = int(_first(c, ("in_channels", "io_channels")) or 4)
+        zeros = lambda *shape: torch.zeros(shape, dtype=dtype, device="meta")  # noqa: E731
+        kwargs: dict[str, Any] = {}
+        if self.packed == "ids":
+            tokens = (h // 2) * (w // 2)
+            kwargs[self.sample] = zeros(b, tokens, channels)
+            kwargs["img_ids"] = zeros(tokens, 3)
+            if "txt_ids" in self.params:
+                kwargs["txt_ids"] = zeros(self.text, 3)
+        elif self.packed == "grid":
+            frames = self.latent_frames if self.frames else 1
+            tokens = (frames // self.patch_t) * (h // self.patch) * (w // self.patch)
+            kwargs[self.sample] = zeros(b, tokens, channels)
+            kwargs.update(num_frames=frames, height=h, width=w)
+        elif layout == "cf":
+            kwargs[self.sample] = zeros(b, channels, self.latent_frames, h, w)
+        elif layout == "fc":
+            kwargs[self.sample] = zeros(b, self.latent_frames, channels, h, w)
+        else:
+            kwargs[self.sample] = zeros(b, channels, h, w)
+        step = next(n for n in ("timestep", "timesteps") if n in self.params)
+        kwargs[step] = torch.full((b,), 999.0, dtype=dtype, device="meta")
+        if width and "encoder_hidden_states" in self.params:
+            kwargs["encoder_hidden_states"] = zeros(b, self.text, width)
+        if self.mask:
+            kwargs[self.mask] = torch.ones((b, self.text), dtype=torch.long, device="meta")
+        for name, fields in (("pooled_projections", "pooled_projection_dim"), ("timestep_cond", "time_cond_proj_dim")):
+            dim = getattr(c, fields, None)
+            if name in self.params and dim:
+                kwargs[name] = zeros(b, int(dim))
+        if "guidance" in self.params and getattr(c, "guidance_embeds", False):
+            kwargs["guidance"] = zeros(b)
+        if "ofs" in self.params and getattr(c, "ofs_embed_dim", None):
+            kwargs["ofs"] = zeros(b)
+        if "encoder_hidden_states_image" in self.params and getattr(c, "image_dim", None):
+            # Image-to-video: CLIP's image tokens (two images where pos_embed_seq_len says so: Wan's FLF2V).
+            seq = getattr(c, "pos_embed_seq_len", None)
+            pairs = seq // CLIP_IMAGE_TOKENS if seq else 1
+            kwargs["encoder_hidden_states_image"] = zeros(b * pairs, CLIP_IMAGE_TOKENS, int(c.image_dim))
+        for name in SIZES:
+            if name in self.params:
+                kwargs[name] = zeros(b, 2)
+        # Class-conditional denoisers (DiT: ada_norm_zero over num_embeds_ada_norm classes) take a label a row.
+        conditional = getattr(c, "norm_type", None) == "ada_norm_zero" and getattr(c, "num_embeds_ada_norm", None)
+        if "class_labels" in self.params and (conditional or _required(self.params["class_labels"])):
+            kwargs["class_labels"] = torch.zeros((b,), dtype=torch.long, device="meta")
+        if self.extra is not None:
+            kwargs.update(self.extra(torch, c, b, dtype))
+        return kwargs
+
+    def settle(self, torch: Any, model: Any, size: tuple[int, int], source: str) -> None:
+        """Run one step of each candidate form of the latents and text width,
+        keeping the first the model takes; ManifestError naming them where it
+        takes none."""
+        failures: list[str] = []
+        for layout in self.layouts:
+            for width in self.widths or [0]:
+                try:
+                    kwargs = self.kwargs(torch, size, 1, model.dtype, layout, width)
+                    with torch.no_grad():
+                        model(**kwargs)
+                except ManifestError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - the model's refusal of this candidate, named below
+                    from graphcache.models.build import one_line
+
+                    failures.append(f"{_form(layout, width)}: {type(exc).__name__}: {one_line(exc)[:200]}")
+                    continue
+                self.layout, self.width = layout, width
+                return
+        raise ManifestError(
+            f"{source}: the trace cannot feed diffusers' {self.name} a step (it tried {len(failures)} form(s) of "
+            f"its inputs; the first: {failures[0]}): record a run with graphcache record"
+        )
+
+
+def _first(config: Any, names: tuple[str, ...]) -> Any:
+    for name in names:
+        value = getattr(config, name, None)
+        if value is not None:
+            return value
+    return None
+
+
+def _required(param: inspect.Parameter) -> bool:
+    return param.default is inspect.Parameter.empty and param.kind in (
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        inspect.Parameter.KEYWORD_ONLY,
+    )
+
+
+def _form(layout: str, width: int) -> str:
+    shape = {"cf": "latents (b, C, F, H, W)", "fc": "latents (b, F, C, H, W)", "tokens": "packed latents"}
+    what = shape.get(layout, "latents (b, C, H, W)")
+    return f"{what}, prompt width {width}" if width else what
+
+
+def _int(value: Any) -> int:
+    return int(value[-1] if isinstance(value, (list, tuple)) else value)
+
+
+def feed(model: Any, name: str, sizes: Sizes, vae: Vae, folder: Path | None, diffusers: Any, source: str) -> Feed:
+    """The Feed of a built denoiser (see the module's text), or ManifestError
+    naming the input or the option that stops it."""
+    params = dict(inspect.signature(model.forward).parameters)
+    params.pop("self", None)
+    c = model.config
+    sample = next((n for n in ("hidden_states", "sample") if n in params), None)
+    if sample is None or not any(n in params for n in ("timestep", "timesteps")):
+        raise ManifestError(
+            f"{source}: diffusers' {name} is not a denoiser (its forward takes no latents and timestep): graphcache "
+            "manifest traces a pipeline's transformer/ or unet/; record a run of this model with graphcache record"
+        )
+    made = {sample, "timestep", "timesteps", "encoder_hidden_states", *MASKS, "pooled_projections", "timestep_cond",
+            "guidance", "ofs", "encoder_hidden_states_image", "img_ids", "txt_ids", "num_frames", "height", "width",
+            "class_labels", *SIZES, *OWN.get(name, ())}  # fmt: skip
+    for key, param in params.items():
+        if _required(param) and key not in made:
+            raise ManifestError(
+                f"{source}: diffusers' {name} takes {key!r}, an input the trace cannot make from its config: "
+                "record a run with graphcache record (--max-seq widens it to larger sizes)"
+            )
+    raw = getattr(c, "patch_size", None)
+    patch = _int(raw) if raw else 1
+    patch_t = int(
+        getattr(c, "patch_size_t", None) or (raw[0] if isinstance(raw, (list, tuple)) and len(raw) == 3 else 1)
+    )
+    video = (
+        "num_frames" in params
+        or "3D" in name
+        or "Video" in name
+        or "Temporal" in name
+        or getattr(c, "patch_size_t", None) is not None
+        or (isinstance(raw, (list, tuple)) and len(raw) == 3)
+        or getattr(c, "sample_frames", None) is not None
+    )
+    if sizes.frames is not None and not video:
+        raise ManifestError(f"{source}: {name} makes images: --frames is for video models")
+    frames = (sizes.frames or FRAMES.get(name)) if video else None
+    if video and frames is None:
+        raise ManifestError(f"{source}: {name} makes video: pass --frames N, the frames of a clip its pipeline makes")
+    packed = "ids" if "img_ids" in params else "grid" if {"num_frames", "height", "width"} <= set(params) else ""
+    layouts = ["tokens"] if packed else ["cf", "fc"] if video else ["image"]
+    widths: list[int] = []
+    for key in WIDTHS:
+        value = getattr(c, key, None)
+        value = value[0] if isinstance(value, (list, tuple)) and value else value
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0 and value not in widths:
+            widths.append(value)
+    text = (
+        sizes.text_len or pipeline_text(folder, diffusers) or TEXT.get(name) or getattr(c, "max_text_seq_length", None)
+    )
+    if "encoder_hidden_states" in params and (widths or _required(params["encoder_hidden_states"])):
+        if not widths:
+            raise ManifestError(
+                f"{source}: {name}'s config names no width for its prompt's embeddings ({', '.join(WIDTHS)}): "
+                "record a run with graphcache record"
+            )
+        if text is None:
+            raise ManifestError(f"{source}: {name}: pass --text-len N, the prompt length its pipeline pads to")
+    else:
+        widths = []
+    mask = next((n for n in MASKS if n in params), None) if name not in UNMASKED and widths else None
+    return Feed(
+        name, params, c, vae, int(text or 0) + PREFIX.get(name, 0), frames, sample, packed, patch, patch_t,
+        layouts, widths, mask, INPUTS.get(name),
+    )  # fmt: skip
 
 
 def trace(
@@ -108,34 +410,24 @@ def trace(
     cut: bool = True,
 ) -> Any:
     """Trace the diffusers model of config mapping ``data`` (a ``_class_name``
-    config read from ``source``; ``folder`` holds it, for the VAE's factors).
+    config read from ``source``; ``folder`` holds it, for the VAE's factors
+    and the pipeline's prompt length).
 
     Returns graphcache.models.trace's ``Traced``. Raises ManifestError naming
-    the extra where diffusers is missing, a route other than sdpa, a class the
-    trace cannot feed, sizes the model cannot take, and the model's own failure."""
+    the extra where diffusers is missing, a route other than sdpa, a class
+    that is not a denoiser, an input the trace cannot make, sizes the model
+    cannot take, and the model's own refusal of every form of its inputs."""
     name = str(data.get("_class_name"))
     if route != "sdpa":
         raise ManifestError(
             f"{source}: diffusers' {name} calls torch's scaled_dot_product_attention itself: use --route sdpa "
             "(graphcache.torch.patch()); --route graphcache is transformers' attention backend"
         )
-    video = name in VIDEO
-    if sizes.frames is not None and not video and name in INPUTS:
-        raise ManifestError(f"{source}: {name} makes images: --frames is for video models ({', '.join(sorted(VIDEO))})")
-    vae = vae_of(folder)
-    if name in INPUTS:  # what the config alone refuses, before torch and diffusers are imported
-        resolutions = list(sizes.resolutions) or _own(data, vae, name, source)
-        for size in resolutions:
-            _latent(size, vae, _patch(name, data), name)
     torch, diffusers = libraries()
     cls = getattr(diffusers, name, None)
     if cls is None or not hasattr(cls, "from_config"):
         raise ManifestError(f"{source}: _class_name {name!r} is not a model diffusers {diffusers.__version__} has")
-    if name not in INPUTS:
-        raise ManifestError(
-            f"{source}: graphcache manifest does not know the inputs of diffusers' {name} (it traces "
-            f"{', '.join(INPUTS)}): record a run with graphcache record (--max-seq widens it to larger sizes)"
-        )
+    vae = vae_of(folder, name)
     started = time.perf_counter()
     try:
         with torch.device("meta"):
@@ -150,19 +442,23 @@ def trace(
         model = model.to(getattr(torch, dtype)).eval()
     finally:
         diffusers.utils.logging.set_verbosity(quiet)
-    config = model.config
-    frames = (sizes.frames or 81) if video else None  # Wan's pipeline: num_frames=81
-    text = sizes.text_len or TEXT[name]
-    feed = INPUTS[name]
+    steps = feed(model, name, sizes, vae, folder, diffusers, source)
+    resolutions = list(sizes.resolutions) or _own(data, vae, name, source)
+    for size in resolutions:
+        steps.latent(size)  # sizes the model cannot take, refused before it runs
+    video = steps.frames is not None
 
     def start(phase: Callable[[str], None]) -> tuple[str, Callable[[bool], None], dict[str, str]]:
+        phase(f"inputs of {name}")
+        steps.settle(torch, model, resolutions[0], source)
+
         def scenario(probe: bool) -> None:
             for width, height in resolutions[:1] if probe else resolutions:
                 for b in [2] if probe else _batches(sizes.rows):
-                    what = f"{width}x{height}" + (f", {frames} frames" if frames else "")
+                    what = f"{width}x{height}" + (f", {steps.frames} frames" if video else "")
                     pair = ", guidance pair" if sizes.guidance and b > 1 else ""
                     phase(f"denoise {what}{pair}")
-                    kwargs = feed(torch, config, (width, height), frames, b, text, model.dtype, vae)
+                    kwargs = steps.kwargs(torch, (width, height), b, model.dtype, steps.layout, steps.width)
                     with torch.no_grad():
                         model(**kwargs)
 
@@ -176,20 +472,16 @@ def trace(
 
 
 def _own(data: dict[str, Any], vae: Vae, name: str, source: str) -> list[tuple[int, int]]:
+    """The config's own size in pixels: ``sample_size`` latents (CogVideoX: ``sample_height`` x ``sample_width``)."""
     size = data.get("sample_size")
     if isinstance(size, int) and size > 0:
         return [(size * vae.spatial, size * vae.spatial)]
     if isinstance(size, (list, tuple)) and len(size) == 2:
         return [(int(size[1]) * vae.spatial, int(size[0]) * vae.spatial)]
+    height, width = data.get("sample_height"), data.get("sample_width")
+    if isinstance(height, int) and isinstance(width, int) and height > 0 and width > 0:
+        return [(width * vae.spatial, height * vae.spatial)]
     raise ManifestError(f"{source}: {name}'s config fixes no sample_size: pass --resolution WxH (pixels)")
-
-
-def _patch(name: str, data: dict[str, Any]) -> int:
-    """Latents per token side: SD3's patch, Flux's 2 x 2 packing, Wan's spatial patch; a UNet's 1."""
-    if name == "FluxTransformer2DModel":
-        return 2
-    patch = data.get("patch_size", 2 if name == "SD3Transformer2DModel" else 1)
-    return int(patch[-1] if isinstance(patch, (list, tuple)) else patch)
 
 
 def _batches(largest: int) -> list[int]:
@@ -211,77 +503,32 @@ def _latent(size: tuple[int, int], vae: Vae, multiple: int, name: str) -> tuple[
     return height // vae.spatial, width // vae.spatial
 
 
-def _zeros(torch: Any, dtype: Any, *shape: int) -> Any:
-    return torch.zeros(shape, dtype=dtype, device="meta")
-
-
-def _unet(torch: Any, c: Any, size: tuple[int, int], frames: Any, b: int, text: int, dtype: Any, vae: Vae) -> dict:
-    h, w = _latent(size, vae, 1, "UNet2DConditionModel")
-    cross = c.encoder_hid_dim or c.cross_attention_dim
-    cross = cross[0] if isinstance(cross, (list, tuple)) else cross
-    kwargs: dict[str, Any] = {
-        "sample": _zeros(torch, dtype, b, c.in_channels, h, w),
-        "timestep": torch.full((b,), 999, dtype=torch.long, device="meta"),
-        "encoder_hidden_states": _zeros(torch, dtype, b, text, int(cross)),
-    }
-    if c.addition_embed_type == "text_time":  # SDXL: the pooled text embedding and six size/crop ids
-        pooled = c.projection_class_embeddings_input_dim - 6 * c.addition_time_embed_dim
-        kwargs["added_cond_kwargs"] = {
-            "text_embeds": _zeros(torch, dtype, b, pooled),
-            "time_ids": _zeros(torch, dtype, b, 6),
-        }
-    elif c.addition_embed_type is not None:
-        raise ManifestError(f"UNet2DConditionModel with addition_embed_type={c.addition_embed_type!r}: not traced yet")
+def _unet(torch: Any, c: Any, b: int, dtype: Any) -> dict[str, Any]:
+    """UNet2DConditionModel's conditions besides the prompt: SDXL's pooled text
+    embedding and six size and crop ids (``text_time``); others refused."""
     if c.class_embed_type is not None:
         raise ManifestError(f"UNet2DConditionModel with class_embed_type={c.class_embed_type!r}: not traced yet")
-    if c.time_cond_proj_dim:  # LCM: the guidance scale's embedding
-        kwargs["timestep_cond"] = _zeros(torch, dtype, b, c.time_cond_proj_dim)
-    return kwargs
+    if c.addition_embed_type is None:
+        return {}
+    if c.addition_embed_type != "text_time":
+        raise ManifestError(f"UNet2DConditionModel with addition_embed_type={c.addition_embed_type!r}: not traced yet")
+    pooled = c.projection_class_embeddings_input_dim - 6 * c.addition_time_embed_dim
+    zeros = lambda *shape: torch.zeros(shape, dtype=dtype, device="meta")  # noqa: E731
+    return {"added_cond_kwargs": {"text_embeds": zeros(b, pooled), "time_ids": zeros(b, 6)}}
 
 
-def _sd3(torch: Any, c: Any, size: tuple[int, int], frames: Any, b: int, text: int, dtype: Any, vae: Vae) -> dict:
-    h, w = _latent(size, vae, int(c.patch_size), "SD3Transformer2DModel")
-    return {
-        "hidden_states": _zeros(torch, dtype, b, c.in_channels, h, w),
-        "encoder_hidden_states": _zeros(torch, dtype, b, SD3_CLIP_TOKENS + text, c.joint_attention_dim),
-        "pooled_projections": _zeros(torch, dtype, b, c.pooled_projection_dim),
-        "timestep": _zeros(torch, dtype, b),
-    }
+def _pixart(torch: Any, c: Any, b: int, dtype: Any) -> dict[str, Any]:
+    """PixArt-Alpha at 1024 px (``sample_size`` 128) conditions on the image's size and aspect ratio."""
+    if c.use_additional_conditions is False or (c.use_additional_conditions is None and c.sample_size != 128):
+        return {}
+    zeros = lambda *shape: torch.zeros(shape, dtype=dtype, device="meta")  # noqa: E731
+    return {"added_cond_kwargs": {"resolution": zeros(b, 2), "aspect_ratio": zeros(b, 1)}}
 
 
-def _flux(torch: Any, c: Any, size: tuple[int, int], frames: Any, b: int, text: int, dtype: Any, vae: Vae) -> dict:
-    h, w = _latent(size, vae, 2, "FluxTransformer2DModel")  # FluxPipeline packs 2x2 latents into one token
-    tokens = (h // 2) * (w // 2)
-    kwargs: dict[str, Any] = {
-        "hidden_states": _zeros(torch, dtype, b, tokens, c.in_channels),
-        "encoder_hidden_states": _zeros(torch, dtype, b, text, c.joint_attention_dim),
-        "pooled_projections": _zeros(torch, dtype, b, c.pooled_projection_dim),
-        "timestep": _zeros(torch, dtype, b),
-        "img_ids": _zeros(torch, dtype, tokens, 3),
-        "txt_ids": _zeros(torch, dtype, text, 3),
-    }
-    if c.guidance_embeds:
-        kwargs["guidance"] = _zeros(torch, dtype, b)
-    return kwargs
-
-
-def _wan(torch: Any, c: Any, size: tuple[int, int], frames: Any, b: int, text: int, dtype: Any, vae: Vae) -> dict:
-    h, w = _latent(size, vae, int(c.patch_size[1]), "WanTransformer3DModel")
-    latent_frames = (int(frames) - 1) // vae.temporal + 1
-    kwargs: dict[str, Any] = {
-        "hidden_states": _zeros(torch, dtype, b, c.in_channels, latent_frames, h, w),
-        "timestep": torch.full((b,), 999, dtype=torch.long, device="meta"),
-        "encoder_hidden_states": _zeros(torch, dtype, b, text, c.text_dim),
-    }
-    if c.image_dim:  # image-to-video: CLIP's 257 image tokens (two images where pos_embed_seq_len says so)
-        pairs = c.pos_embed_seq_len // 257 if c.pos_embed_seq_len else 1
-        kwargs["encoder_hidden_states_image"] = _zeros(torch, dtype, b * pairs, 257, c.image_dim)
-    return kwargs
-
-
-INPUTS: dict[str, Callable[..., dict]] = {
+# The inputs of a class its config does not tell the form of, by class: a feeder of
+# (torch, config, rows, dtype) -> keyword arguments (OWN: the parameters it makes).
+INPUTS: dict[str, Callable[..., dict[str, Any]]] = {
     "UNet2DConditionModel": _unet,
-    "SD3Transformer2DModel": _sd3,
-    "FluxTransformer2DModel": _flux,
-    "WanTransformer3DModel": _wan,
+    "PixArtTransformer2DModel": _pixart,
 }
+OWN: dict[str, tuple[str, ...]] = {"UNet2DConditionModel": ("added_cond_kwargs",), "PixArtTransformer2DModel": ()}

@@ -229,10 +229,15 @@ class Runner:
             self.forward(f"decoder decode{padded}", decoder_input_ids=self.ids(b, 1), **kwargs, **cache)
 
     def vision(self, sizes: Sizes, probe: bool) -> None:
-        """A vision encoder's images (the model's own config is the vision config)."""
-        for size in self._image_sizes(sizes, self.config, "images"):
+        """A vision model's images: the model's own config is the vision
+        config (ViT), or holds it (SamModel: its vision_config says the image
+        size, and one forward runs the vision encoder and the mask decoder)."""
+        sub = self.config
+        if media.own_size(sub) is None and getattr(sub, "vision_config", None) is not None:
+            sub = sub.vision_config
+        for size in self._image_sizes(sizes, sub, "images"):
             for b in [2] if probe else batches(sizes.max_batch):
-                kwargs = media.image_call(self.model.forward, self.config, size, b, self.model.dtype)
+                kwargs = media.image_call(self.model.forward, sub, size, b, self.model.dtype)
                 self.forward(f"images {size[0]}x{size[1]}", **kwargs)
 
     def audio(self, sizes: Sizes, probe: bool) -> None:
@@ -327,8 +332,9 @@ class Runner:
                     break
                 if call is fn:
                     per_image = media.tokens_per_image(self.result, b)
-                else:  # the tower ran alone: no image features for a prompt
+                elif errors:  # get_image_features failed and the tower ran alone: no image features for a prompt
                     self.notes[f"{key} prompt"] = f"{at}: get_image_features: {errors[0]}; the tower traced alone"
+                # else: the model has no get_image_features (SamModel): its tower is all there is to trace
             if per_image is not None and self.kind == "decoder":
                 self._prompts_with_images(name, sub, at, size, per_image, sizes, probe)
 

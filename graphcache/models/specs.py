@@ -302,24 +302,40 @@ class _Maker:
         return GraphSpec.from_dict({**fields, "batch": b, "seq_q": q, "seq_kv": kv, "layout": "thd", **mask})
 
 
-def widened(spec: GraphSpec, route: str, max_batch: int, windows: frozenset[int] = frozenset()) -> list[GraphSpec]:
+def widened(
+    spec: GraphSpec, route: str, max_batch: int, windows: frozenset[int] = frozenset(), rows: int = 1
+) -> list[GraphSpec]:
     """The class specs that calls of ``spec``'s shape make in batches up to
     ``max_batch`` on ``route``, unpadded and padded (left and right), by the
     rules above: what ``graphcache record --max-batch`` adds for a call it
     saw. A one-query call (a decode step, or cross-attention's) is widened
     both as causal and not, and a causal call also with each sliding window
-    in ``windows`` (those the recording saw): the call alone says neither."""
+    in ``windows`` (those the recording saw): the call alone says neither.
+    ``rows``: the rows each input of the recording makes in this call (an
+    image's windows: Swin's and SAM's windowed attention runs images x
+    windows rows); the call is then widened by inputs too, to ``rows`` x 1,
+    2, 4 ... ``max_batch`` rows (``per_input``). A ragged (thd) call's batch
+    is its sequences, no input's rows: widened by batch alone."""
     if route not in ROUTES:
         raise ValueError(f"route={route!r} is not one of {', '.join(ROUTES)}")
     out = ModelSpecs()
+    every = batches(max_batch)
+    sizes = every if spec.layout == "thd" else sorted({*every, *per_input(rows, max_batch)})
     klass = class_of(spec, "pow2") if spec.layout != "thd" else spec
+    layout = {name: getattr(spec, name) for name in LAYOUT_FIELDS if getattr(spec, name) is not None}
+    # A batch-1 view whose batch lies inside a fused group (SAM's q, k, v: its qkv projection reshaped to
+    # (3, b x heads, s, d), "s[3]bhd") is no view at a larger batch: torch's reshape copies it, contiguous.
+    copied = spec.batch == 1 and any(_inside(value) for value in layout.values())
     if spec.layout == "thd" or spec.bias is not None or spec.sinks or spec.padding or spec.dropout:
         # Already what a padded batch calls (a ragged or bias graph), or a kind
         # the padded-batch rules do not cover: the same graph at each batch.
         bias = {"bhss", "1hss"} if spec.bias == "bhss" else {spec.bias}  # T5: the position bias alone above 1
-        for b in batches(max_batch):
+        contiguous = dict.fromkeys(FIELDS, None)
+        for b in sizes:
             for dims in bias:
                 out.add(klass.replace(batch=b, bias=dims if b > 1 else spec.bias), "")
+                if copied and b > 1:
+                    out.add(klass.replace(batch=b, bias=dims, layout="bhsd", **contiguous), "")
         return list(out.users)
     maker = _Maker(out, route, spec.dtype, "bias" in GraphSpec.field_names())
     own = spec.window_left + 1 if spec.mask == "sliding_window" and spec.window_left is not None else None
@@ -327,32 +343,48 @@ def widened(spec: GraphSpec, route: str, max_batch: int, windows: frozenset[int]
     scale = spec.attn_scale if spec.attn_scale is not None else spec.head_dim**-0.5
     seq_kv = klass.seq_kv if klass.seq_kv is not None else klass.seq_q
     heads_kv = spec.heads_kv or spec.heads_q
-    layout = {name: getattr(spec, name) for name in LAYOUT_FIELDS if getattr(spec, name) is not None}
     for kind in {causal, False} if spec.seq_q == 1 else {causal}:
         for window in {own} if own is not None or not kind else {None, *windows}:
             a = Attention("self", (), spec.heads_q, heads_kv, spec.head_dim, scale, kind, window)
-            for b in batches(max_batch):
+            for b in sizes:
                 maker.call(a, b, klass.seq_q, seq_kv, layout, "widened")
+                if copied and b > 1:
+                    maker.call(a, b, klass.seq_q, seq_kv, "bhsd", "widened")
                 if route == "graphcache" and kind and b > 1 and spec.seq_q == seq_kv and window is None:
                     # graphcache.hf: a right-padded causal prompt is a padded dense graph.
                     out.add(maker._dense(a, b, klass.seq_q, seq_kv, layout, "causal", padding=True), "")
     return list(out.users)
 
 
+def _inside(layout: str) -> bool:
+    """Whether a layout's batch comes after a fused group's (``s[3]bhd``)."""
+    return "]" in layout and "b" in layout and layout.index("b") > layout.index("]")
+
+
+def per_input(rows: int, max_batch: int) -> list[int]:
+    """The batch classes of a call that runs ``rows`` rows per input, for 1,
+    2, 4 ... up to ``max_batch`` inputs: ``batches(max_batch)`` for one row
+    per input; an image's 9 windows at up to 2 images: 16 and 32."""
+    return sorted({_pow2(rows * n) for n in batches(max_batch)})
+
+
 def lengthened(spec: GraphSpec, max_seq: int) -> list[GraphSpec]:
     """The class specs that calls of ``spec``'s shape make at every length
     class up to ``max_seq`` (its own class among them): what ``graphcache
     record --max-seq`` adds for a call it saw, so a run recorded at one
-    resolution or prompt length serves others. As many queries as keys
-    (self-attention, a prompt, a diffusion model's joint attention) grow
-    together; a one-query call (a decode step) grows its keys; any other
-    call (cross-attention: image tokens to a prompt's) grows each side,
-    keeping which side is the longer where a mask depends on it (not for
-    mask none). A paged spec's keys are its page table's reach: kept."""
+    resolution or prompt length serves others. The call's own lengths say
+    which kind of call it is, whatever classes they fall in: as many queries
+    as keys (self-attention, a prompt, a diffusion model's joint attention)
+    grow together; a one-query call (a decode step) grows its keys; any
+    other call (cross-attention: image tokens to a prompt's, 64 queries to
+    24 keys as much as 256 to 77) grows each side to every class, keeping
+    which side is the longer where a mask depends on it (not for mask none).
+    A class spec says only its classes: equal ones are taken as a square
+    call. A paged spec's keys are its page table's reach: kept."""
     klass = class_of(spec, "pow2") if spec.layout != "thd" else spec
     if spec.page_size is not None:
         return [klass]
-    q, kv = klass.seq_q, klass.seq_kv if klass.seq_kv is not None else klass.seq_q
+    q, kv = spec.seq_q, spec.seq_kv if spec.seq_kv is not None else spec.seq_q
     sizes = lengths(max_seq)
     if q == kv:
         pairs = {(n, n) for n in sizes}
@@ -360,8 +392,9 @@ def lengthened(spec: GraphSpec, max_seq: int) -> list[GraphSpec]:
         pairs = {(1, n) for n in sizes}
     else:
         free = spec.mask == "none"
-        pairs = {(a, b) for a in sizes for b in sizes if free or (a <= b) == (q <= kv)}
-    pairs.add((q, kv))
+        pairs = {(a, b) for a in sizes for b in sizes if free or a == b or (a < b) == (q < kv)}
+    own_kv = klass.seq_kv if klass.seq_kv is not None else klass.seq_q
+    pairs.add((klass.seq_q, own_kv))
     return [klass.replace(seq_q=a, seq_kv=b) for a, b in sorted(pairs)]
 
 

@@ -147,7 +147,9 @@ def kinds_of(calls: list[tuple[Site | None, Any]], lengths: dict[str, int]) -> C
 def cut(model: torch.nn.Module, plan: Cut) -> Iterator[None]:
     """Within the block, each stack of ``model`` holds only its kept prefix."""
     saved = []
-    for path, length in plan.kept.items():
+    # Inner stacks first: a stack nested in another's member (Swin's blocks in its stages) is
+    # reached through the outer stack's full list, which a cut of the outer one would drop.
+    for path, length in sorted(plan.kept.items(), key=lambda item: -item[0].count(".")):
         if length >= plan.lengths[path]:
             continue
         parent_path, _, name = path.rpartition(".")

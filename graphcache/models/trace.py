@@ -52,6 +52,8 @@ class Traced:
     layers: str  # how the stacks were cut, in words
     refused: dict[tuple[str, str], list[str]] = field(default_factory=dict)
     untraced: list[str] = field(default_factory=list)  # towers the trace could not run, and why
+    # The exact calls each class spec serves: their own lengths say what a call is (models.specs.lengthened).
+    calls_of: dict[GraphSpec, list[GraphSpec]] = field(default_factory=dict)
 
 
 def trace(
@@ -139,7 +141,11 @@ def run(
         raise
     except Exception as exc:  # noqa: BLE001 - the model's own failure on the meta device, named
         text = str(exc).splitlines()[0] if str(exc) else ""
-        raise ManifestError(f"{source}: tracing {what} failed: {type(exc).__name__}: {text}") from None
+        step = f"its step {recorder.phase!r}" if recorder.phase else "its first forward"
+        raise ManifestError(
+            f"{source}: {what} is not covered: the trace cannot run {step} ({type(exc).__name__}: {text}): "
+            "record a run with graphcache record"
+        ) from None
     finally:
         where.remove()
     if route == "graphcache" and not recorder.noted:
@@ -147,6 +153,11 @@ def run(
     specs, refused = _collect(recorder.noted, plan)
     took = time.perf_counter() - started
     traced = Traced(name, kind, route, specs, len(recorder.noted), took, layers, refused, list(notes.values()))
+    for _, _, found in recorder.noted:
+        if isinstance(found, GraphSpec):
+            calls = traced.calls_of.setdefault(class_of(found, "pow2"), [])
+            if found not in calls:
+                calls.append(found)
     if not traced.specs.users:
         reasons = "; ".join(f"{code}: {message}" for code, message in traced.refused) or "no attention call was made"
         raise ManifestError(f"{source}: no attention call of {what} can be a graph: {reasons}")

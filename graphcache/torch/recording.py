@@ -132,9 +132,13 @@ class Recorder:
             groups.setdefault(class_of(spec, self.shape_classes), {})[spec] = count
         if self.max_batch or self.max_seq:
             route = "graphcache" if self.backend or any(s.layout == "thd" for s in self.specs) else "sdpa"
+            inputs = self.inputs()
             for spec in list(self.specs):
+                rows = max(1, spec.batch // inputs)
                 for long in lengthened(spec, self.max_seq) if self.max_seq else [spec]:
-                    wides = widened(long, route, self.max_batch, self._windows(spec)) if self.max_batch else [long]
+                    wides = (
+                        widened(long, route, self.max_batch, self._windows(spec), rows) if self.max_batch else [long]
+                    )
                     for wide in wides:
                         groups.setdefault(wide, {})
                         if self.training:  # the widened call's training forward and backward too
@@ -144,6 +148,15 @@ class Recorder:
                             except SpecError:
                                 pass  # no backward here: no_backward names the calls
         return groups
+
+    def inputs(self) -> int:
+        """The inputs the recording ran, as its calls say: the largest number
+        dividing every call's batch. A call's batch is its inputs' rows (one
+        prompt a row, a guidance pair two, an image's windows one a window:
+        Swin's and SAM's windowed layers run images x windows rows, their
+        global or last layers one row an image), so a call of more rows than
+        that runs several per input, and ``--max-batch`` widens it by inputs."""
+        return math.gcd(*(spec.batch for spec in self.specs)) or 1
 
     def _windows(self, spec: GraphSpec) -> frozenset[int]:
         """The sliding windows seen on calls of ``spec``'s heads and head dims."""
@@ -192,13 +205,14 @@ class Recorder:
         if self.max_batch:
             lines.append(
                 f"# Widened to batches up to {self.max_batch} (graphcache record --max-batch): each call's shape "
-                "in every batch class, unpadded and padded; entries of 0 calls were not seen."
+                "in every batch class, unpadded and padded, by inputs (a call of several rows per input, an "
+                "image's windows, at that many rows for each number of inputs); entries of 0 calls were not seen."
             )
         if self.max_seq:
             lines.append(
                 f"# Widened to lengths up to {self.max_seq} (graphcache record --max-seq): each call's shape in "
-                "every length class (queries and keys together where they were equal); entries of 0 calls were "
-                "not seen."
+                "every length class (queries and keys together where the call had as many of each, else each "
+                "side to every class); entries of 0 calls were not seen."
             )
         for spec, served in groups.items():
             name = _name(spec, names)
