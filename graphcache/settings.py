@@ -40,6 +40,8 @@ class Settings:
     store            GRAPHCACHE_STORE          '' (DiskStore in cache_dir), redis://..., http://...
     size_limit       GRAPHCACHE_SIZE_LIMIT     DiskStore bytes before LRU eviction
     max_upload       GRAPHCACHE_MAX_UPLOAD     largest accepted upload, bytes
+    max_artifact     GRAPHCACHE_MAX_ARTIFACT   largest answer (an artifact, a batch record, a listing page) a
+                                               client reads from a server (default: max_upload)
     upload_budget    GRAPHCACHE_UPLOAD_BUDGET  upload bytes one server worker takes in at once (4 x max_upload)
     body_budget      GRAPHCACHE_BODY_BUDGET    bytes of other request bodies (batch, resolve, a manifest) it holds
     hot_cache_bytes  GRAPHCACHE_HOT_CACHE      memory for small verified entries the server keeps hot (0: off)
@@ -72,6 +74,7 @@ class Settings:
     store: str = ""
     size_limit: int = 10 * 1024 * MiB
     max_upload: int = 64 * MiB
+    max_artifact: int = 0  # 0: max_upload, the largest artifact a server of the same settings stores
     upload_budget: int = 0  # 0: UPLOAD_BUDGET_UPLOADS x max_upload
     body_budget: int = DEFAULT_BODY_BUDGET
     hot_cache_bytes: int = 64 * MiB
@@ -116,7 +119,7 @@ class Settings:
             values["store"] = v
         if (v := get("HOT_CACHE")) is not None:
             values["hot_cache_bytes"] = _int("GRAPHCACHE_HOT_CACHE", v, allow_zero=True)
-        for name in ("SIZE_LIMIT", "MAX_UPLOAD", "UPLOAD_BUDGET", "BODY_BUDGET"):
+        for name in ("SIZE_LIMIT", "MAX_UPLOAD", "MAX_ARTIFACT", "UPLOAD_BUDGET", "BODY_BUDGET"):
             if (v := get(name)) is not None:
                 values[name.lower()] = _int("GRAPHCACHE_" + name, v)
         if (v := get("MAX_BATCH")) is not None:
@@ -177,6 +180,8 @@ class Settings:
     def __post_init__(self) -> None:
         if not self.upload_budget:
             object.__setattr__(self, "upload_budget", UPLOAD_BUDGET_UPLOADS * self.max_upload)
+        if not self.max_artifact:
+            object.__setattr__(self, "max_artifact", self.max_upload)
         if self.signing_key and not self.signing_keys:
             object.__setattr__(self, "signing_keys", (self.signing_key,))
 
