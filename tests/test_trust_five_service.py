@@ -12,14 +12,16 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
+import httpx
 
-from graphcache.artifact import Artifact, frame
+from graphcache.artifact import frame
+from graphcache.stores import DiskStore
+from tests.clirun import cli
 from tests.fakes import TARGET, make_artifact, spec
+from tests.servers import serve_one_worker
 
 MiB = 1024**2
 
@@ -185,3 +187,38 @@ def test_a_worker_stops_reading_what_a_server_sends_at_its_limit():
         assert words in said["message"], (name, said)
         assert said["grew"] < limit / MiB + 16, (name, said)  # at most the bound held, never the stream
         assert said["seconds"] < 10, (name, said)
+
+
+# -- 7: layout texts are bounded as sizes are ----------------------------------------------------------
+
+GAP = "bhs[+99999999999999999999999999999999999999]d"
+
+
+def test_a_layout_group_past_what_cuDNN_holds_is_refused_naming_the_field(tmp_path):
+    """Finding 7: `/v1/resolve` answered 200 with a key for a `[+N]` of 38
+    digits and `warm` built and stored it. A group's N is bounded as every
+    size is (2**31 - 1), and the buffer a grouped tensor spans within
+    int64: 422 naming the field, and `warm` refuses in one line."""
+    body = {"batch": 1, "heads_q": 8, "seq_q": 128, "head_dim": 64, "dtype": "bfloat16"}
+    spans = {**body, "batch": 65536, "seq_q": 65536, "layout_q": "bs[2147483647]hd"}  # each size allowed
+    with serve_one_worker({"GRAPHCACHE_DIR": str(tmp_path / "served")}) as (url, _):
+        for sent, field, said in (
+            ({**body, "layout": GAP}, "spec.layout", "2147483647"),
+            ({**body, "layout_v": "bs[+2147483648]hd"}, "spec.layout_v", "2147483647"),
+            (spans, "spec.layout_q", str(2**63 - 1)),
+        ):
+            answer = httpx.post(f"{url}/v1/resolve", json={"spec": sent, "target": str(TARGET)}, timeout=10)
+            assert answer.status_code == 422, answer.text
+            assert answer.json()["detail"].startswith(field) and said in answer.json()["detail"], answer.text
+        good = httpx.post(f"{url}/v1/resolve", json={"spec": {**body, "layout": "bs[+2]hd"}, "target": str(TARGET)})
+        assert good.status_code == 200, good.text  # a real fused projection's group still keys
+    manifest = tmp_path / "gap.yaml"
+    manifest.write_text(
+        "defaults: {heads_q: 8, head_dim: 64, dtype: bfloat16}\n"
+        f"graphs:\n  - {{name: gap, batch: 1, seq_q: 128, layout: '{GAP}'}}\n"
+    )
+    store = tmp_path / "warmed"
+    done = cli("warm", str(manifest), "--compiler", "reference", "--cache-dir", str(store), timeout=120)
+    assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1, done.stdout + done.stderr
+    assert "field 'layout'" in done.stderr and "2147483647" in done.stderr and "Traceback" not in done.stderr
+    assert not any(store.rglob("*.val")) and len(list(DiskStore(store).keys())) == 0  # nothing built or stored
