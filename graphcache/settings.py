@@ -21,6 +21,12 @@ DEFAULT_SEND_TIMEOUT = 30.0
 # --max-batch 64 --max-seq 8192`) names 182 (224 on route graphcache, 287
 # with --chunk 512): this holds a dozen such models in one manifest.
 DEFAULT_MAX_SPECS = 4096
+# The server's time a manifest's coverage may take (the status page, open
+# wherever reads are): one 1 KB manifest of 4,096 exact specs costs about
+# 0.5 s of CPU per target stored; a real deploy's manifest (200 to 300
+# specs) about 0.05 s.
+DEFAULT_MANIFEST_SECONDS = 2.0
+DEFAULT_CLIENT_SECONDS = 10.0  # per client address, a minute
 
 
 class SettingsError(GraphCacheError, ValueError):
@@ -62,6 +68,10 @@ class Settings:
     max_batch        GRAPHCACHE_MAX_BATCH      most keys one POST /v1/batch may ask for (then 413)
     max_specs        GRAPHCACHE_MAX_SPECS      most specs one manifest may name, counted before it is expanded
                                                (then 413, or a one-line CLI error; default 4096)
+    manifest_seconds GRAPHCACHE_MANIFEST_SECONDS  CPU seconds the server may spend checking one posted or named
+                                               manifest's coverage (then 413; default 2)
+    client_seconds   GRAPHCACHE_CLIENT_SECONDS CPU seconds of such checks one client address may take a minute,
+                                               each reserving manifest_seconds (then 429; default 10)
     http_max_age     GRAPHCACHE_HTTP_MAX_AGE   seconds HTTP caches may keep an artifact when reads are open
     shape_classes    GRAPHCACHE_SHAPE_CLASSES  length-class policy: pow2 (default) or exact (graphcache.spec.classes)
     class_slack      GRAPHCACHE_CLASS_SLACK    a larger stored class serves a call when it declares at most this
@@ -94,6 +104,8 @@ class Settings:
     canary: bool = True
     max_batch: int = 1024
     max_specs: int = DEFAULT_MAX_SPECS
+    manifest_seconds: float = DEFAULT_MANIFEST_SECONDS
+    client_seconds: float = DEFAULT_CLIENT_SECONDS
     http_max_age: int = 86400
     shape_classes: str = "pow2"
     class_slack: float = 4.0
@@ -150,7 +162,14 @@ class Settings:
             values["server"] = v.rstrip("/")
         if (v := get("TOKEN")) is not None:
             values["token"] = v
-        for name in ("TIMEOUT", "UPLOAD_TIMEOUT", "HEADER_TIMEOUT", "SEND_TIMEOUT"):
+        for name in (
+            "TIMEOUT",
+            "UPLOAD_TIMEOUT",
+            "HEADER_TIMEOUT",
+            "SEND_TIMEOUT",
+            "MANIFEST_SECONDS",
+            "CLIENT_SECONDS",
+        ):
             if (v := get(name)) is not None:
                 try:
                     values[name.lower()] = float(v)
@@ -169,6 +188,12 @@ class Settings:
             raise SettingsError(
                 f"GRAPHCACHE_UPLOAD_BUDGET={settings.upload_budget} is below GRAPHCACHE_MAX_UPLOAD="
                 f"{settings.max_upload}: no upload of the largest size could ever be taken in; raise it"
+            )
+        if settings.client_seconds < settings.manifest_seconds:
+            raise SettingsError(
+                f"GRAPHCACHE_CLIENT_SECONDS={settings.client_seconds:g} is below GRAPHCACHE_MANIFEST_SECONDS="
+                f"{settings.manifest_seconds:g}: each manifest check reserves the latter from a client's share, "
+                "so none could ever run; raise it"
             )
         if settings.signing_key and not settings.require_signed:
             log.warning(

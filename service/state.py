@@ -21,6 +21,7 @@ from service import upload
 from service.auth import Auth
 from service.errors import ServiceError
 from service.metrics import Metrics
+from service.quota import ClientQuota
 from service.reader import ArtifactReader, Served, Unverified
 from service.scans import Scans
 
@@ -49,6 +50,7 @@ class State:
         self.reader = ArtifactReader(store, self.metrics, quarantine, settings.hot_cache_bytes, keys)
         self.metrics.watch_store(self.unwritable, store)
         self.scans = Scans(store, self.unwritable)  # whole-store reads, apart from store_call's pool
+        self.quota = ClientQuota(settings.client_seconds, settings.manifest_seconds)  # manifests' CPU, per client
         sweep = getattr(store, "sweep_orphans", None)
         if sweep is not None:
             # Value files a crash left behind (a write killed before it was

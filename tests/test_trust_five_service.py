@@ -17,13 +17,20 @@ from pathlib import Path
 
 import httpx
 
-from graphcache.artifact import frame
+from graphcache.artifact import Artifact, frame
 from graphcache.stores import DiskStore
 from tests.clirun import cli
 from tests.fakes import TARGET, make_artifact, spec
 from tests.servers import serve_one_worker
 
 MiB = 1024**2
+
+
+def stored(folder: Path, *arts: Artifact) -> None:
+    store = DiskStore(folder)
+    for art in arts:
+        store.put(art.key, art.encode())
+    store.close()
 
 
 # -- 4: a worker bounds what a server sends ------------------------------------------------------------
@@ -222,3 +229,53 @@ def test_a_layout_group_past_what_cuDNN_holds_is_refused_naming_the_field(tmp_pa
     assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1, done.stdout + done.stderr
     assert "field 'layout'" in done.stderr and "2147483647" in done.stderr and "Traceback" not in done.stderr
     assert not any(store.rglob("*.val")) and len(list(DiskStore(store).keys())) == 0  # nothing built or stored
+
+
+# -- 8: a manifest posted without a token has a bounded cost -------------------------------------------
+
+# About 1 KB naming 4,096 exact specs: 0.5 s and more of the server's CPU per target stored.
+M4096 = (
+    "defaults: {heads_q: 8, head_dim: 64, dtype: bfloat16, shapes: exact}\ngraphs:\n  - name: m\n"
+    f"    batch: [{','.join(map(str, range(1, 17)))}]\n    seq_q: [{','.join(map(str, range(1, 257)))}]\n"
+)
+SMALL = "defaults: {heads_q: 8, head_dim: 64}\ngraphs:\n  - {name: s, batch: [1, 2], seq_q: 128}\n"
+
+
+def test_a_manifest_check_costs_at_most_its_budget_per_request_and_per_client(tmp_path):
+    """Finding 8: a 1 KB manifest (4,096 specs) took 1.2 to 1.6 s of server
+    time, anyone's to ask for. A check may take GRAPHCACHE_MANIFEST_SECONDS
+    of CPU (then 413), a client GRAPHCACHE_CLIENT_SECONDS a minute, each
+    check reserving its budget (then 429 with Retry-After); another client
+    is not held back, and a small manifest is answered as before."""
+    stored(tmp_path / "store", make_artifact(spec()))
+    named = tmp_path / "manifests"
+    named.mkdir()
+    (named / "big.yaml").write_text(M4096)
+    env = {
+        "GRAPHCACHE_DIR": str(tmp_path / "store"),
+        "GRAPHCACHE_MANIFESTS": str(named),
+        "GRAPHCACHE_MANIFEST_SECONDS": "0.05",
+        "GRAPHCACHE_CLIENT_SECONDS": "0.12",
+    }
+    assert len(M4096) < 1100
+    with serve_one_worker(env) as (url, _):
+        with httpx.Client(base_url=url, timeout=60) as client:
+            small = client.post("/", content=SMALL)
+            assert small.status_code == 200 and "id=coverage" in small.text, small.text[-500:]
+            big = client.post("/", content=M4096)
+            assert big.status_code == 413, big.text[-500:]
+            assert big.json()["error"] == "manifest_budget" and "GRAPHCACHE_MANIFEST_SECONDS" in big.json()["detail"]
+            named_big = client.get("/", params={"manifest": "big.yaml"})  # a named manifest is checked as one posted
+            assert named_big.status_code == 413 and named_big.json()["error"] == "manifest_budget", named_big.text
+            # 0.05 s spent twice of the client's 0.12: less than a check's reservation is left.
+            refused = client.post("/", content=SMALL)
+            assert refused.status_code == 429, refused.text[-500:]
+            assert (
+                refused.json()["error"] == "client_budget" and "GRAPHCACHE_CLIENT_SECONDS" in refused.json()["detail"]
+            )
+            assert int(refused.headers["retry-after"]) >= 1
+        # Another client (another loopback address) has its own share.
+        other = httpx.HTTPTransport(local_address="127.0.0.2")
+        with httpx.Client(base_url=url, timeout=60, transport=other) as client:
+            assert client.post("/", content=SMALL).status_code == 200
+            assert client.get("/healthz").status_code == 200
