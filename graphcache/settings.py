@@ -44,6 +44,8 @@ class Settings:
 
     cache_dir        GRAPHCACHE_DIR            the DiskStore folder
     store            GRAPHCACHE_STORE          '' (DiskStore in cache_dir), redis://..., http://...
+                     GRAPHCACHE_STORE_FILE     or a file holding it (a secret's mount): a password never on a
+                                               command line
     size_limit       GRAPHCACHE_SIZE_LIMIT     DiskStore bytes before LRU eviction
     max_upload       GRAPHCACHE_MAX_UPLOAD     largest accepted upload, bytes
     max_artifact     GRAPHCACHE_MAX_ARTIFACT   largest answer (an artifact, a batch record, a listing page) a
@@ -51,6 +53,7 @@ class Settings:
     upload_budget    GRAPHCACHE_UPLOAD_BUDGET  upload bytes one server worker takes in at once (4 x max_upload)
     body_budget      GRAPHCACHE_BODY_BUDGET    bytes of other request bodies (batch, resolve, a manifest) it holds
     hot_cache_bytes  GRAPHCACHE_HOT_CACHE      memory for small verified entries the server keeps hot (0: off)
+    quarantine_size  GRAPHCACHE_QUARANTINE_SIZE bytes the server's quarantine folder keeps, oldest dropped first
     write_tokens     GRAPHCACHE_WRITE_TOKENS   comma-separated bearer tokens for PUT/build
     read_tokens      GRAPHCACHE_READ_TOKENS    tokens for reads; reads are open when unset
     admin_tokens     GRAPHCACHE_ADMIN_TOKENS   tokens for DELETE and purge
@@ -88,6 +91,7 @@ class Settings:
     upload_budget: int = 0  # 0: UPLOAD_BUDGET_UPLOADS x max_upload
     body_budget: int = DEFAULT_BODY_BUDGET
     hot_cache_bytes: int = 64 * MiB
+    quarantine_size: int = 1024 * MiB
     write_tokens: tuple[str, ...] = ()
     read_tokens: tuple[str, ...] = ()
     admin_tokens: tuple[str, ...] = ()
@@ -129,9 +133,11 @@ class Settings:
             values["cache_dir"] = Path(v).expanduser()
         if (v := get("STORE")) is not None:
             values["store"] = v
+        if (v := get("STORE_FILE")) is not None:
+            values["store"] = _store_file(v, given=get("STORE") is not None)
         if (v := get("HOT_CACHE")) is not None:
             values["hot_cache_bytes"] = _int("GRAPHCACHE_HOT_CACHE", v, allow_zero=True)
-        for name in ("SIZE_LIMIT", "MAX_UPLOAD", "MAX_ARTIFACT", "UPLOAD_BUDGET", "BODY_BUDGET"):
+        for name in ("SIZE_LIMIT", "MAX_UPLOAD", "MAX_ARTIFACT", "UPLOAD_BUDGET", "BODY_BUDGET", "QUARANTINE_SIZE"):
             if (v := get(name)) is not None:
                 values[name.lower()] = _int("GRAPHCACHE_" + name, v)
         if (v := get("MAX_BATCH")) is not None:
@@ -286,6 +292,30 @@ def check_compiler_name(name: str, source: str = "compiler") -> str:
     if text in COMPILER_NAMES or (sep and module and attr):
         return text
     raise SettingsError(f"{source}={name!r} names no compiler; give {COMPILER_HELP}")
+
+
+def _store_file(path: str, *, given: bool) -> str:
+    """The store location GRAPHCACHE_STORE_FILE's file holds (its first line,
+    stripped): where a URL's password is kept out of every command line and
+    environment listing, as a container's secret is mounted."""
+    if given:
+        raise SettingsError(
+            "GRAPHCACHE_STORE and GRAPHCACHE_STORE_FILE are both set: give the store's location in one of them"
+        )
+    try:
+        text = Path(path).expanduser().read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise SettingsError(
+            f"GRAPHCACHE_STORE_FILE={path!r} cannot be read ({why}): name a file holding the store's location, "
+            "e.g. redis://:PASSWORD@host:6379/0"
+        ) from None
+    lines = text.strip().splitlines()
+    if not lines or not lines[0].strip():
+        raise SettingsError(
+            f"GRAPHCACHE_STORE_FILE={path!r} is empty: write the store's location in it, e.g. redis://:PASSWORD@host:6379/0"
+        )
+    return lines[0].strip()
 
 
 def _int(name: str, value: str, allow_zero: bool = False, unit: str = "bytes") -> int:

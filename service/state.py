@@ -47,7 +47,9 @@ class State:
         # With a signing key, what is served is verified against every key
         # (unless GRAPHCACHE_REQUIRE_SIGNED=0), not only what is uploaded.
         keys = settings.verify_keys if settings.require_signed else ()
-        self.reader = ArtifactReader(store, self.metrics, quarantine, settings.hot_cache_bytes, keys)
+        self.reader = ArtifactReader(
+            store, self.metrics, quarantine, settings.hot_cache_bytes, keys, quarantine_bytes=settings.quarantine_size
+        )
         self.metrics.watch_store(self.unwritable, store)
         self.scans = Scans(store, self.unwritable)  # whole-store reads, apart from store_call's pool
         self.quota = ClientQuota(settings.client_seconds, settings.manifest_seconds)  # manifests' CPU, per client

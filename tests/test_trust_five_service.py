@@ -8,20 +8,25 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import pytest
 
 from graphcache.artifact import Artifact, frame
 from graphcache.stores import DiskStore
 from tests.clirun import cli
 from tests.fakes import TARGET, make_artifact, spec
-from tests.servers import serve_one_worker
+from tests.servers import RedisServer, free_port, serve_one_worker, wait_for_server
 
 MiB = 1024**2
 
@@ -126,8 +131,6 @@ print(json.dumps(out))
 
 
 def client_calls(url: str, calls: dict[str, list], env: dict[str, str]) -> dict[str, dict]:
-    import os
-
     done = subprocess.run(
         [sys.executable, "-c", CLIENT, url, json.dumps(calls)],
         capture_output=True,
@@ -279,3 +282,178 @@ def test_a_manifest_check_costs_at_most_its_budget_per_request_and_per_client(tm
         with httpx.Client(base_url=url, timeout=60, transport=other) as client:
             assert client.post("/", content=SMALL).status_code == 200
             assert client.get("/healthz").status_code == 200
+
+
+# -- 9: the smaller findings ---------------------------------------------------------------------------
+
+CHILD = (
+    "import sys, torch, torch.nn.functional as F\n"
+    "q = torch.randn(1, 8, 128, 64)\n"
+    "F.scaled_dot_product_attention(q, q, q)\n"
+)
+
+
+def test_run_stats_are_private_and_hold_no_argv_and_a_record_failure_keeps_the_status(tmp_path):
+    """Finding 9: `graphcache run --stats FILE` wrote each child's argv,
+    secrets included, to a 0644 file; `--record` to a path that cannot be
+    written exited 1 where the command exited 0."""
+    pytest.importorskip("torch", reason="graphcache run serves torch programs")
+    child = tmp_path / "child.py"
+    child.write_text(CHILD)
+    stats = tmp_path / "stats.json"
+    stats.write_text("{}")
+    stats.chmod(0o644)  # a file that was there, readable by others
+    done = cli(
+        "run", "--compiler", "reference", "--record", "/dev/full", "--dtype", "bfloat16", "--stats", str(stats),
+        "--", sys.executable, str(child), "--token=s3cret-of-the-child", timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr  # the program's status, though the manifest could not be written
+    assert "error: --record /dev/full: not written (No space left on device" in done.stderr, done.stderr
+    assert "exited with status 0" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert stat.S_IMODE(stats.stat().st_mode) == 0o600
+    written = json.loads(stats.read_text())
+    assert written["total"]["calls"] >= 1 and written["processes"]
+    assert "s3cret" not in stats.read_text() and all("argv" not in p for p in written["processes"])
+    asked = cli(
+        "run", "--compiler", "reference", "--stats", str(stats), "--stats-argv",
+        "--", sys.executable, str(child), "--token=s3cret-of-the-child", timeout=300,
+    )  # fmt: skip
+    assert asked.returncode == 0, asked.stderr
+    assert "--token=s3cret-of-the-child" in json.loads(stats.read_text())["processes"][0]["argv"]
+    assert stat.S_IMODE(stats.stat().st_mode) == 0o600
+
+
+def test_a_store_password_is_taken_from_a_file_never_the_command_line(tmp_path):
+    """Finding 9: `serve --store redis://:PW@host` showed the password in
+    `ps`. GRAPHCACHE_STORE_FILE names a file holding the URL (a mounted
+    secret), `serve` without --store uses it, and a password given with
+    --store is warned about."""
+    import redis
+
+    with RedisServer() as server:
+        password = "s3cret-redis-pw"
+        redis.Redis.from_url(server.url).config_set("requirepass", password)
+        url = server.url.replace("redis://", f"redis://:{password}@")
+        secret = tmp_path / "store-url"
+        secret.write_text(url + "\n")
+        secret.chmod(0o600)
+        art = make_artifact(spec())
+        env = {"GRAPHCACHE_STORE_FILE": str(secret), "GRAPHCACHE_DIR": str(tmp_path / "not-this")}
+        with serve_one_worker(env) as (served, proc):
+            put = httpx.put(f"{served}/v1/artifacts/{art.key}", content=art.encode(), timeout=10)
+            assert put.status_code == 201, put.text
+            cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes()
+            health = httpx.get(f"{served}/healthz", timeout=5).text
+        assert redis.Redis.from_url(url).dbsize() >= 1  # stored in the Redis the file names
+        assert password.encode() not in cmdline and password not in health
+        port = free_port()
+        given = subprocess.Popen(
+            [sys.executable, "-m", "graphcache", "serve", "--port", str(port), "--workers", "1", "--store", url],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "GRAPHCACHE_STORE_FILE": str(secret)},  # --store wins over it, in the workers too
+        )
+        try:
+            wait_for_server(f"http://127.0.0.1:{port}", given, healthy=True)
+        finally:
+            given.terminate()
+            _, err = given.communicate(timeout=30)
+    assert "warning: --store holds a password" in err and "GRAPHCACHE_STORE_FILE" in err, err
+    assert password not in err
+
+
+def test_a_slow_upload_to_one_server_is_not_swept_by_another_sharing_its_folder(tmp_path):
+    """Finding 9: two servers on one folder: one swept the other's
+    in-flight upload as dead after about 160 s (the upload survived, the log
+    said it died). A file a live server holds is never swept; here it is
+    made to look 10 minutes idle, and a second server starts (a sweep)."""
+    art = make_artifact(spec(), size=3 * MiB)
+    data = art.encode()
+    incoming = tmp_path / "incoming"
+    with serve_one_worker({"GRAPHCACHE_DIR": str(tmp_path)}) as (url, _):
+        with socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])), timeout=30) as sock:
+            head = f"PUT /v1/artifacts/{art.key} HTTP/1.1\r\nhost: t\r\ncontent-length: {len(data)}\r\n\r\n"
+            sock.sendall(head.encode() + data[: 2 * MiB])  # past the first spooled MiB, then a pause
+            deadline = time.monotonic() + 10
+            while not list(incoming.glob(".upload-*")):
+                assert time.monotonic() < deadline, "the upload's file never appeared"
+                time.sleep(0.05)
+            (spooled,) = incoming.glob(".upload-*")
+            old = time.time() - 3600
+            os.utime(spooled, (old, old))  # idle past every server's spool age
+            other_port = free_port()
+            other = subprocess.Popen(
+                [sys.executable, "-m", "graphcache", "serve", "--port", str(other_port), "--workers", "1"],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+                env={**os.environ, "GRAPHCACHE_DIR": str(tmp_path)},
+            )
+            try:
+                wait_for_server(f"http://127.0.0.1:{other_port}", other, healthy=True)
+            finally:
+                other.terminate()
+                _, said = other.communicate(timeout=30)
+            assert spooled.exists(), "the other server swept an upload in flight"
+            assert "upload file" not in said, said
+            sock.sendall(data[2 * MiB :])
+            answer = sock.recv(65536)
+        assert answer.split(b" ", 2)[1] == b"201", answer
+        assert httpx.get(f"{url}/v1/artifacts/{art.key}", timeout=10).content == data
+    assert not list(incoming.glob(".upload-*"))
+
+
+def test_the_quarantine_keeps_its_cap_oldest_dropped_first_and_counted(tmp_path):
+    """Finding 9: the quarantine folder had no cap. It keeps
+    GRAPHCACHE_QUARANTINE_SIZE bytes, dropping the oldest copies first,
+    each counted in graphcache_quarantine_dropped_total."""
+    arts = [make_artifact(spec(batch=n), size=100_000) for n in range(1, 7)]
+    store = DiskStore(tmp_path)
+    for art in arts:
+        bad = bytearray(art.encode())
+        bad[-1] ^= 0xFF  # the payload no longer matches its digest
+        store.put(art.key, bytes(bad))
+    store.close()
+    size = len(arts[0].encode())
+    env = {"GRAPHCACHE_DIR": str(tmp_path), "GRAPHCACHE_QUARANTINE_SIZE": str(3 * size + size // 2)}
+    with serve_one_worker(env) as (url, _):
+        for art in arts:
+            answer = httpx.get(f"{url}/v1/artifacts/{art.key}", timeout=10)
+            assert answer.status_code == 404 and "quarantined" in answer.text, answer.text
+        metrics = httpx.get(f"{url}/metrics", timeout=10).text
+    kept = sorted(p.name.split(".")[0] for p in (tmp_path / "quarantine").iterdir())
+    assert kept == sorted(art.key for art in arts[3:])  # the three set aside last
+    assert "graphcache_quarantine_dropped_total 3.0" in metrics
+    assert 'graphcache_quarantined_total{reason="digest_mismatch"} 6.0' in metrics
+
+
+def test_an_upload_cut_by_shutdown_is_one_log_line_not_a_traceback(tmp_path):
+    """Finding 9: a slow upload cut by SIGTERM logged a CancelledError
+    traceback. It is one line saying what was cut."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "graphcache", "serve", "--port", str(port), "--workers", "1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "GRAPHCACHE_DIR": str(tmp_path)},
+    )
+    try:
+        wait_for_server(f"http://127.0.0.1:{port}", proc, healthy=True)
+        art = make_artifact(spec())
+        data = art.encode()
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            head = f"PUT /v1/artifacts/{art.key} HTTP/1.1\r\nhost: t\r\ncontent-length: {len(data) + MiB}\r\n\r\n"
+            sock.sendall(head.encode() + data[:100])
+            time.sleep(0.5)
+            proc.send_signal(signal.SIGTERM)  # its grace (10 s) passes with the body still arriving
+            _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode in (0, -signal.SIGTERM), err  # uvicorn ends by the signal it was sent
+    assert "Traceback" not in err and "CancelledError" not in err, err
+    cut = [line for line in err.splitlines() if "shut down while its body was arriving" in line]
+    assert len(cut) == 1 and f"PUT /v1/artifacts/{art.key}" in cut[0] and "100 of" in cut[0], err
