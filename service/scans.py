@@ -77,8 +77,9 @@ class Stop:
     to stop (told to, its deadline, its ``budget`` of the thread's CPU
     seconds spent), and when to give way to the event loop (``pace``)."""
 
-    def __init__(self, deadline: float, budget: float | None = None) -> None:
+    def __init__(self, deadline: float, budget: float | None = None, *, pace: bool = True) -> None:
         self.until = time.monotonic() + deadline
+        self.pacing = pace  # False in a process of its own (service.checker): no event loop to give way to
         self.event = threading.Event()
         self.why = "its deadline passed"
         self.budget = budget
@@ -109,7 +110,7 @@ class Stop:
 
     def pace(self) -> None:
         """Sleep ``PACE_REST`` once ``PACE_WORK`` seconds of work have passed since the last sleep."""
-        if time.perf_counter() - self._slice >= PACE_WORK:
+        if self.pacing and time.perf_counter() - self._slice >= PACE_WORK:
             time.sleep(PACE_REST)
             self._slice = time.perf_counter()
 

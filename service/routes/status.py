@@ -13,9 +13,10 @@ Nothing here reads the whole store in the pool that health, uploads and
 artifact reads use: the store's figures come from a snapshot read at most
 every few seconds, and a manifest's coverage (bounded: GRAPHCACHE_MAX_SPECS,
 its aliases) runs in the scan threads, stopped at its deadline or when its
-client goes away (service.scans), paced so the event loop runs meanwhile,
-and within a budget of CPU time per check and per client (service.quota:
-413 ``manifest_budget``, 429 ``client_budget``).
+client goes away, in a helper process of its own (service.checker; a
+paced scan thread where the store cannot be opened there), within a budget
+of CPU time per check and per client (service.quota: 413
+``manifest_budget``, 429 ``client_budget``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import html
 import os
 import re
 import time
-from collections.abc import Iterable
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -33,7 +33,7 @@ from fastapi import FastAPI, Request, Response
 
 from graphcache.errors import GraphCacheError, ManifestTooLarge
 from graphcache.stores.space import human
-from graphcache.target import Target
+from service.checker import coverage
 from service.errors import ServiceError
 from service.models import error_responses
 from service.routes.health import counters, scope
@@ -90,16 +90,20 @@ async def _page(state: State, request: Request, manifest_text: str | None, sourc
     # Whole-store reads in threads of their own, bounded (service.scans):
     # the holdings from a snapshot at most a few seconds old.
     holdings = await state.scans.snapshot()
-    coverage: list[tuple[str, int, int]] | None = None
+    rows: list[tuple[str, int, int]] | None = None
     problem = None
     if manifest_text is not None:
         # Reserved from the client's share before any work; what it did not use is given back.
         grant = state.quota.take(request.client.host if request.client else "unknown")
         stop = Stop(SCAN_DEADLINE, budget=grant.seconds)
+        targets = list(holdings.targets)
         try:
-            coverage = await state.scans.run(
-                _coverage, manifest_text, list(holdings.targets), state, watch=request, stop=stop
-            )
+            if state.checker.available:  # a process of its own: the event loop never waits on it
+                rows = await state.checker.check(
+                    manifest_text, targets, state.settings.max_specs, state.settings.shape_classes, stop, request
+                )
+            else:
+                rows = await state.scans.run(_coverage, manifest_text, targets, state, watch=request, stop=stop)
         except OverBudget as exc:
             raise ServiceError(
                 413,
@@ -117,7 +121,7 @@ async def _page(state: State, request: Request, manifest_text: str | None, sourc
         finally:
             state.quota.settle(grant, stop.spent)
     figures = await anyio.to_thread.run_sync(_counters, state)  # reads every worker's file
-    page = _render(state, holdings.store, holdings, figures, coverage, source, problem)
+    page = _render(state, holdings.store, holdings, figures, rows, source, problem)
     return Response(page, media_type="text/html; charset=utf-8", headers={"cache-control": "no-store"})
 
 
@@ -142,31 +146,11 @@ def _named_manifest(state: State, name: str) -> str:
     return path.read_text()
 
 
-def _coverage(text: str, targets: Iterable[str], state: State, stop: Stop) -> list[tuple[str, int, int]]:
-    """(target, present, specs) of the manifest ``text`` for each target:
-    parsed and expanded within bounds (its aliases, GRAPHCACHE_MAX_SPECS:
-    ManifestTooLarge before anything is expanded), abandoned when ``stop``
-    says so (its deadline, its client gone, its budget spent), which is
-    asked, and paces the work, every few specs. One thread: its CPU time is
-    the check's cost (``stop.budget``)."""
-    from graphcache import ops
-    from graphcache.ops import manifest
-
-    cap = state.settings.max_specs
-    data = manifest.parse(text, "the manifest", max_specs=cap, cancelled=stop)
-    specs = manifest.expand(data, source="the manifest", max_specs=cap, cancelled=stop)
-    rows = []
-    for target in sorted(targets):
-        stop.check()
-        try:
-            tgt = Target.parse(target)
-        except GraphCacheError:
-            continue
-        checked = ops.check(
-            specs, tgt, state.store, shape_classes=state.settings.shape_classes, jobs=1, progress=stop.check
-        )
-        rows.append((target, sum(r.present for r in checked), len(checked)))
-    return rows
+def _coverage(text: str, targets: list[str], state: State, stop: Stop) -> list[tuple[str, int, int]]:
+    """``service.checker.coverage`` in a scan thread (a store no helper
+    process can open again), paced by ``stop``."""
+    settings = state.settings
+    return coverage(text, targets, state.store, settings.max_specs, settings.shape_classes, stop)
 
 
 def _counters(state: State) -> dict[str, Any]:
