@@ -4,8 +4,8 @@
 
 endless
     A server on 127.0.0.1 answering ``HttpStore`` (in a process of its own,
-    with the default GRAPHCACHE_MAX_ARTIFACT of 64 MiB, its address space
-    capped at 4 GiB) with endless chunked bodies: bytes that are no
+    with GRAPHCACHE_MAX_ARTIFACT as the environment sets it, else 64 MiB; its address space
+    capped at 2 GiB) with endless chunked bodies: bytes that are no
     envelope; an envelope head declaring 1 TiB; an envelope head declaring
     a payload 64 KiB under the limit, then more without end; a listing page
     of JSON without end. Per answer: what the client did, when, and its
@@ -141,7 +141,8 @@ def _head(payload_size: int) -> bytes:
 
 CLIENT = """
 import json, resource, sys, time
-resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+from graphcache.settings import Settings
 from graphcache.stores import HttpStore
 
 def peak():
@@ -149,7 +150,10 @@ def peak():
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
 
-store = HttpStore(sys.argv[1], timeout=30)
+try:
+    store = HttpStore(sys.argv[1], timeout=30, max_artifact=Settings.from_env().max_artifact)
+except TypeError:  # a tree from before the bound
+    store = HttpStore(sys.argv[1], timeout=30)
 method, *args = json.loads(sys.argv[2])
 before, start = peak(), time.monotonic()
 try:
@@ -163,7 +167,9 @@ print(json.dumps({"said": said, "seconds": time.monotonic() - start, "grew": pea
 
 def probe_endless(tree: Path) -> None:
     """Endless answers to HttpStore: what it did, when, and its memory."""
-    limit = 64 * MiB
+    from graphcache.settings import Settings
+
+    limit = Settings.from_env().max_artifact  # GRAPHCACHE_MAX_ARTIFACT, else GRAPHCACHE_MAX_UPLOAD: 64 MiB
     keys = {name: f"{n:x}" * 64 for n, name in enumerate(("garbage", "huge", "at-limit"), start=10)}
     head = _head(limit - 65536)
 
@@ -180,7 +186,8 @@ def probe_endless(tree: Path) -> None:
     cases = {
         "bytes that are no envelope": ["get", keys["garbage"]],
         "an envelope head declaring 1 TiB": ["get", keys["huge"]],
-        f"an envelope head declaring {len(head) + limit - 65536} bytes (64 KiB under the limit), then more": [
+        f"an envelope head declaring {len(head) + limit - 65536} bytes (64 KiB under the {limit >> 20} MiB "
+        "limit), then more": [
             "get",
             keys["at-limit"],
         ],

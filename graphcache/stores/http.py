@@ -127,10 +127,10 @@ class HttpStore:
             raise self._too_large(what, declared, limit, bound, declared=True)
         body = io.BytesIO()  # getvalue() hands over its buffer: the body is held once
         for chunk in response.iter_raw():
-            body.write(chunk)
-            size = body.tell()
-            if size > limit:
+            size = body.tell() + len(chunk)
+            if size > limit:  # refused before the chunk past the limit is kept
                 raise self._too_large(what, size, limit, bound)
+            body.write(chunk)
             if check is not None:
                 check.feed(chunk)
                 if check.failed is not None:
