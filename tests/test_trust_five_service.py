@@ -199,6 +199,29 @@ def test_a_worker_stops_reading_what_a_server_sends_at_its_limit():
         assert said["seconds"] < 10, (name, said)
 
 
+def test_an_artifact_past_the_clients_bound_is_refused_from_its_length_and_still_exists(tmp_path):
+    """Finding 4, the honest server: an artifact larger than the client
+    reads (GRAPHCACHE_MAX_ARTIFACT below the server's upload limit) is
+    refused from its Content-Length before a byte is read, saying to raise
+    the bound; HEAD (exists) still answers, and the store is not paused."""
+    from graphcache.errors import AnswerTooLarge
+    from graphcache.settings import Settings
+    from graphcache.stores import open_store
+
+    big, small = make_artifact(spec(batch=1), size=2 * MiB), make_artifact(spec(batch=2))
+    stored(tmp_path, big, small)
+    with serve_one_worker({"GRAPHCACHE_DIR": str(tmp_path)}) as (url, _):
+        client = open_store(Settings.from_env({"GRAPHCACHE_MAX_ARTIFACT": str(MiB)}), url)
+        with pytest.raises(AnswerTooLarge) as refused:
+            client.get(big.key)
+        assert refused.value.sent == len(big.encode()) and refused.value.limit == MiB
+        assert "raise GRAPHCACHE_MAX_ARTIFACT" in str(refused.value)
+        assert client.exists(big.key)
+        with pytest.raises(AnswerTooLarge, match="raise GRAPHCACHE_MAX_ARTIFACT"):
+            client.get_many([small.key, big.key])  # its record refused from its head
+        assert client.get(small.key) == small.encode()  # not paused: the server did nothing wrong
+
+
 # -- 7: layout texts are bounded as sizes are ----------------------------------------------------------
 
 GAP = "bhs[+99999999999999999999999999999999999999]d"

@@ -102,7 +102,9 @@ class HttpStore:
     def _read(self, response: httpx.Response) -> httpx.Response:
         """``response`` with its body read: a 2xx answer's whole, within
         ``max_artifact`` (AnswerTooLarge past it), any other's prefix."""
-        if response.status_code >= 300 or response.status_code < 200:
+        if response.request.method == "HEAD":
+            content = b""  # no body: its Content-Length is the artifact's, not this answer's
+        elif response.status_code >= 300 or response.status_code < 200:
             body = io.BytesIO()
             for chunk in response.iter_raw():
                 body.write(chunk[: ERROR_PREFIX - body.tell()])
@@ -302,10 +304,12 @@ class HttpStore:
                             progress(rec.key)
         except httpx.TransportError as exc:
             raise self._unavailable(exc) from exc
-        except AnswerTooLarge as exc:  # a record longer than any artifact this client reads
-            self._pause(f"it sent a batch record of {exc.sent} bytes")
+        except AnswerTooLarge as exc:  # a record longer than any artifact this client reads, refused from its head
             raise AnswerTooLarge(
-                f"{self.shown} sent a broken batch answer: {exc}", sent=exc.sent, limit=exc.limit
+                f"{self.shown} answered POST /v1/batch with more than this client reads: {exc}; if the service "
+                "stores artifacts that large (GRAPHCACHE_MAX_UPLOAD), raise GRAPHCACHE_MAX_ARTIFACT here to match",
+                sent=exc.sent,
+                limit=exc.limit,
             ) from exc
         except CorruptArtifact as exc:
             with self._lock:
