@@ -76,6 +76,7 @@ class Checker:
     def __init__(self, available: bool) -> None:
         self.available = available  # the worker's store is the one its environment names: the helper opens it too
         self._proc: subprocess.Popen[bytes] | None = None
+        self._ended: list[subprocess.Popen[bytes]] = []  # killed, not yet reaped
         self._lock = anyio.Lock()
 
     async def check(
@@ -100,11 +101,16 @@ class Checker:
                 tasks.start_soon(_watch, watch, stop, tasks.cancel_scope)
             with anyio.move_on_after(SCAN_DEADLINE):
                 async with self._lock:
-                    answer = await self._ask(job)
+                    try:
+                        answer = await self._ask(job)
+                    finally:
+                        if answer is None:
+                            # Cancelled while the process works on this check (the deadline, the
+                            # client gone): it is ended here, before the next check may use it.
+                            self._end(wait=False)
             tasks.cancel_scope.cancel()
-        if answer is None:  # the deadline, or the client gone: what it was doing is ended
-            self._end()
-            stop.spent = stop.budget or 0.0
+        if answer is None:
+            stop.spent = stop.budget or 0.0  # what it spent is unknown: its whole budget
             if stop.event.is_set():
                 raise ServiceError(499, "client_gone", "the client went away")
             raise ServiceError(
@@ -128,6 +134,7 @@ class Checker:
 
     async def _ask(self, job: dict[str, Any]) -> dict[str, Any]:
         """Send ``job`` to the process (started if need be), and its answer."""
+        self._ended = [old for old in self._ended if old.poll() is None]
         proc = self._started()
         line = json.dumps(job).encode() + b"\n"
         try:
@@ -151,12 +158,18 @@ class Checker:
             )
         return self._proc
 
-    def _end(self) -> None:
+    def _end(self, *, wait: bool = True) -> None:
+        """Kill the process (``wait``: and reap it; else the next start, or
+        the subprocess module, reaps it: a kill is not waited for on the event loop)."""
         proc, self._proc = self._proc, None
         if proc is not None and proc.poll() is None:
             proc.kill()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(5)
+            if wait:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(5)
+        if proc is not None and not wait:
+            self._ended.append(proc)
+        self._ended = [old for old in self._ended if old.poll() is None]  # reaped once they have exited
 
     def close(self) -> None:
         """End the helper process (the app is shutting down)."""
