@@ -164,7 +164,10 @@ class HttpStore:
                 "; if the service stores artifacts that large (GRAPHCACHE_MAX_UPLOAD), raise GRAPHCACHE_MAX_ARTIFACT"
                 " here to match"
             )
-            message = f"{self.shown} answered {what} with more than this client reads: {said}, over {bound} ({limit} bytes, {human(limit)})"
+            message = (
+                f"{self.shown} answered {what} with more than this client reads: {said}, over {bound} "
+                f"({limit} bytes, {human(limit)})"
+            )
             return AnswerTooLarge(message + hint, sent=sent, limit=limit)
         self._pause(f"it sent more than {human(limit)} for {what}")
         message = (

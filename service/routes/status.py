@@ -12,11 +12,10 @@ Behind read tokens when they are set, as every read route is.
 Nothing here reads the whole store in the pool that health, uploads and
 artifact reads use: the store's figures come from a snapshot read at most
 every few seconds, and a manifest's coverage (bounded: GRAPHCACHE_MAX_SPECS,
-its aliases) runs in the scan threads, stopped at its deadline or when its
-client goes away, in a helper process of its own (service.checker; a
-paced scan thread where the store cannot be opened there), within a budget
-of CPU time per check and per client (service.quota: 413
-``manifest_budget``, 429 ``client_budget``).
+its aliases) runs in a helper process of its own under `graphcache serve`,
+else in a paced scan thread (service.checker), stopped at its deadline or
+when its client goes away, within a budget of CPU time per check and per
+client (service.quota: 413 ``manifest_budget``, 429 ``client_budget``).
 """
 
 from __future__ import annotations
