@@ -27,7 +27,7 @@ import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from graphcache.errors import CorruptArtifact
+from graphcache.errors import AnswerTooLarge, CorruptArtifact
 
 MAGIC = b"GCBATCH1"
 MEDIA_TYPE = "application/vnd.graphcache.batch"
@@ -38,8 +38,11 @@ END_KEY = "0" * 64
 _HEAD = struct.Struct(">c64sQ")
 HEAD_SIZE = _HEAD.size
 # An envelope is bounded by the server's upload limit (GRAPHCACHE_MAX_UPLOAD,
-# 64 MiB by default); a larger length is a broken or hostile stream.
-MAX_RECORD = 1 << 32
+# 64 MiB by default): a longer record is a broken or hostile stream, refused
+# from its head before its body is read (a client passes its own bound,
+# GRAPHCACHE_MAX_ARTIFACT). Absent and end records hold a line of text.
+MAX_RECORD = 64 * 1024 * 1024
+MAX_NOTE = 64 * 1024
 
 
 def record_head(kind: bytes, key: str, length: int) -> bytes:
@@ -64,9 +67,14 @@ class Record:
 class BatchParser:
     """Incremental parser: ``feed`` it chunks as they arrive; it yields each
     record once its body is complete. Raises CorruptArtifact (reason
-    ``bad_batch``) on a stream that does not follow the layout."""
+    ``bad_batch``) on a stream that does not follow the layout, and
+    AnswerTooLarge for a record whose head declares more than
+    ``max_record`` bytes (an envelope) or ``MAX_NOTE`` (any other record),
+    before its body is buffered: what the parser holds is at most one
+    record within those bounds."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_record: int = MAX_RECORD) -> None:
+        self.max_record = max_record
         self._buf = bytearray()
         self._magic = False
         self.complete = False
@@ -85,8 +93,17 @@ class BatchParser:
             if self.complete:
                 raise CorruptArtifact("bytes after the end of the batch answer", "bad_batch")
             kind, raw_key, length = _HEAD.unpack_from(self._buf)
-            if kind not in (ENVELOPE, ABSENT, END) or length > MAX_RECORD:
+            if kind not in (ENVELOPE, ABSENT, END):
                 raise CorruptArtifact(f"bad batch record (kind {kind!r}, length {length})", "bad_batch")
+            limit = self.max_record if kind == ENVELOPE else MAX_NOTE
+            if length > limit:
+                what = "an artifact (GRAPHCACHE_MAX_ARTIFACT)" if kind == ENVELOPE else "a record of its kind"
+                raise AnswerTooLarge(
+                    f"a batch record (kind {kind.decode()}, key {bytes(raw_key[:12]).decode('ascii', 'replace')}...) "
+                    f"declares {length} bytes, more than the {limit} this client reads for {what}",
+                    sent=length,
+                    limit=limit,
+                )
             if len(self._buf) < HEAD_SIZE + length:
                 return
             body = bytes(self._buf[HEAD_SIZE : HEAD_SIZE + length])

@@ -96,6 +96,20 @@ class EnvelopeCheck:
             self._payload += len(view)
             self._sha.update(view)
 
+    @property
+    def failed(self) -> CorruptArtifact | None:
+        """The first error found so far (what ``finish`` will raise), or None:
+        a reader may stop reading at once."""
+        return self._error
+
+    @property
+    def expected(self) -> int | None:
+        """The whole envelope's size, once its header has been read (prefix,
+        header and the payload size the header declares); None before."""
+        if self._header is None or self._prefix is None:
+            return None
+        return PREFIX_SIZE + self._prefix[1] + int(self._header["payload_size"])
+
     def _parse(self) -> None:
         """Parse what has arrived of the prefix, then of the header."""
         if self._need:

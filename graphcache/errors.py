@@ -148,6 +148,18 @@ class StoreUnavailable(StoreError):
     """A remote store (the service, Redis) is down or too slow."""
 
 
+class AnswerTooLarge(StoreUnavailable):
+    """A server sent (or declared) more bytes than the largest answer this
+    client accepts (GRAPHCACHE_MAX_ARTIFACT): a misconfigured proxy or a
+    hostile server, never read to its end. ``sent`` is what it sent or
+    declared (at least), ``limit`` the bound."""
+
+    def __init__(self, message: str, *, sent: int, limit: int) -> None:
+        super().__init__(message)
+        self.sent = sent
+        self.limit = limit
+
+
 class StoreFull(StoreError):
     """A store has no room for a write (a full disk): reads still work.
 

@@ -21,6 +21,12 @@ DEFAULT_SEND_TIMEOUT = 30.0
 # --max-batch 64 --max-seq 8192`) names 182 (224 on route graphcache, 287
 # with --chunk 512): this holds a dozen such models in one manifest.
 DEFAULT_MAX_SPECS = 4096
+# The server's time a manifest's coverage may take (the status page, open
+# wherever reads are): one 1 KB manifest of 4,096 exact specs costs about
+# 0.5 s of CPU per target stored; a real deploy's manifest (200 to 300
+# specs) about 0.05 s.
+DEFAULT_MANIFEST_SECONDS = 2.0
+DEFAULT_CLIENT_SECONDS = 10.0  # per client address, a minute
 
 
 class SettingsError(GraphCacheError, ValueError):
@@ -38,11 +44,16 @@ class Settings:
 
     cache_dir        GRAPHCACHE_DIR            the DiskStore folder
     store            GRAPHCACHE_STORE          '' (DiskStore in cache_dir), redis://..., http://...
+                     GRAPHCACHE_STORE_FILE     or a file holding it (a secret's mount): a password never on a
+                                               command line
     size_limit       GRAPHCACHE_SIZE_LIMIT     DiskStore bytes before LRU eviction
     max_upload       GRAPHCACHE_MAX_UPLOAD     largest accepted upload, bytes
+    max_artifact     GRAPHCACHE_MAX_ARTIFACT   largest answer (an artifact, a batch record, a listing page) a
+                                               client reads from a server (default: max_upload)
     upload_budget    GRAPHCACHE_UPLOAD_BUDGET  upload bytes one server worker takes in at once (4 x max_upload)
     body_budget      GRAPHCACHE_BODY_BUDGET    bytes of other request bodies (batch, resolve, a manifest) it holds
     hot_cache_bytes  GRAPHCACHE_HOT_CACHE      memory for small verified entries the server keeps hot (0: off)
+    quarantine_size  GRAPHCACHE_QUARANTINE_SIZE bytes the server's quarantine folder keeps, oldest dropped first
     write_tokens     GRAPHCACHE_WRITE_TOKENS   comma-separated bearer tokens for PUT/build
     read_tokens      GRAPHCACHE_READ_TOKENS    tokens for reads; reads are open when unset
     admin_tokens     GRAPHCACHE_ADMIN_TOKENS   tokens for DELETE and purge
@@ -60,6 +71,10 @@ class Settings:
     max_batch        GRAPHCACHE_MAX_BATCH      most keys one POST /v1/batch may ask for (then 413)
     max_specs        GRAPHCACHE_MAX_SPECS      most specs one manifest may name, counted before it is expanded
                                                (then 413, or a one-line CLI error; default 4096)
+    manifest_seconds GRAPHCACHE_MANIFEST_SECONDS  CPU seconds the server may spend checking one posted or named
+                                               manifest's coverage (then 413; default 2)
+    client_seconds   GRAPHCACHE_CLIENT_SECONDS CPU seconds of such checks one client address may take a minute,
+                                               each reserving manifest_seconds (then 429; default 10)
     http_max_age     GRAPHCACHE_HTTP_MAX_AGE   seconds HTTP caches may keep an artifact when reads are open
     shape_classes    GRAPHCACHE_SHAPE_CLASSES  length-class policy: pow2 (default) or exact (graphcache.spec.classes)
     class_slack      GRAPHCACHE_CLASS_SLACK    a larger stored class serves a call when it declares at most this
@@ -75,9 +90,11 @@ class Settings:
     store: str = ""
     size_limit: int = 10 * 1024 * MiB
     max_upload: int = 64 * MiB
+    max_artifact: int = 0  # 0: max_upload, the largest artifact a server of the same settings stores
     upload_budget: int = 0  # 0: UPLOAD_BUDGET_UPLOADS x max_upload
     body_budget: int = DEFAULT_BODY_BUDGET
     hot_cache_bytes: int = 64 * MiB
+    quarantine_size: int = 1024 * MiB
     write_tokens: tuple[str, ...] = ()
     read_tokens: tuple[str, ...] = ()
     admin_tokens: tuple[str, ...] = ()
@@ -94,6 +111,8 @@ class Settings:
     canary: bool = True
     max_batch: int = 1024
     max_specs: int = DEFAULT_MAX_SPECS
+    manifest_seconds: float = DEFAULT_MANIFEST_SECONDS
+    client_seconds: float = DEFAULT_CLIENT_SECONDS
     http_max_age: int = 86400
     shape_classes: str = "pow2"
     class_slack: float = 4.0
@@ -119,9 +138,11 @@ class Settings:
             values["cache_dir"] = Path(v).expanduser()
         if (v := get("STORE")) is not None:
             values["store"] = v
+        if (v := get("STORE_FILE")) is not None:
+            values["store"] = _store_file(v, given=get("STORE") is not None)
         if (v := get("HOT_CACHE")) is not None:
             values["hot_cache_bytes"] = _int("GRAPHCACHE_HOT_CACHE", v, allow_zero=True)
-        for name in ("SIZE_LIMIT", "MAX_UPLOAD", "UPLOAD_BUDGET", "BODY_BUDGET"):
+        for name in ("SIZE_LIMIT", "MAX_UPLOAD", "MAX_ARTIFACT", "UPLOAD_BUDGET", "BODY_BUDGET", "QUARANTINE_SIZE"):
             if (v := get(name)) is not None:
                 values[name.lower()] = _int("GRAPHCACHE_" + name, v)
         if (v := get("MAX_BATCH")) is not None:
@@ -155,7 +176,14 @@ class Settings:
             values["server"] = v.rstrip("/")
         if (v := get("TOKEN")) is not None:
             values["token"] = v
-        for name in ("TIMEOUT", "UPLOAD_TIMEOUT", "HEADER_TIMEOUT", "SEND_TIMEOUT"):
+        for name in (
+            "TIMEOUT",
+            "UPLOAD_TIMEOUT",
+            "HEADER_TIMEOUT",
+            "SEND_TIMEOUT",
+            "MANIFEST_SECONDS",
+            "CLIENT_SECONDS",
+        ):
             if (v := get(name)) is not None:
                 try:
                     values[name.lower()] = float(v)
@@ -175,6 +203,12 @@ class Settings:
                 f"GRAPHCACHE_UPLOAD_BUDGET={settings.upload_budget} is below GRAPHCACHE_MAX_UPLOAD="
                 f"{settings.max_upload}: no upload of the largest size could ever be taken in; raise it"
             )
+        if settings.client_seconds < settings.manifest_seconds:
+            raise SettingsError(
+                f"GRAPHCACHE_CLIENT_SECONDS={settings.client_seconds:g} is below GRAPHCACHE_MANIFEST_SECONDS="
+                f"{settings.manifest_seconds:g}: each manifest check reserves the latter from a client's share, "
+                "so none could ever run; raise it"
+            )
         if settings.signing_key and not settings.require_signed:
             log.warning(
                 "GRAPHCACHE_REQUIRE_SIGNED=0 with GRAPHCACHE_SIGNING_KEY set: unsigned and wrongly signed "
@@ -185,6 +219,8 @@ class Settings:
     def __post_init__(self) -> None:
         if not self.upload_budget:
             object.__setattr__(self, "upload_budget", UPLOAD_BUDGET_UPLOADS * self.max_upload)
+        if not self.max_artifact:
+            object.__setattr__(self, "max_artifact", self.max_upload)
         if self.signing_key and not self.signing_keys:
             object.__setattr__(self, "signing_keys", (self.signing_key,))
 
@@ -274,6 +310,30 @@ def check_version(value: str, source: str, example: str) -> str:
     if not 2 <= len(parts) <= 4 or not all(p.isdigit() and p.isascii() and len(p) <= 6 for p in parts):
         raise SettingsError(f"{source}={value!r} is not a release number; write it as {example} (0.0.0: no limit)")
     return text
+
+
+def _store_file(path: str, *, given: bool) -> str:
+    """The store location GRAPHCACHE_STORE_FILE's file holds (its first line,
+    stripped): where a URL's password is kept out of every command line and
+    environment listing, as a container's secret is mounted."""
+    if given:
+        raise SettingsError(
+            "GRAPHCACHE_STORE and GRAPHCACHE_STORE_FILE are both set: give the store's location in one of them"
+        )
+    try:
+        text = Path(path).expanduser().read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise SettingsError(
+            f"GRAPHCACHE_STORE_FILE={path!r} cannot be read ({why}): name a file holding the store's location, "
+            "e.g. redis://:PASSWORD@host:6379/0"
+        ) from None
+    lines = text.strip().splitlines()
+    if not lines or not lines[0].strip():
+        raise SettingsError(
+            f"GRAPHCACHE_STORE_FILE={path!r} is empty: write the store's location in it, e.g. redis://:PASSWORD@host:6379/0"
+        )
+    return lines[0].strip()
 
 
 def _int(name: str, value: str, allow_zero: bool = False, unit: str = "bytes") -> int:

@@ -3,7 +3,11 @@
 
     python scripts/hardening_probe.py [--slow 1000] [--readers 200] [--non-readers 1000] [--held 260]
         [--entries 20000] [--redis-url redis://...] [--tree PATH]
-        [--only body|budget|slow|redis|held|stalled|rss|bomb|burst|swap]
+        [--only body|budget|slow|redis|held|stalled|rss|bomb|burst|swap|endless|layout|manifest-cost]
+
+Trust, round five's service probes (``endless``, ``layout``,
+``manifest-cost``) live in ``scripts/probes_service.py``, which says what
+each does.
 
 1. A body declared 2 GiB (1 MiB of it sent) to POST /v1/build without a
    token, with write tokens set: the status, how long it took, the server's
@@ -79,6 +83,8 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 TREE = ROOT  # the tree whose server is probed (--tree)
+
+import probes_service  # noqa: E402 - scripts/, beside this file
 
 from graphcache.artifact import Artifact, frame  # noqa: E402
 from graphcache.spec import GraphSpec  # noqa: E402
@@ -635,7 +641,8 @@ def main() -> None:
     parser.add_argument("--entries", type=int, default=20_000)
     parser.add_argument(
         "--only",
-        choices=("body", "budget", "slow", "redis", "held", "stalled", "rss", "bomb", "burst", "swap"),
+        choices=("body", "budget", "slow", "redis", "held", "stalled", "rss", "bomb", "burst", "swap")
+        + probes_service.CHOICES,
         default=None,
     )
     args = parser.parse_args()
@@ -662,6 +669,8 @@ def main() -> None:
             probe_status_burst(folder, args.entries)
         if args.only in (None, "swap"):
             probe_spool_swap(folder, args.redis_url)
+    if args.only is None or args.only in probes_service.CHOICES:
+        probes_service.run(args.only, TREE)
 
 
 if __name__ == "__main__":

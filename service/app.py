@@ -36,16 +36,20 @@ from service.state import State
 __all__ = ["GraphcacheApp", "create_app", "create_app_from_env"]
 
 
-def create_app(settings: Settings | None = None, *, store: Store | None = None, compiler: Any = None) -> GraphcacheApp:
+def create_app(
+    settings: Settings | None = None, *, store: Store | None = None, compiler: Any = None, from_env: bool = False
+) -> GraphcacheApp:
     """The service over ``store`` (default: the one ``settings`` names).
 
     ``compiler`` builds for POST /v1/build; by default a CudnnCompiler is
     tried on first use, and the route answers 503 with the reason where this
-    host has no GPU.
+    host has no GPU. ``from_env``: the settings and the store are those the
+    environment names (``create_app_from_env``), so a helper process can open
+    the store again (service.checker: a manifest's coverage is checked there).
     """
     settings = settings or Settings.from_env()
     store = store if store is not None else open_store(settings)
-    state = State(settings, store, compiler)
+    state = State(settings, store, compiler, checker=from_env)
     options: dict[str, Any] = {}
     if "telemetry" in inspect.signature(FastAPI.__init__).parameters:
         # FastAPI's native OpenTelemetry hook looks up the environment on
@@ -61,6 +65,7 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None, 
                 tasks.cancel_scope.cancel()
         finally:
             state.scans.close()
+            state.checker.close()
 
     app = GraphcacheApp(
         title="graphcache",
@@ -87,4 +92,4 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None, 
 
 def create_app_from_env() -> GraphcacheApp:
     """uvicorn factory: ``uvicorn --factory service.app:create_app_from_env``."""
-    return create_app(Settings.from_env())
+    return create_app(Settings.from_env(), from_env=True)

@@ -37,7 +37,10 @@ the budgets and their deadline instead.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -53,6 +56,7 @@ from service.state import State
 from service.transport import ARRIVING
 from service.upload import SPOOL_CHUNK, UPLOAD, Upload
 
+log = logging.getLogger("graphcache.service")
 SPEC_BODY_MAX = 64 * 1024  # /v1/resolve, /v1/build: a spec and a target are a few hundred bytes
 MANIFEST_BODY_MAX = 1024 * 1024  # POST /: a manifest for the status page (service.routes.status)
 SMALL_BODY_MAX = 4 * 1024  # routes that take no body (purge, pin, DELETE, GET): what a proxy may add
@@ -279,6 +283,24 @@ class BodyGate:
                 f"(GRAPHCACHE_UPLOAD_TIMEOUT; {size} bytes came)"
             )
             await self._refuse(scope, send, ServiceError(408, "timeout", detail))
+            return None
+        except asyncio.CancelledError:
+            # uvicorn cancels the requests still open when its shutdown grace
+            # ends (SIGTERM): a body still arriving then is an expected end,
+            # said in one line, not a traceback of the cancellation. This is
+            # the request's outermost frame of its own: nothing above it waits.
+            declared = dict(scope["headers"]).get(b"content-length", b"?").decode("latin-1")
+            log.warning(
+                "%s %s: the server shut down while its body was arriving (%d of %s bytes came); nothing was "
+                "stored, and the client is answered 503 if it still listens",
+                scope["method"],
+                scope["path"],
+                size,
+                declared,
+            )
+            with contextlib.suppress(Exception), anyio.move_on_after(1):
+                detail = "the server is shutting down; retry the request (on another replica, or once it is back)"
+                await refuse(send, ServiceError(503, "shutting_down", detail, {"retry-after": "1"}))
             return None
         finally:
             arrived(scope)

@@ -147,6 +147,12 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.quarantine_dropped = Counter(
+            "graphcache_quarantine_dropped_total",
+            "quarantined copies removed, oldest first, to keep the quarantine folder within "
+            "GRAPHCACHE_QUARANTINE_SIZE (and 1,000 files)",
+            registry=r,
+        )
         self.builds = Counter("graphcache_builds_total", "graphs built by POST /v1/build", ["result"], registry=r)
         self.build_seconds = Histogram(
             "graphcache_build_seconds",

@@ -84,7 +84,10 @@ _WHY = {
     404: "no such artifact",
     408: "the upload was not received within GRAPHCACHE_UPLOAD_TIMEOUT",
     409: "artifact built for another target",
-    413: "upload above GRAPHCACHE_MAX_UPLOAD",
+    413: "a body over its route's limit (an upload above GRAPHCACHE_MAX_UPLOAD), or a manifest whose check costs "
+    "more than GRAPHCACHE_MANIFEST_SECONDS",
+    429: "this client has spent its share of the server's time on manifests (GRAPHCACHE_CLIENT_SECONDS); "
+    "Retry-After says when to retry",
     422: "invalid request body or parameters (detail names the field), or a spec cuDNN does not support here",
     500: "the build failed on this host (driver, NVRTC, memory, a plan that failed its checks); nothing was stored",
     501: "the store cannot do this",

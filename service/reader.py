@@ -28,6 +28,9 @@ VERIFIED_MEMO = 100_000
 HOT_ITEM_MAX = 1024 * 1024
 STREAM_MIN = 1024 * 1024  # verified entries from this size stream from the open file
 STREAM_CHUNK = 512 * 1024  # 4 MiB GETs: 0.93x and 1.06x nginx vs 0.83x and 0.95x at 256 KiB (docs/benchmarks.md)
+# Files the quarantine folder keeps, beside its size cap (GRAPHCACHE_QUARANTINE_SIZE):
+# entries set aside whole may be empty (a FIFO, a link), which no size counts.
+QUARANTINE_FILES = 1000
 
 
 def file_chunks(fh: Any, size: int) -> Iterator[bytes]:
@@ -79,8 +82,10 @@ class ArtifactReader:
         quarantine: Path | None,
         hot_bytes: int = 0,
         verify_keys: tuple[bytes, ...] = (),
+        quarantine_bytes: int | None = None,
     ) -> None:
         self.store = store
+        self.quarantine_bytes = quarantine_bytes  # the folder's cap (None: none), oldest dropped first
         self.verify_keys = verify_keys
         self.metrics = metrics
         self.quarantine = quarantine
@@ -214,6 +219,7 @@ class ArtifactReader:
                 write_private(private_folder(self.quarantine, "quarantine"), _aside_name(key, exc.reason), data)
             except (OSError, StoreError) as err:
                 log.error("could not write quarantine copy of %s: %s", key, err)
+            self.trim_quarantine()
         try:
             self.store.delete(key)
         except StoreError as err:
@@ -230,6 +236,7 @@ class ArtifactReader:
         try:
             if aside is not None and self.quarantine is not None:
                 aside(key, private_folder(self.quarantine, "quarantine"), _aside_name(key, exc.reason))
+                self.trim_quarantine()
                 return
         except (OSError, StoreError) as err:
             log.error("could not move unreadable entry %s into quarantine, removing it: %s", key, err)
@@ -238,6 +245,62 @@ class ArtifactReader:
         except (OSError, StoreError) as err:
             log.error("could not remove unreadable entry %s: %s", key, err)
 
+    def trim_quarantine(self) -> int:
+        """Keep the quarantine folder within ``quarantine_bytes`` and
+        ``QUARANTINE_FILES``: what was set aside longest ago goes first (by
+        the time it was set aside: its name's, then its ctime), the newest
+        is always kept. Each copy removed counts in
+        ``graphcache_quarantine_dropped_total``; returns how many."""
+        if self.quarantine is None or self.quarantine_bytes is None:
+            return 0
+        found = []
+        try:
+            with os.scandir(self.quarantine) as entries:
+                for entry in entries:
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    found.append((_aside_time(entry.name, st.st_ctime), entry.name, st.st_size, entry.path))
+        except OSError:
+            return 0
+        found.sort()
+        total = sum(size for _, _, size, _ in found)
+        dropped = 0
+        for _, name, size, path in found[:-1]:  # the newest stays, whatever its size
+            if total <= self.quarantine_bytes and len(found) - dropped <= QUARANTINE_FILES:
+                break
+            try:
+                os.remove(path)  # a link is removed as itself, never followed; a folder is not ours to empty
+            except FileNotFoundError:
+                pass  # another worker trimmed it
+            except OSError as err:
+                log.error("could not drop %s from quarantine: %s", name, err)
+                continue
+            total -= size
+            dropped += 1
+        if dropped:
+            self.metrics.quarantine_dropped.inc(dropped)
+            log.warning(
+                "dropped %d quarantined cop%s, oldest first: the folder keeps at most %d bytes "
+                "(GRAPHCACHE_QUARANTINE_SIZE) and %d files",
+                dropped,
+                "y" if dropped == 1 else "ies",
+                self.quarantine_bytes,
+                QUARANTINE_FILES,
+            )
+        return dropped
+
+
+def _aside_time(name: str, ctime: float) -> float:
+    """When a quarantined file was set aside: the time its name holds
+    (``_aside_name``), else its ctime (a rename sets it)."""
+    parts = name.split(".")
+    if len(parts) >= 4 and parts[1].isdigit():
+        return float(parts[1])
+    return ctime
+
 
 def _aside_name(key: str, reason: str) -> str:
-    return f"{key}.{int(time.time())}.{secrets.token_hex(4)}.{reason}"
+    # The time in nanoseconds: the quarantine is trimmed oldest first, in the order entries were set aside.
+    return f"{key}.{time.time_ns()}.{secrets.token_hex(4)}.{reason}"

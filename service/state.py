@@ -19,8 +19,10 @@ from graphcache.settings import Settings
 from graphcache.stores import Store
 from service import upload
 from service.auth import Auth
+from service.checker import Checker
 from service.errors import ServiceError
 from service.metrics import Metrics
+from service.quota import ClientQuota
 from service.reader import ArtifactReader, Served, Unverified
 from service.scans import Scans
 
@@ -35,7 +37,7 @@ SWEEP_EVERY = 60.0  # seconds between two sweeps of the uploads' folder
 
 
 class State:
-    def __init__(self, settings: Settings, store: Store, compiler: Any) -> None:
+    def __init__(self, settings: Settings, store: Store, compiler: Any, *, checker: bool = False) -> None:
         self.settings = settings
         self.store = store
         self.metrics = Metrics()
@@ -46,9 +48,13 @@ class State:
         # With a signing key, what is served is verified against every key
         # (unless GRAPHCACHE_REQUIRE_SIGNED=0), not only what is uploaded.
         keys = settings.verify_keys if settings.require_signed else ()
-        self.reader = ArtifactReader(store, self.metrics, quarantine, settings.hot_cache_bytes, keys)
+        self.reader = ArtifactReader(
+            store, self.metrics, quarantine, settings.hot_cache_bytes, keys, quarantine_bytes=settings.quarantine_size
+        )
         self.metrics.watch_store(self.unwritable, store)
         self.scans = Scans(store, self.unwritable)  # whole-store reads, apart from store_call's pool
+        self.quota = ClientQuota(settings.client_seconds, settings.manifest_seconds)  # manifests' CPU, per client
+        self.checker = Checker(checker)  # manifests' coverage, in a process of its own where it can
         sweep = getattr(store, "sweep_orphans", None)
         if sweep is not None:
             # Value files a crash left behind (a write killed before it was

@@ -17,7 +17,9 @@ into the store, through that one descriptor, never by its path again, so
 what is published is exactly the bytes that were verified. No file
 outlives its upload (a small one, which the store copies into its index,
 included); ``sweep`` removes what a killed server left, at start and while
-the server runs.
+the server runs, never a file a live server still holds (``claim``: another
+server sharing the folder may allow a slow upload longer than this one
+would).
 
 A full disk while the file is written: a DiskStore first makes room as a
 put does (least recently used entries under GRAPHCACHE_SIZE_LIMIT) and the
@@ -46,7 +48,7 @@ from graphcache.errors import StoreError, StoreFull
 from graphcache.settings import Settings
 from graphcache.stores import Store, disk_folder
 from graphcache.stores.disk import INCOMING
-from graphcache.stores.space import ORPHAN_AGE, SPOOL_PREFIX, free_bytes, human, is_full, sweep_spool
+from graphcache.stores.space import ORPHAN_AGE, SPOOL_PREFIX, claim, free_bytes, human, is_full, sweep_spool
 from graphcache.stores.valuefile import private_folder
 
 SPOOL_CHUNK = 1024 * 1024  # bytes held in memory before they are written (in a worker thread)
@@ -133,6 +135,7 @@ class Upload:
             # descriptor. Private: no one else's to read or replace.
             flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
             self._fd = os.open(path, flags, 0o600)
+            claim(self._fd)  # in flight while this server holds it: no server sharing the folder sweeps it
             self.path = path
         view = memoryview(data)
         while view:

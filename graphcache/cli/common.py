@@ -308,7 +308,9 @@ def server_store(ctx: Context, server: str | None, *, read_only: bool = False) -
 
     url = server or ctx.settings.server
     if url:
-        return HttpStore(url, token=ctx.settings.token, timeout=ctx.settings.timeout)
+        return HttpStore(
+            url, token=ctx.settings.token, timeout=ctx.settings.timeout, max_artifact=ctx.settings.max_artifact
+        )
     return ctx.store(read_only=read_only)
 
 

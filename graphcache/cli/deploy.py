@@ -202,7 +202,9 @@ def prefetch_cmd(
     local = ctx.store()
     if isinstance(local, HttpStore):
         raise click.UsageError("prefetch fills a local store: --store must be a folder or redis://, not http://")
-    remote = HttpStore(url, token=ctx.settings.token, timeout=ctx.settings.timeout)
+    remote = HttpStore(
+        url, token=ctx.settings.token, timeout=ctx.settings.timeout, max_artifact=ctx.settings.max_artifact
+    )
     if target:
         tgt = Target.parse(target)
     else:

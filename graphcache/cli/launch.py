@@ -5,6 +5,7 @@ run (an unchanged program with graphcache at both doors, as
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -17,6 +18,7 @@ import click
 from rich.text import Text
 
 from graphcache.cli.common import Context, chosen_compiler, console, err_console, fail, main, pass_ctx
+from graphcache.errors import GraphCacheError
 
 
 @main.command(
@@ -144,7 +146,12 @@ def record_cmd(output: str, script: str, args: tuple[str, ...], **options: Any) 
     default=None,
     type=click.Path(dir_okay=False),
     help="Write the run's counters (per process and summed: calls, served, fallbacks by reason and door) "
-    "as JSON, and print a summary line on stderr.",
+    "as JSON, readable by you alone (mode 0600), and print a summary line on stderr.",
+)
+@click.option(
+    "--stats-argv",
+    is_flag=True,
+    help="With --stats: also write each process's command line (argv), which may hold secrets; left out by default.",
 )
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @pass_ctx
@@ -156,6 +163,7 @@ def run_cmd(
     shape_classes: str | None,
     backward: bool,
     stats_to: str | None,
+    stats_argv: bool,
     command: tuple[str, ...],
 ) -> None:
     """Run COMMAND (graphcache run [OPTIONS] -- COMMAND ...) with graphcache at both doors.
@@ -164,7 +172,8 @@ def run_cmd(
     SDPA through graphcache.torch.patch() and PyTorch's own cuDNN attention op
     through graphcache.torch.install(), from this host's cache (a miss does
     what GRAPHCACHE_SDPA_ON_MISS says). The program is not changed. Exits
-    with COMMAND's status.
+    with COMMAND's status, also when --stats or --record cannot be written
+    (each says why in an error line).
     """
     from graphcache.ops import launch
 
@@ -179,14 +188,23 @@ def run_cmd(
         found = launch.parts(folder)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+    # What the run writes for itself never changes the program's status: a
+    # failure to write it is said in one error line, and the status stays.
     if stats_to:
-        _report(launch.totals(found), found, stats_to)
+        try:
+            _report(launch.totals(found), found, stats_to, stats_argv)
+        except OSError as exc:
+            _not_written("--stats", stats_to, exc, command[0], status)
     if record_to and status == 0:
-        recorder = launch.write_manifest(found, record_to, dtype, shape_classes)
-        err_console.print(
-            f"graphcache run: wrote {record_to}: {len(recorder.specs)} spec(s) from {recorder.calls()} SDPA call(s)",
-            highlight=False,
-        )
+        try:
+            recorder = launch.write_manifest(found, record_to, dtype, shape_classes)
+        except (GraphCacheError, OSError) as exc:
+            _not_written("--record", record_to, exc, command[0], status)
+        else:
+            err_console.print(
+                f"graphcache run: wrote {record_to}: {len(recorder.specs)} spec(s) from {recorder.calls()} SDPA call(s)",
+                highlight=False,
+            )
     elif record_to:
         err_console.print(
             Text.assemble(("error:", "red"), f" {command[0]} exited with status {status}; no manifest written")
@@ -220,8 +238,29 @@ def _run_child(command: list[str], env: dict[str, str]) -> int:
     return 128 - status if status < 0 else status
 
 
-def _report(summed: dict[str, Any], found: list[dict[str, Any]], path: str) -> None:
-    Path(path).write_text(json.dumps({"total": summed, "processes": found}, indent=2, default=str))
+def _not_written(option: str, path: str, exc: Exception, program: str, status: int) -> None:
+    why = f"{exc.strerror}: {exc.filename}" if isinstance(exc, OSError) and exc.strerror else str(exc)
+    err_console.print(
+        Text.assemble(
+            ("error:", "red"), f" {option} {path}: not written ({why}); {program} exited with status {status}"
+        )
+    )
+
+
+def _report(summed: dict[str, Any], found: list[dict[str, Any]], path: str, argv: bool = False) -> None:
+    """The run's counters as JSON at ``path``, mode 0600 whether it is new
+    or replaced (the counters say what ran; ``argv``: each process's command
+    line too, which may hold a secret a program was given)."""
+    processes = found if argv else [{k: v for k, v in part.items() if k != "argv"} for part in found]
+    data = json.dumps({"total": summed, "processes": processes}, indent=2, default=str).encode()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # a file that was there keeps its mode otherwise
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
     share = f"{100 * summed['served']:.1f} %" if summed["calls"] else "-"
     err_console.print(
         f"graphcache run: {summed['processes']} process(es), {summed['calls']} SDPA call(s), "

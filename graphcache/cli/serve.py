@@ -64,7 +64,16 @@ def serve_cmd(
     _check_upload_folder(ctx)
     os.environ["GRAPHCACHE_DIR"] = str(ctx.settings.cache_dir)
     if ctx.location is not None:
+        if "://" in ctx.location and shown_url(ctx.location) != ctx.location:
+            # The process's command line is every local user's to read (ps).
+            err_console.print(
+                "warning: --store holds a password or a query value, which every user of this machine sees in "
+                "ps for as long as the server runs; give the URL in GRAPHCACHE_STORE, or in a file named by "
+                "GRAPHCACHE_STORE_FILE, instead",
+                highlight=False,
+            )
         os.environ["GRAPHCACHE_STORE"] = ctx.location
+        os.environ.pop("GRAPHCACHE_STORE_FILE", None)  # --store wins, in the workers too
     if not ctx.location and not ctx.settings.store:
         ctx.settings.cache_dir.mkdir(parents=True, exist_ok=True)
     where = (

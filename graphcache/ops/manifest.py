@@ -38,7 +38,10 @@ _SPEC_FIELDS = frozenset(f.name for f in dataclasses.fields(GraphSpec))
 NODES_PER_SPEC = 32
 MIN_NODES = 10_000
 MAX_DEPTH = 64  # levels of nesting (a manifest uses four)
-CANCEL_EVERY = 64  # specs expanded (or 16 times that, YAML values read) between two looks at ``cancelled``
+# Specs expanded (or 16 times that, YAML values read) between two looks at
+# ``cancelled``: a few milliseconds of work, so a server's caller can also
+# give way to its other requests there (service.scans paces on it).
+CANCEL_EVERY = 16
 
 
 def load(path: str | Path, *, max_specs: int = DEFAULT_MAX_SPECS) -> list[GraphSpec]:

@@ -34,7 +34,11 @@ canonical form (normalized on construction), so every spec that exists in
 ``read`` is the inverse: the layouts a tensor's shape and strides fit
 (graphcache.torch.derive picks among them).
 
-May import: graphcache.errors.
+A group's N is a size like any other: at most 2**31 - 1 (``bounds``), and
+the buffer a grouped tensor spans at a spec's sizes must be countable in
+cuDNN's int64 strides (``check``).
+
+May import: graphcache.errors, graphcache.spec.bounds.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from itertools import permutations
 from typing import Any
 
 from graphcache.errors import SpecError
+from graphcache.spec.bounds import INT32_MAX, INT64_MAX
 
 FIELDS = ("layout_q", "layout_v", "layout_o")
 ROLES = ("q", "k", "v", "o")
@@ -125,6 +130,11 @@ def parse(text: str) -> Layout:
         )
     if number is None:
         return Layout(order)
+    if len(number) > len(str(INT32_MAX)) or int(number) > INT32_MAX:
+        raise ValueError(
+            f"{text!r}: the group's N ({number if len(number) <= 20 else number[:20] + '...'}) is more than cuDNN "
+            f"can hold: at most {INT32_MAX}, as every size (a fused projection's group is a few heads or blocks)"
+        )
     n = int(number)
     if not head:
         raise ValueError(f"{text!r}: a group outermost changes no stride (write {order})")
@@ -191,6 +201,9 @@ def check(spec: Any) -> None:
         except ValueError as exc:
             named = "" if name != "layout" else "; layout may also be thd (ragged / paged graphs)"
             raise SpecError(f"{name}={value!r} is not supported: {exc}{named}", name) from None
+    for role, name in (("k", "layout"), ("q", "layout_q"), ("v", "layout_v")):
+        if role in texts and parse(texts[role]).gap is not None:
+            _check_span(spec, role, name, texts[role])
     if "o" in texts and parse(texts["o"]).gap is not None:
         raise SpecError(
             f"layout_o={spec.layout_o!r} has a group: o is the graph's own output, written packed; "
@@ -205,6 +218,22 @@ def check(spec: Any) -> None:
     object.__setattr__(spec, "layout_q", None if q == k else q)
     object.__setattr__(spec, "layout_v", None if v == k else v)
     object.__setattr__(spec, "layout_o", None if o == parse(q).packed else o)
+
+
+def _check_span(spec: Any, role: str, name: str, text: str) -> None:
+    """The buffer a grouped layout spans at the spec's sizes, within cuDNN's
+    int64 strides (each size is bounded already: ``bounds``); SpecError
+    naming ``name`` otherwise."""
+    found = parse(text)
+    dims = spec.dense_dims(role)
+    shape, st = found.storage_shape(dims), found.strides(dims)
+    span = 1 + sum((n - 1) * s for n, s in zip(dims, st, strict=True)) + max(st)
+    if span > INT64_MAX:
+        raise SpecError(
+            f"{name}={text!r} spans {span} elements at these sizes ({role} of shape {shape} in its group), more "
+            f"than cuDNN's int64 strides can count (at most {INT64_MAX}); lower the group's N or the sizes",
+            name,
+        )
 
 
 def strides(spec: Any, role: str) -> tuple[int, ...]:

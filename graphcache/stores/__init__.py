@@ -41,7 +41,7 @@ def open_store(settings: Settings, location: str | None = None) -> Store:
 
         return RedisStore(where, timeout=settings.timeout)
     if where.startswith(("http://", "https://")):
-        return HttpStore(where, token=settings.token, timeout=settings.timeout)
+        return HttpStore(where, token=settings.token, timeout=settings.timeout, max_artifact=settings.max_artifact)
     return DiskStore(where or settings.cache_dir, size_limit=settings.size_limit)
 
 
@@ -75,7 +75,10 @@ def worker_store(settings: Settings) -> Store:
     local = open_store(settings)
     if not settings.server:
         return local
-    return TieredStore(local, HttpStore(settings.server, token=settings.token, timeout=settings.timeout))
+    return TieredStore(
+        local,
+        HttpStore(settings.server, token=settings.token, timeout=settings.timeout, max_artifact=settings.max_artifact),
+    )
 
 
 def stored_header(store: Store, key: str) -> dict[str, Any] | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import threading
@@ -13,10 +14,25 @@ import httpx
 
 from graphcache.artifact import Artifact
 from graphcache.batch import ENVELOPE, BatchParser
-from graphcache.errors import CorruptArtifact, StoreError, StoreFull, StoreLocationError, StoreUnavailable
+from graphcache.envelope_check import EnvelopeCheck
+from graphcache.errors import (
+    AnswerTooLarge,
+    CorruptArtifact,
+    StoreError,
+    StoreFull,
+    StoreLocationError,
+    StoreUnavailable,
+)
+from graphcache.settings import Settings
 from graphcache.stores.base import shown_url
+from graphcache.stores.space import human
 
 log = logging.getLogger(__name__)
+# The largest answer a client reads unless told otherwise: the largest
+# artifact a server of the default settings stores (GRAPHCACHE_MAX_UPLOAD).
+DEFAULT_MAX_ARTIFACT = Settings().max_artifact
+# Of an error answer only its detail is read: a prefix this long, the rest left unread.
+ERROR_PREFIX = 64 * 1024
 
 
 class HttpStore:
@@ -28,6 +44,14 @@ class HttpStore:
     slow, calls raise StoreUnavailable within ``timeout`` and, for
     ``retry_after`` seconds after that, at once (no worker waits on a dead
     server twice).
+
+    Nothing a server sends is read past ``max_artifact`` bytes (default
+    GRAPHCACHE_MAX_ARTIFACT, else GRAPHCACHE_MAX_UPLOAD: 64 MiB), whatever
+    its Content-Length says or omits: an artifact, each record of a batch,
+    a listing page. An artifact is read no further than its own envelope
+    declares (its header, read as it arrives), and bytes that are no
+    envelope stop the read at once. Past a bound: AnswerTooLarge (a
+    StoreUnavailable) saying how much was sent and what the bound is.
     """
 
     def __init__(
@@ -38,13 +62,17 @@ class HttpStore:
         *,
         retry_after: float = 10.0,
         transport: httpx.BaseTransport | None = None,
+        max_artifact: int | None = None,
     ) -> None:
         if not url.startswith(("http://", "https://")):
             raise StoreLocationError(f"server URL {url!r} must start with http:// or https://, e.g. http://cache:8080")
         self.url = url.rstrip("/")
         self.shown = shown_url(self.url)  # what messages and repr show: no userinfo, no query values
         self.retry_after = retry_after
-        headers = {"user-agent": "graphcache-httpstore"}
+        self.max_artifact = max_artifact or DEFAULT_MAX_ARTIFACT
+        # identity: what is counted against max_artifact is what arrives, never
+        # a small compressed body that expands past it.
+        headers = {"user-agent": "graphcache-httpstore", "accept-encoding": "identity"}
         if token:
             headers["authorization"] = f"Bearer {token}"
         self._client = httpx.Client(
@@ -62,12 +90,92 @@ class HttpStore:
     # -- transport ----------------------------------------------------------------
 
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """The answer, its body read within ``max_artifact`` bytes (an error
+        answer's first ``ERROR_PREFIX`` bytes), checked as ``_checked`` does."""
         self._check_down()
         try:
-            response = self._client.request(method, path, **kwargs)
+            with self._client.stream(method, path, **kwargs) as response:
+                return self._checked(self._read(response))
         except httpx.TransportError as exc:  # connect errors, timeouts, resets
             raise self._unavailable(exc) from exc
-        return self._checked(response)
+
+    def _read(self, response: httpx.Response) -> httpx.Response:
+        """``response`` with its body read: a 2xx answer's whole, within
+        ``max_artifact`` (AnswerTooLarge past it), any other's prefix."""
+        if response.request.method == "HEAD":
+            content = b""  # no body: its Content-Length is the artifact's, not this answer's
+        elif response.status_code >= 300 or response.status_code < 200:
+            body = io.BytesIO()
+            for chunk in response.iter_raw():
+                body.write(chunk[: ERROR_PREFIX - body.tell()])
+                if body.tell() >= ERROR_PREFIX:
+                    break  # the rest is left unread; the connection is closed
+            content = body.getvalue()
+        else:
+            content = self._bounded(response, self.max_artifact, "the largest answer this client reads")
+        return httpx.Response(response.status_code, headers=response.headers, content=content, request=response.request)
+
+    def _bounded(self, response: httpx.Response, limit: int, bound: str, check: EnvelopeCheck | None = None) -> bytes:
+        """The body of ``response``, read as it arrives and never past
+        ``limit`` bytes (``bound`` says what that is) or, with an envelope
+        ``check`` fed as it arrives, past the envelope's own size: then
+        AnswerTooLarge, and the server is not asked again for
+        ``retry_after`` seconds. A declared length past ``limit`` is refused
+        before any byte is read. A ``check`` that fails stops the read: the
+        bytes so far are returned, for ``check.finish`` to refuse."""
+        what = f"{response.request.method} {response.request.url.path}"
+        declared = _declared(response)
+        if declared is not None and declared > limit:
+            raise self._too_large(what, declared, limit, bound, declared=True)
+        body = io.BytesIO()  # getvalue() hands over its buffer: the body is held once
+        for chunk in response.iter_raw():
+            size = body.tell() + len(chunk)
+            if size > limit:  # refused before the chunk past the limit is kept
+                raise self._too_large(what, size, limit, bound)
+            body.write(chunk)
+            if check is not None:
+                check.feed(chunk)
+                if check.failed is not None:
+                    break
+                expected = check.expected
+                if expected is not None and expected > limit:
+                    raise self._too_large(what, expected, limit, bound, declared=True, envelope=True)
+                if expected is not None and size > expected:
+                    raise self._too_large(what, size, expected, "the size its own envelope declares")
+        return body.getvalue()
+
+    def _too_large(
+        self,
+        what: str,
+        sent: int,
+        limit: int,
+        bound: str,
+        *,
+        declared: bool = False,
+        envelope: bool = False,
+    ) -> AnswerTooLarge:
+        """The error of an answer past its bound. One that was being sent
+        (not only declared) counts as a failure of the server and pauses it,
+        as a server that does not answer does: a proxy sending endless
+        bodies is not read again for every key."""
+        if declared:
+            said = f"its artifact's header declares {sent} bytes" if envelope else f"it declared {sent} bytes"
+            hint = (
+                "; if the service stores artifacts that large (GRAPHCACHE_MAX_UPLOAD), raise GRAPHCACHE_MAX_ARTIFACT"
+                " here to match"
+            )
+            message = (
+                f"{self.shown} answered {what} with more than this client reads: {said}, over {bound} "
+                f"({limit} bytes, {human(limit)})"
+            )
+            return AnswerTooLarge(message + hint, sent=sent, limit=limit)
+        self._pause(f"it sent more than {human(limit)} for {what}")
+        message = (
+            f"{self.shown} sent {sent} bytes or more for {what}, over {bound} ({limit} bytes, {human(limit)}); "
+            "the answer was not read further: a proxy or server in between sends endless or oversized bodies "
+            "(the service's own answers are at most GRAPHCACHE_MAX_UPLOAD; GRAPHCACHE_MAX_ARTIFACT sets this bound)"
+        )
+        return AnswerTooLarge(message, sent=sent, limit=limit)
 
     def _check_down(self) -> None:
         left = self._down_until - time.monotonic()
@@ -85,6 +193,13 @@ class HttpStore:
         # on without the service (TieredStore, GraphCache) log their own
         # warning; a CLI user gets one error line, not a warning and then it.
         return StoreUnavailable(f"{self.shown} did not answer: {type(exc).__name__}: {exc}")
+
+    def _pause(self, because: str) -> None:
+        """Count a failure of the server and ask it nothing for ``retry_after`` seconds."""
+        with self._lock:
+            self.errors += 1
+            self._down_until = time.monotonic() + self.retry_after
+            self._down_because = because
 
     def _checked(self, response: httpx.Response) -> httpx.Response:
         if response.status_code == 507:
@@ -106,24 +221,43 @@ class HttpStore:
     # -- Store --------------------------------------------------------------------
 
     def get(self, key: str) -> bytes | None:
-        """Verified artifact bytes, or None when absent or corrupt in transit."""
-        response = self._request("GET", f"/v1/artifacts/{key}")
-        if response.status_code == 404:
+        """Verified artifact bytes, or None when absent or corrupt in transit.
+
+        Read as it arrives and verified on the way (``EnvelopeCheck``): never
+        past ``max_artifact`` bytes nor past the size the envelope's header
+        declares (AnswerTooLarge), and not past the first bytes that are no
+        envelope (None, counted in ``corrupt``)."""
+        self._check_down()
+        try:
+            with self._client.stream("GET", f"/v1/artifacts/{key}") as response:
+                if response.status_code != 200:
+                    answer = self._checked(self._read(response))
+                    if answer.status_code == 404:
+                        return None
+                    _expect(answer, 200)
+                check = EnvelopeCheck()
+                data = self._bounded(response, self.max_artifact, "the largest artifact this client reads", check)
+        except httpx.TransportError as exc:
+            raise self._unavailable(exc) from exc
+        try:
+            check.finish(expected_key=key)  # the checks Artifact.decode makes, on the bytes as they came
+        except CorruptArtifact as exc:
+            self._corrupt(key, exc)
             return None
-        _expect(response, 200)
-        return self._verified(key, response.content)
+        return data
 
     def _verified(self, key: str, data: bytes) -> bytes | None:
         try:
             Artifact.decode(data, expected_key=key)
         except CorruptArtifact as exc:
-            with self._lock:
-                self.corrupt += 1
-            log.warning(
-                "artifact %s from %s failed verification here (%s), not used: %s", key, self.shown, exc.reason, exc
-            )
+            self._corrupt(key, exc)
             return None
         return data
+
+    def _corrupt(self, key: str, exc: CorruptArtifact) -> None:
+        with self._lock:
+            self.corrupt += 1
+        log.warning("artifact %s from %s failed verification here (%s), not used: %s", key, self.shown, exc.reason, exc)
 
     def get_many(
         self, keys: Iterable[str], *, batch_size: int = 1024, progress: Callable[[str], None] | None = None
@@ -145,18 +279,19 @@ class HttpStore:
         self._check_down()
         asked = set(keys)
         answered = 0
-        parser = BatchParser()
+        parser = BatchParser(max_record=self.max_artifact)
         fallback = ""
         try:
             with self._client.stream("POST", "/v1/batch", json={"keys": keys}) as response:
-                if response.status_code in (404, 405) and _code(response.read()) in ("not_found", "method_not_allowed"):
-                    fallback = "single"
-                elif response.status_code == 413 and len(keys) > 1:
-                    fallback = "halve"
-                elif response.status_code != 200:
-                    response.read()
-                    _expect(self._checked(response), 200)
-                for chunk in () if fallback else response.iter_bytes():
+                if response.status_code != 200:
+                    answer = self._read(response)  # an error's detail: a bounded prefix
+                    if answer.status_code in (404, 405) and _code(answer) in ("not_found", "method_not_allowed"):
+                        fallback = "single"
+                    elif answer.status_code == 413 and len(keys) > 1:
+                        fallback = "halve"
+                    else:
+                        _expect(self._checked(answer), 200)
+                for chunk in () if fallback else response.iter_raw():
                     for rec in parser.feed(chunk):
                         if rec.key not in asked:
                             raise CorruptArtifact(
@@ -172,6 +307,13 @@ class HttpStore:
                             progress(rec.key)
         except httpx.TransportError as exc:
             raise self._unavailable(exc) from exc
+        except AnswerTooLarge as exc:  # a record longer than any artifact this client reads, refused from its head
+            raise AnswerTooLarge(
+                f"{self.shown} answered POST /v1/batch with more than this client reads: {exc}; if the service "
+                "stores artifacts that large (GRAPHCACHE_MAX_UPLOAD), raise GRAPHCACHE_MAX_ARTIFACT here to match",
+                sent=exc.sent,
+                limit=exc.limit,
+            ) from exc
         except CorruptArtifact as exc:
             with self._lock:
                 self.corrupt += 1
@@ -317,6 +459,12 @@ class HttpStore:
 
     def __repr__(self) -> str:
         return f"HttpStore({self.shown!r})"
+
+
+def _declared(response: httpx.Response) -> int | None:
+    """The Content-Length a response declares, if it declares one."""
+    text = response.headers.get("content-length", "").strip()
+    return int(text) if text.isdigit() else None
 
 
 def _detail(response: httpx.Response) -> str:

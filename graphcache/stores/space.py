@@ -139,6 +139,39 @@ def sweep_orphans(folder: Path, referenced: Iterable[str], min_age: float = ORPH
 SPOOL_PREFIX = ".upload-"  # an upload's file while it arrives (service.upload)
 
 
+def claim(fd: int) -> None:
+    """Mark the upload file open on ``fd`` as in flight for as long as this
+    process holds it open (an exclusive ``flock``: the kernel drops it when
+    the process dies, however it dies), so no server sharing the folder
+    sweeps it as left by a dead upload (``sweep_spool``). Where locks are
+    not available the file is swept by its age alone, as before."""
+    with contextlib.suppress(OSError, ImportError):
+        import fcntl
+
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def _claimed(path: str) -> bool:
+    """Whether a live process holds the upload file at ``path`` (``claim``)."""
+    try:
+        import fcntl
+    except ImportError:
+        return False
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)  # a lock taken here goes with it
+    return False
+
+
 def _spool_files(folder: Path) -> list[os.DirEntry[str]]:
     try:
         return [e for e in os.scandir(folder) if e.name.startswith(SPOOL_PREFIX)]
@@ -158,13 +191,15 @@ def spooled_bytes(folder: Path) -> int:
 def sweep_spool(folder: Path, min_age: float) -> tuple[int, int]:
     """Remove the upload files in ``folder`` not written for ``min_age``
     seconds (an upload in progress writes its file as it arrives, and stores
-    it within the store's timeout after); returns (files, bytes)."""
+    it within the store's timeout after) and held by no live process (a
+    slow upload to another server sharing the folder, whose settings allow
+    it longer, is still held: ``claim``); returns (files, bytes)."""
     cutoff = time.time() - min_age
     files = freed = 0
     for entry in _spool_files(folder):
         with contextlib.suppress(OSError):
             st = entry.stat(follow_symlinks=False)
-            if st.st_mtime < cutoff:
+            if st.st_mtime < cutoff and not _claimed(entry.path):
                 os.remove(entry.path)
                 files += 1
                 freed += st.st_size

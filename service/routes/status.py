@@ -12,8 +12,10 @@ Behind read tokens when they are set, as every read route is.
 Nothing here reads the whole store in the pool that health, uploads and
 artifact reads use: the store's figures come from a snapshot read at most
 every few seconds, and a manifest's coverage (bounded: GRAPHCACHE_MAX_SPECS,
-its aliases) runs in the scan threads, stopped at its deadline or when its
-client goes away (service.scans).
+its aliases) runs in a helper process of its own under `graphcache serve`,
+else in a paced scan thread (service.checker), stopped at its deadline or
+when its client goes away, within a budget of CPU time per check and per
+client (service.quota: 413 ``manifest_budget``, 429 ``client_budget``).
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ import html
 import os
 import re
 import time
-from collections.abc import Iterable
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -31,11 +32,11 @@ from fastapi import FastAPI, Request, Response
 
 from graphcache.errors import GraphCacheError, ManifestTooLarge
 from graphcache.stores.space import human
-from graphcache.target import Target
+from service.checker import coverage
 from service.errors import ServiceError
 from service.models import error_responses
 from service.routes.health import counters, scope
-from service.scans import SNAPSHOT_AGE, Holdings, Stop
+from service.scans import SCAN_DEADLINE, SNAPSHOT_AGE, Holdings, OverBudget, Stop
 from service.state import State
 
 MANIFEST_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*\.(yaml|yml|json)$")
@@ -61,7 +62,7 @@ def add_routes(app: FastAPI, state: State) -> None:
         "/",
         response_class=Response,
         summary="Status page (HTML): store, entries by target, counters, a named manifest's coverage",
-        responses={200: HTML_PAGE, **error_responses(400, 401, 403, 404, 503)},
+        responses={200: HTML_PAGE, **error_responses(400, 401, 403, 404, 413, 429, 503)},
     )
     async def status_page(request: Request, manifest: str | None = None) -> Response:
         state.auth.require(request, "read")
@@ -74,7 +75,7 @@ def add_routes(app: FastAPI, state: State) -> None:
         "/",
         response_class=Response,
         summary="Status page (HTML) with the coverage of the manifest in the body",
-        responses={200: HTML_PAGE, **error_responses(400, 401, 403, 413, 503)},
+        responses={200: HTML_PAGE, **error_responses(400, 401, 403, 413, 429, 503)},
     )
     async def status_posted(request: Request) -> Response:
         state.auth.require(request, "read")
@@ -88,17 +89,38 @@ async def _page(state: State, request: Request, manifest_text: str | None, sourc
     # Whole-store reads in threads of their own, bounded (service.scans):
     # the holdings from a snapshot at most a few seconds old.
     holdings = await state.scans.snapshot()
-    coverage: list[tuple[str, int, int]] | None = None
+    rows: list[tuple[str, int, int]] | None = None
     problem = None
     if manifest_text is not None:
+        # Reserved from the client's share before any work; what it did not use is given back.
+        grant = state.quota.take(request.client.host if request.client else "unknown")
+        stop = Stop(SCAN_DEADLINE, budget=grant.seconds)
+        targets = list(holdings.targets)
         try:
-            coverage = await state.scans.run(_coverage, manifest_text, list(holdings.targets), state, watch=request)
+            if state.checker.available:  # a process of its own: the event loop never waits on it
+                rows = await state.checker.check(
+                    manifest_text, targets, state.settings.max_specs, state.settings.shape_classes, stop, request
+                )
+            else:
+                rows = await state.scans.run(_coverage, manifest_text, targets, state, watch=request, stop=stop)
+        except OverBudget as exc:
+            raise ServiceError(
+                413,
+                "manifest_budget",
+                f"checking this manifest's coverage took more than the {exc.budget:g} s of CPU time one check may "
+                f"take (GRAPHCACHE_MANIFEST_SECONDS) over the {len(holdings.targets)} target(s) stored; it was "
+                "stopped. Check fewer specs at once (split the manifest), or use graphcache warm --check "
+                "MANIFEST --target TARGET, on your own machine's time",
+                extra={"limit_seconds": exc.budget},
+            ) from exc
         except ManifestTooLarge as exc:
             raise ServiceError(413, "too_many_specs", str(exc), extra={"limit": exc.limit}) from exc
         except GraphCacheError as exc:
             problem = str(exc)
+        finally:
+            state.quota.settle(grant, stop.spent)
     figures = await anyio.to_thread.run_sync(_counters, state)  # reads every worker's file
-    page = _render(state, holdings.store, holdings, figures, coverage, source, problem)
+    page = _render(state, holdings.store, holdings, figures, rows, source, problem)
     return Response(page, media_type="text/html; charset=utf-8", headers={"cache-control": "no-store"})
 
 
@@ -123,27 +145,11 @@ def _named_manifest(state: State, name: str) -> str:
     return path.read_text()
 
 
-def _coverage(text: str, targets: Iterable[str], state: State, stop: Stop) -> list[tuple[str, int, int]]:
-    """(target, present, specs) of the manifest ``text`` for each target:
-    parsed and expanded within bounds (its aliases, GRAPHCACHE_MAX_SPECS:
-    ManifestTooLarge before anything is expanded), abandoned when ``stop``
-    says so (its deadline, its client gone)."""
-    from graphcache import ops
-    from graphcache.ops import manifest
-
-    cap = state.settings.max_specs
-    data = manifest.parse(text, "the manifest", max_specs=cap, cancelled=stop)
-    specs = manifest.expand(data, source="the manifest", max_specs=cap, cancelled=stop)
-    rows = []
-    for target in sorted(targets):
-        stop.check()
-        try:
-            tgt = Target.parse(target)
-        except GraphCacheError:
-            continue
-        checked = ops.check(specs, tgt, state.store, shape_classes=state.settings.shape_classes)
-        rows.append((target, sum(r.present for r in checked), len(checked)))
-    return rows
+def _coverage(text: str, targets: list[str], state: State, stop: Stop) -> list[tuple[str, int, int]]:
+    """``service.checker.coverage`` in a scan thread (a store no helper
+    process can open again), paced by ``stop``."""
+    settings = state.settings
+    return coverage(text, targets, state.store, settings.max_specs, settings.shape_classes, stop)
 
 
 def _counters(state: State) -> dict[str, Any]:
