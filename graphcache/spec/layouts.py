@@ -316,8 +316,11 @@ def read(shape: tuple[int, ...], stride: tuple[int, ...]) -> tuple[Fit, ...]:
 
     Raises NoLayout with the reason where none is: the head dim not
     contiguous (``head_dim_stride``), a stride 0 on a dim of size > 1
-    (``broadcast``), strides that alias (``overlap``), or a pattern no layout
-    text expresses (``strides``)."""
+    (``broadcast``), strides that alias (``overlap``), a pattern no layout
+    text expresses (``strides``), or no element at all (``empty``: a dim of
+    size 0, which graphcache.torch.derive hands to torch before reading)."""
+    if 0 in shape:  # no element to read: every stride is as good as any other
+        raise NoLayout("empty", f"shape {tuple(shape)} has no elements")
     size = dict(zip("bhsd", shape, strict=True))
     st = dict(zip("bhsd", stride, strict=True))
     if size["d"] != 1 and st["d"] != 1:

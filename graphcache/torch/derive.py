@@ -141,6 +141,13 @@ def derive(
                 reason="not_4d",
                 message=f"{name} is {t.dim()}-D {tuple(t.shape)}; a cuDNN graph takes 4-D (batch, heads, seq, head_dim) tensors",
             )
+    for name, t in tensors:
+        if t.numel() == 0:  # torch answers it (an empty tensor, or zeros over no keys): nothing to build
+            raise UnsupportedCall(
+                reason="empty",
+                message=f"{name} {tuple(t.shape)} has no elements: torch's SDPA answers an empty call; "
+                "no graph is built for it",
+            )
     if not (query.dtype == key.dtype == value.dtype):
         raise UnsupportedCall(
             reason="invalid",

@@ -238,10 +238,15 @@ def fallback(args: tuple[Any, ...], extra: tuple[Any, ...]) -> tuple[Any, Any]:
         return out, torch.empty((h, t), dtype=torch.float32, device="meta")
     out, lse = varlen_reference(
         query, key, value, cu_seq_q, cu_seq_k,
-        scale=1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale),
+        scale=_default_scale(query.shape[-1]) if scale is None else float(scale),
         window=effective_window(window_size, max_k), seqused_k=seqused_k, block_table=block_table,
     )  # fmt: skip
     return out.to(query.dtype), lse
+
+
+def _default_scale(head_dim: int) -> float:
+    """torch's default scale, 1/sqrt(head_dim), in double: inf for a head dim of 0 (an empty call)."""
+    return 1.0 / math.sqrt(head_dim) if head_dim else math.inf
 
 
 def note(recorder: Any, args: tuple[Any, ...], extra: tuple[Any, ...]) -> None:
