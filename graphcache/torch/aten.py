@@ -159,6 +159,33 @@ def backward(
     return _like(dq, query), _like(dk, key), _like(dv, value)
 
 
+def torch_kernel(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """PyTorch's own CUDA kernel for ``op`` (FORWARD or BACKWARD), called
+    with the op's arguments: the C++ worker op it runs, which installing never
+    shadows. What graphcache's uninstalled kernels pass calls on to where
+    torch cannot hand out the kernel beneath (before torch 2.9: door.py)."""
+    if op == BACKWARD:
+        return tuple(torch.ops.aten._cudnn_attention_backward(*args, **kwargs))
+    return tuple(_cudnn_forward(*args, **kwargs))
+
+
+def _cudnn_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: Any,
+    stats: bool,
+    dropout_p: float = 0.0,
+    causal: bool = False,
+    debug: bool = False,
+    *,
+    scale: float | None = None,
+) -> Any:
+    return torch.ops.aten._cudnn_attention_forward(
+        q, k, v, bias, None, None, q.shape[2], k.shape[2], stats, dropout_p, causal, debug, scale=scale
+    )
+
+
 # -- the forward's plan and run --------------------------------------------------------
 
 _REFUSED = {
@@ -242,9 +269,7 @@ def _torch_forward(
 ) -> tuple[Any, ...]:
     """PyTorch's own kernel for a call the door does not serve, counted under ``plan``'s reason."""
     if q.device.type == "cuda":
-        result = torch.ops.aten._cudnn_attention_forward(
-            q, k, v, bias, None, None, q.shape[2], k.shape[2], stats, dropout_p, causal, debug, scale=scale
-        )
+        result = _cudnn_forward(q, k, v, bias, stats, dropout_p, causal, debug, scale=scale)
         _count(plan, q, k, v, causal, scale, stats)
         return tuple(result)
     out, lse = aten_math.forward(q, k, v, bias, dropout_p, causal, scale)
