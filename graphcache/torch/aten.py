@@ -236,23 +236,27 @@ def _count(plan: Plan, q: Any, k: Any, v: Any, causal: bool, scale: Any, stats: 
 
 def _note(plan: Plan, q: Any, k: Any, v: Any, causal: bool, scale: Any, stats: bool) -> None:
     for recorder in list(RUNTIME.recorders):
-        found = _recorded(plan, recorder.dtype, q, k, v, causal, scale)
+        found, wide = _recorded(plan, recorder.dtype, q, k, v, causal, scale)
         if getattr(recorder, "training", False) and not isinstance(found, tuple):
-            recorder.count_training(found, stats)  # record --backward: its backward spec too
+            recorder.count_training(found, stats, wide)  # record --backward: its backward spec too
         else:
-            recorder.count(found.replace(generate_stats=True) if stats and not isinstance(found, tuple) else found)
+            recorder.count(
+                found.replace(generate_stats=True) if stats and not isinstance(found, tuple) else found, wide
+            )
 
 
-def _recorded(plan: Plan, dtype: str | None, q: Any, k: Any, v: Any, causal: bool, scale: Any) -> Any:
+def _recorded(plan: Plan, dtype: str | None, q: Any, k: Any, v: Any, causal: bool, scale: Any) -> tuple[Any, Any]:
     """What a recorder notes of an aten call: the forward spec of the call
     (in the recorder's dtype, where it records one; the caller adds the
-    stats the door asks for), or (reason, message)."""
+    stats the door asks for) and the layouts a larger call has (``Derived.wide``),
+    or ((reason, message), None)."""
     if plan.reason in _REFUSED:
-        return (plan.reason, plan.message)
+        return (plan.reason, plan.message), None
     try:
-        return derive(q, k, v, is_causal=causal, scale=scale, enable_gqa=True, dtype=dtype).spec
+        derived = derive(q, k, v, is_causal=causal, scale=scale, enable_gqa=True, dtype=dtype)
     except UnsupportedCall as exc:
-        return (exc.reason, str(exc))
+        return (exc.reason, str(exc)), None
+    return derived.spec, derived.wide
 
 
 def _torch_forward(

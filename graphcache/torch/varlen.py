@@ -175,7 +175,7 @@ def _plan(memo_key: tuple[Any, ...] | None, args: tuple[Any, ...], extra: tuple[
             if len(memo) >= MEMO_LIMIT:
                 for stale in [k for k in memo if k[0] == _MEMO_TAG]:
                     del memo[stale]
-            memo[memo_key] = plan
+            RUNTIME.memoize(memo_key, plan)  # and the runtime's own bound over every door's entries
         return plan
 
 
