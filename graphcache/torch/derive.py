@@ -9,8 +9,8 @@ of dims larger than 1 decide (any stride is valid for a dim of size 1, and
 cuDNN runs two calls that differ only there identically, so they share one
 spec and one graph): where a tensor fits several layouts (dims of size 1),
 k takes one q and v fit too (a call whose three tensors share a layout
-keeps the spec it always had), q and v take k's, then bshd, bhsd, the rest
-(``graphcache.spec.layouts.choose``). What the size-1 batch and sequence
+keeps the spec it always had), q and v take k's, else one in k's order,
+then bshd, bhsd, the rest (``graphcache.spec.layouts.choose``). What the size-1 batch and sequence
 strides say is kept beside the spec (``Derived.wide``): the layout the same
 producer's batch-4 call has, which ``record --max-batch`` widens a batch-1
 call to. k and v expanded over heads with stride 0 (Falcon's and

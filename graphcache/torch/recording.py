@@ -171,7 +171,7 @@ class Recorder:
                 for long in lengthened(base, self.max_seq) if self.max_seq else [base]:
                     wides = widened(long, route, self.max_batch, self._windows(spec)) if self.max_batch else [long]
                     for found in wides:
-                        wide = found.replace(**settled(found))
+                        wide = found.replace(**settled(_as_called(found, spec)))
                         groups.setdefault(wide, {})
                         if self.training:  # the widened call's training forward and backward too
                             groups.setdefault(_with_stats(wide), {})
@@ -279,6 +279,19 @@ class Recorder:
             )
         reasons = "; ".join(f"{code} ({n} call(s)): {msg}" for (code, msg), n in sorted(self.ineligible.items()))
         return f"none of the {self.calls()} SDPA call(s) can be a cuDNN graph: {reasons}"
+
+
+def _as_called(found: GraphSpec, call: GraphSpec) -> GraphSpec:
+    """A widened spec ``found`` at the lengths the recorded ``call`` had,
+    where its class takes them: the sizes whose layouts its calls get (a
+    call's layouts come from its dims larger than 1, so a first decode step
+    of one key names its own layout, which its class at 128 keys would not)."""
+    if found.layout == "thd" or not found.is_class:
+        return found
+    kv, call_kv = found.seq_kv or found.seq_q, call.seq_kv or call.seq_q
+    if call.seq_q > found.seq_q or call_kv > kv:
+        return found  # lengthened past the call (record --max-seq): its class's own sizes
+    return found.replace(shapes="exact", seq_q=call.seq_q, seq_kv=call_kv)
 
 
 def _with_stats(spec: GraphSpec) -> GraphSpec:
