@@ -3,11 +3,14 @@
 
     python scripts/hardening_probe.py [--slow 1000] [--readers 200] [--non-readers 1000] [--held 260]
         [--entries 20000] [--redis-url redis://...] [--tree PATH]
-        [--only body|budget|slow|redis|held|stalled|rss|bomb|burst|swap|endless|layout|manifest-cost]
+        [--only body|budget|slow|redis|held|stalled|rss|bomb|burst|swap|endless|layout|manifest-cost|
+                zero|strides|race|misses|nan]
+        [--seconds 60] [--calls 2000] [--shapes 90000]
 
 Trust, round five's service probes (``endless``, ``layout``,
-``manifest-cost``) live in ``scripts/probes_service.py``, which says what
-each does.
+``manifest-cost``) live in ``scripts/probes_service.py``, the library's
+(``zero``, ``strides``, ``race``, ``misses``, ``nan``) in
+``scripts/probes_torch.py``; each says what its probes do.
 
 1. A body declared 2 GiB (1 MiB of it sent) to POST /v1/build without a
    token, with write tokens set: the status, how long it took, the server's
@@ -55,6 +58,12 @@ each does.
    was answered, and whether GET serves the forged bytes. Then the same
    swap by the server's own user racing the path (DiskStore and Redis).
 
+11. The library's probes, ``zero``, ``strides``, ``race``, ``misses`` and
+   ``nan`` (graphcache.torch and graphcache.hf, not the server; each in a
+   child process): scripts/probes_torch.py says what each measures;
+   ``--seconds`` is the race's length, ``--calls`` the strides' calls,
+   ``--shapes`` the missing shapes.
+
 ``--tree`` serves from another checkout (``git archive COMMIT | tar -x -C
 /tmp/base``) for the figures before a change.
 """
@@ -85,6 +94,7 @@ sys.path.insert(0, str(ROOT))
 TREE = ROOT  # the tree whose server is probed (--tree)
 
 import probes_service  # noqa: E402 - scripts/, beside this file
+import probes_torch  # noqa: E402  (scripts/probes_torch.py: the library's probes)
 
 from graphcache.artifact import Artifact, frame  # noqa: E402
 from graphcache.spec import GraphSpec  # noqa: E402
@@ -641,10 +651,25 @@ def main() -> None:
     parser.add_argument("--entries", type=int, default=20_000)
     parser.add_argument(
         "--only",
-        choices=("body", "budget", "slow", "redis", "held", "stalled", "rss", "bomb", "burst", "swap")
-        + probes_service.CHOICES,
+        choices=(
+            "body",
+            "budget",
+            "slow",
+            "redis",
+            "held",
+            "stalled",
+            "rss",
+            "bomb",
+            "burst",
+            "swap",
+            *probes_service.CHOICES,
+            *probes_torch.PROBES,
+        ),
         default=None,
     )
+    parser.add_argument("--seconds", type=float, default=60.0, help="race: how long to install and uninstall")
+    parser.add_argument("--calls", type=int, default=2000, help="strides: calls differing in size-1 strides")
+    parser.add_argument("--shapes", type=int, default=90_000, help="misses: missing shapes")
     args = parser.parse_args()
     global TREE  # noqa: PLW0603 - read by serve()
     TREE = args.tree.resolve()
@@ -671,6 +696,12 @@ def main() -> None:
             probe_spool_swap(folder, args.redis_url)
     if args.only is None or args.only in probes_service.CHOICES:
         probes_service.run(args.only, TREE)
+    failed = 0
+    for name in probes_torch.PROBES:
+        if args.only in (None, name):
+            failed += probes_torch.run(name, TREE, args.seconds, args.calls, args.shapes) != 0
+    if failed:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

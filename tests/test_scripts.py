@@ -106,3 +106,13 @@ def test_the_kinds_table_runs_the_rows_asked_for_and_names_an_unknown_one():
     wrong = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_kinds.py"), "--only", "biass"],
                            capture_output=True, text=True, timeout=120, cwd=ROOT)  # fmt: skip
     assert wrong.returncode == 2 and "no kind biass" in wrong.stderr
+
+
+@pytest.mark.torch
+def test_the_library_probes_of_trust_round_five_run_and_report():
+    pytest.importorskip("torch", reason="the library's probes need torch")
+    out = run_script("hardening_probe.py", "--only", "race", "--seconds", "2", timeout=300)
+    assert "install/uninstall cycles" in out.stdout and "errors {}" in out.stdout, out.stdout
+    assert "race: exit 0" in out.stdout, out.stdout
+    out = run_script("hardening_probe.py", "--only", "strides", "--calls", "40", timeout=300)
+    assert "40 calls differing only in size-1 strides: 1 graph(s) stored, 1 built" in out.stdout, out.stdout

@@ -167,10 +167,17 @@ def compute(
     # call would come back here until Python's recursion limit (seen on
     # an H200, 2026-12-04: execute_failed under install()).
     with not_cudnn(q):
-        result = torch._C._nn.scaled_dot_product_attention(qb, kb, vb, **kwargs).nan_to_num(0.0)
+        result = torch._C._nn.scaled_dot_product_attention(qb, kb, vb, **kwargs)
+    # Rows that see no key are 0 (the reference's answer, and torch's where its kernel writes
+    # NaN there), and padded rows 0: a fill of those rows only, never nan_to_num over the output,
+    # so a NaN or inf of the inputs gives what torch's SDPA gives (a model that blows up is seen to).
+    blank = None if kwargs.get("attn_mask") is None else _no_key(kwargs["attn_mask"])
     if seq_len_q is not None:
         rows = torch.arange(spec.seq_q, device=q.device).view(1, 1, -1, 1)
-        result = result * (rows < seq_len_q.reshape(-1, 1, 1, 1))
+        padded = rows >= seq_len_q.reshape(-1, 1, 1, 1)
+        blank = padded if blank is None else blank | padded
+    if blank is not None:
+        result = result.masked_fill(blank, 0.0)
     o = from_bhsd(spec, result)
     if out is not None:
         out.copy_(o)
@@ -179,6 +186,15 @@ def compute(
         _, stats = reference(spec, q, k, v, seq_len_q, seq_len_kv, bias)
         return o, stats
     return o
+
+
+def _no_key(mask: Any) -> Any:
+    """(b|1, h|1, s_q, 1) True where a mask (boolean: allowed; float: an
+    additive bias, -inf hiding a key) leaves a query row no key at all."""
+    import torch
+
+    seen = mask if mask.dtype == torch.bool else mask != float("-inf")
+    return ~seen.any(dim=-1, keepdim=True)
 
 
 def not_cudnn(q: Any) -> Any:

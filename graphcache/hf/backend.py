@@ -18,7 +18,8 @@ How a call is served (docs/models.md has the table):
   prompt is a dense graph with ``padding`` (``seq_len_q`` / ``seq_len_kv``)
   (``graphcache.hf.dense``);
 - what no graph expresses falls back, counted under its reason in
-  ``graphcache.torch.stats()``: ``softcap`` and ``sinks`` where no sink
+  ``graphcache.torch.stats()``: ``empty`` (a tensor with no elements:
+  torch's own SDPA), ``softcap`` and ``sinks`` where no sink
   graph expresses the call (to the model's ``eager``: transformers' sdpa
   refuses softcap and has no sinks), ``output_attentions`` (eager, which
   returns the weights), ``dropout`` with a padding mask, ``shape`` (more
@@ -41,6 +42,7 @@ import torch
 import graphcache.torch as gt
 from graphcache.hf.dense import run_dense
 from graphcache.hf.masks import PADDING_ATTR, dense_mask, padding_side
+from graphcache.torch.doors import TORCH_SDPA
 from graphcache.torch.runtime import Plan
 
 # transformers' sdpa_attention_forward (5.24): every argument it reads beyond
@@ -99,6 +101,8 @@ def attention(
         return call.eager("output_attentions", "output_attentions=True asks for the weights: eager computes them")
     if kwargs.get("position_bias") is not None or (attention_mask is not None and attention_mask.dim() != 2):
         return call.through_dropin()
+    if query.numel() == 0 or key.numel() == 0 or value.numel() == 0:
+        return call.empty()
     sq, skv = query.shape[2], key.shape[2]
     if causal and sq > skv:
         return call.sdpa("shape", f"causal with more queries ({sq}) than keys ({skv})")
@@ -236,6 +240,19 @@ class _Call:
         return (out, None) if out is not None else self.sdpa_uncounted()
 
     # fallbacks ----------------------------------------------------------------------
+
+    def empty(self) -> tuple[torch.Tensor, None]:
+        """A call with no elements (a batch, heads, length or head dim of 0):
+        torch's own SDPA answers it (an empty output, or zeros where there is
+        no key), counted as ``empty``. Not transformers' sdpa: its reshape
+        of a batch of 0 raises. A mask changes nothing where nothing is computed."""
+        _count("empty", "an empty call (a batch, heads, length or head dim of 0): torch's SDPA answers it")
+        q, k = self.q, self.k
+        out = TORCH_SDPA(
+            q, k, self.v, dropout_p=self.dropout, is_causal=self.causal and q.shape[2] > 1, scale=self.scaling,
+            enable_gqa=q.shape[1] != k.shape[1],
+        )  # fmt: skip
+        return out.transpose(1, 2).contiguous(), None
 
     def sdpa(self, reason: str, message: str) -> tuple[torch.Tensor, None]:
         """transformers' own sdpa, counted under ``reason``."""

@@ -50,7 +50,7 @@ def dense_spec(
     changes: dict[str, Any] = {"sinks": True} if sinks else {"padding": window is None}
     if window is not None:
         changes.update(mask="sliding_window", window_left=window - 1, window_right=0)
-    return Derived(found.spec.replace(**changes), found.copies, found.bias, found.expanded)
+    return Derived(found.spec.replace(**changes), found.copies, found.bias, found.expanded, found.wide)
 
 
 def run_dense(
@@ -145,7 +145,7 @@ def _plan(
             plan = Plan(None, None, exc.reason, str(exc))
         else:
             plan = runtime._plan_for(derived, q.device)
-        runtime._memo[memo_key] = plan
+        runtime.memoize(memo_key, plan)  # bounded as the drop-in's (MEMO_LIMIT)
         return plan
 
 
@@ -156,8 +156,10 @@ def _note(
     in the recorder's dtype, or as why it cannot be one."""
     for recorder in list(gt.RUNTIME.recorders):
         found: GraphSpec | tuple[str, str]
+        wide = None
         try:
-            found = dense_spec(q, k, v, scale, window, recorder.dtype, sinks).spec
+            derived = dense_spec(q, k, v, scale, window, recorder.dtype, sinks)
+            found, wide = derived.spec, derived.wide
         except UnsupportedCall as exc:
             found = (exc.reason, str(exc))
-        recorder.count(found)
+        recorder.count(found, wide)

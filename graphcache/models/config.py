@@ -61,7 +61,7 @@ class Attention:
     layout: str | None = None
     # q's layout against a cache where it is not its projection's transposed view (bshd), as
     # graphcache.torch.derive reads it: contiguous (Whisper, Phi-3's rotary of a fused slice:
-    # bhsd) or a fused projection's view (GPT-2's c_attn: bs[3]hd, and at a decode step b[3]shd).
+    # bhsd) or a fused projection's view (GPT-2's c_attn: bs[3]hd, and at a decode step above batch 1 b[3]hsd, in the cache's order).
     q_layout: str | None = None
     q_decode_layout: str | None = None
 
@@ -222,7 +222,7 @@ def _decoder(f: _Fields, kind: str) -> tuple[Attention, ...]:
         layers_ = tuple(range(layers))
         return (
             Attention(
-                "self", layers_, heads, heads, head_dim, scale, True, q_layout="bs[3]hd", q_decode_layout="b[3]shd"
+                "self", layers_, heads, heads, head_dim, scale, True, q_layout="bs[3]hd", q_decode_layout="b[3]hsd"
             ),
         )
     heads, layers = f.int("num_attention_heads"), f.int("num_hidden_layers")

@@ -121,8 +121,8 @@ def run(
             self.site: Any = lambda: None
             self.noted: list[tuple[Site | None, str, Found]] = []
 
-        def count(self, found: Found) -> None:
-            super().count(found)
+        def count(self, found: Found, wide: dict[str, str] | None = None) -> None:
+            super().count(found, wide)
             self.noted.append((self.site(), self.phase, found))
 
     recorder = _Noting()

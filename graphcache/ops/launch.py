@@ -134,6 +134,7 @@ def _write_part() -> None:
             "training": recorder.training,
             "backwards": [[spec.to_dict(), n] for spec, n in recorder.backwards.items()],
             "no_backward": [[code, message, n] for (code, message), n in recorder.no_backward.items()],
+            "dropped": recorder.dropped(),  # what its bounded records left out (Recorder.dropped)
         }
     try:
         Path(folder, f"{os.getpid()}.json").write_text(json.dumps(part, default=str))
@@ -216,5 +217,9 @@ def write_manifest(
         ):
             for code, message, n in reasons:
                 counts[(code, message)] = counts.get((code, message), 0) + int(n)
+        for name, n in (rec.get("dropped") or {}).items():  # each process's own records' drops
+            record = getattr(recorder, name, None)
+            if name in ("specs", "backwards", "ineligible", "no_backward") and record is not None:
+                record.dropped += int(n)
     recorder.write(output, source="graphcache run")
     return recorder

@@ -119,7 +119,9 @@ def reference(
     the log-sum-exp per query row (b, h, s, 1). ``bias`` (a bias spec's
     additive (b|1, h|1, s_q, s_kv) tensor) is added to the scaled scores.
     Rows with no allowed key (the mask's, or -inf bias on every key) and
-    padded query rows are zero, as torch's SDPA answers them. ``sink`` (a
+    padded query rows are zero, as torch's SDPA answers them; a NaN or inf
+    in the inputs is not hidden (a row it reaches is what the arithmetic
+    makes of it: NaN, as torch's SDPA gives). ``sink`` (a
     sink spec's (1, h_q, 1, 1) logits) joins each row's softmax as one more
     column and is then dropped, as transformers' gpt-oss eager attention
     does; the stats then include it.
@@ -151,8 +153,10 @@ def reference(
             if sink is not None:  # one more column per row: the head's sink logit
                 column = sink.reshape(-1)[heads.to(sink.device)].float().to(q.device).view(-1, 1, 1)
                 scores = torch.cat([scores, column.expand(-1, spec.seq_q, 1)], dim=-1)
-            stats[b, heads] = torch.logsumexp(scores, dim=-1, keepdim=True)
-            probs = torch.softmax(scores, dim=-1).nan_to_num_(0.0)
+            row_lse = torch.logsumexp(scores, dim=-1, keepdim=True)  # -inf where a row sees no key
+            stats[b, heads] = row_lse
+            # 0 where a row sees no key (torch's answer); a NaN or inf of the inputs stays what it makes
+            probs = torch.softmax(scores, dim=-1).masked_fill_(torch.isneginf(row_lse), 0.0)
             if sink is not None:
                 probs = probs[..., :-1]
             del scores

@@ -103,7 +103,7 @@ def varlen_reference(
 
     heads_q = query.shape[1]
     heads_kv = key.shape[2] if block_table is not None else key.shape[1]
-    group = heads_q // heads_kv
+    group = heads_q // heads_kv if heads_kv else 1  # no heads: an empty call, nothing to compute
     total_q = query.shape[0]
     out = torch.zeros((total_q, heads_q, value.shape[-1]), dtype=torch.float32, device=query.device)
     lse = torch.full((heads_q, total_q), float("inf"), dtype=torch.float32, device=query.device)
@@ -123,7 +123,8 @@ def varlen_reference(
             scores = torch.matmul(qf.index_select(0, heads), kf.index_select(0, kv).transpose(-1, -2)) * scale
             scores.masked_fill_(~keep, float("-inf"))
             row_lse = torch.logsumexp(scores, dim=-1)  # -inf where a row sees nothing
-            probs = torch.softmax(scores, dim=-1).nan_to_num_(0.0)
+            # 0 where a row sees no key; a NaN or inf of the inputs stays what it makes (torch's answer)
+            probs = torch.softmax(scores, dim=-1).masked_fill_(torch.isneginf(row_lse).unsqueeze(-1), 0.0)
             del scores
             out[sq : sq + lq, h0 : h0 + len(heads)] = torch.matmul(probs, vf.index_select(0, kv)).transpose(0, 1)
             lse[h0 : h0 + len(heads), sq : sq + lq] = torch.where(

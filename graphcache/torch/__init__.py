@@ -74,19 +74,21 @@ def stats() -> dict[str, Any]:
     ``served_from_store`` (= ``hits``: calls served by a graph the store
     held); ``built_here`` (calls served by a graph this process built on a
     miss, on_miss ``build``: no hit) and ``built_graphs`` (those graphs, one
-    line each); ``misses`` (calls whose graph the store did not
+    line each, the most recent 1,024; ``built_graphs_dropped`` counts the rest); ``misses`` (calls whose graph the store did not
     hold: built here, ran torch, or raised);
     ``fallbacks`` (calls that ran torch's SDPA or varlen kernel, by reason:
-    miss, mask, dtype, head_dim, not_4d, device, autograd, unsupported,
+    miss, mask, dtype, head_dim, not_4d, empty, device, autograd, unsupported,
     known_bad, no_gpu, execute_failed, capture, and for varlen_attn
     num_splits, window, page_size, layout, ...; at the aten door attn_bias,
     dropout, debug_mask), ``copies`` and ``copied`` (tensors of served calls
     copied into a layout a graph reads, by tensor and reason:
     head_dim_stride, broadcast, overlap, strides; graphcache.torch.derive),
     ``execute_failures`` (the (graph, call shape) pairs whose execute raised:
-    graphcache.torch.guard), ``graphs_loaded``, ``shapes_served`` (the
+    graphcache.torch.guard), ``graphs_loaded`` (and ``graphs_dropped``: the
+    loaded graphs kept are the most recent 4,096), ``shapes_served`` (the
     distinct call shapes the loaded graphs served: under length classes, many
-    per graph), ``missed_specs``, and ``doors``: per door a call came through
+    per graph), ``missed_specs`` (the most recent 1,024 specs that missed,
+    with their calls; ``missed_specs_dropped`` counts the older ones), and ``doors``: per door a call came through
     (sdpa, aten, aten_backward, varlen, hf) its calls, hits, built_here,
     relayed calls and fallbacks by reason. A call is counted once, at the door that decided
     it; backward calls only under ``doors``. Where install() registered

@@ -159,6 +159,33 @@ def backward(
     return _like(dq, query), _like(dk, key), _like(dv, value)
 
 
+def torch_kernel(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """PyTorch's own CUDA kernel for ``op`` (FORWARD or BACKWARD), called
+    with the op's arguments: the C++ worker op it runs, which installing never
+    shadows. What graphcache's uninstalled kernels pass calls on to where
+    torch cannot hand out the kernel beneath (before torch 2.9: door.py)."""
+    if op == BACKWARD:
+        return tuple(torch.ops.aten._cudnn_attention_backward(*args, **kwargs))
+    return tuple(_cudnn_forward(*args, **kwargs))
+
+
+def _cudnn_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: Any,
+    stats: bool,
+    dropout_p: float = 0.0,
+    causal: bool = False,
+    debug: bool = False,
+    *,
+    scale: float | None = None,
+) -> Any:
+    return torch.ops.aten._cudnn_attention_forward(
+        q, k, v, bias, None, None, q.shape[2], k.shape[2], stats, dropout_p, causal, debug, scale=scale
+    )
+
+
 # -- the forward's plan and run --------------------------------------------------------
 
 _REFUSED = {
@@ -209,23 +236,27 @@ def _count(plan: Plan, q: Any, k: Any, v: Any, causal: bool, scale: Any, stats: 
 
 def _note(plan: Plan, q: Any, k: Any, v: Any, causal: bool, scale: Any, stats: bool) -> None:
     for recorder in list(RUNTIME.recorders):
-        found = _recorded(plan, recorder.dtype, q, k, v, causal, scale)
+        found, wide = _recorded(plan, recorder.dtype, q, k, v, causal, scale)
         if getattr(recorder, "training", False) and not isinstance(found, tuple):
-            recorder.count_training(found, stats)  # record --backward: its backward spec too
+            recorder.count_training(found, stats, wide)  # record --backward: its backward spec too
         else:
-            recorder.count(found.replace(generate_stats=True) if stats and not isinstance(found, tuple) else found)
+            recorder.count(
+                found.replace(generate_stats=True) if stats and not isinstance(found, tuple) else found, wide
+            )
 
 
-def _recorded(plan: Plan, dtype: str | None, q: Any, k: Any, v: Any, causal: bool, scale: Any) -> Any:
+def _recorded(plan: Plan, dtype: str | None, q: Any, k: Any, v: Any, causal: bool, scale: Any) -> tuple[Any, Any]:
     """What a recorder notes of an aten call: the forward spec of the call
     (in the recorder's dtype, where it records one; the caller adds the
-    stats the door asks for), or (reason, message)."""
+    stats the door asks for) and the layouts a larger call has (``Derived.wide``),
+    or ((reason, message), None)."""
     if plan.reason in _REFUSED:
-        return (plan.reason, plan.message)
+        return (plan.reason, plan.message), None
     try:
-        return derive(q, k, v, is_causal=causal, scale=scale, enable_gqa=True, dtype=dtype).spec
+        derived = derive(q, k, v, is_causal=causal, scale=scale, enable_gqa=True, dtype=dtype)
     except UnsupportedCall as exc:
-        return (exc.reason, str(exc))
+        return (exc.reason, str(exc)), None
+    return derived.spec, derived.wide
 
 
 def _torch_forward(
@@ -242,9 +273,7 @@ def _torch_forward(
 ) -> tuple[Any, ...]:
     """PyTorch's own kernel for a call the door does not serve, counted under ``plan``'s reason."""
     if q.device.type == "cuda":
-        result = torch.ops.aten._cudnn_attention_forward(
-            q, k, v, bias, None, None, q.shape[2], k.shape[2], stats, dropout_p, causal, debug, scale=scale
-        )
+        result = _cudnn_forward(q, k, v, bias, stats, dropout_p, causal, debug, scale=scale)
         _count(plan, q, k, v, causal, scale, stats)
         return tuple(result)
     out, lse = aten_math.forward(q, k, v, bias, dropout_p, causal, scale)

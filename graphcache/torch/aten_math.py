@@ -18,10 +18,16 @@ from typing import Any
 import torch
 
 
+def _group(q: torch.Tensor, kv: torch.Tensor) -> int:
+    """Query heads per key/value head (1 for a call with no heads: an empty one)."""
+    return q.shape[1] // kv.shape[1] if kv.shape[1] else 1
+
+
 def _scores(q: torch.Tensor, k: torch.Tensor, bias: Any, causal: bool, scale: Any) -> tuple[torch.Tensor, float]:
-    group = q.shape[1] // k.shape[1]
+    group = _group(q, k)
     kf = k.float().repeat_interleave(group, dim=1) if group > 1 else k.float()
-    factor = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    # torch's default scale in double: a head dim of 0 (an empty call) scales by inf, not ZeroDivisionError
+    factor = scale if scale is not None else (1.0 / math.sqrt(q.shape[-1]) if q.shape[-1] else math.inf)
     scores = (q.float() @ kf.transpose(-2, -1)) * factor
     if causal:
         s_q, s_kv = q.shape[2], k.shape[2]
@@ -47,7 +53,7 @@ def forward(
     _no_dropout(dropout_p)
     scores, _ = _scores(q, k, bias, causal, scale)
     lse = torch.logsumexp(scores, dim=-1, keepdim=True)
-    group = q.shape[1] // v.shape[1]
+    group = _group(q, v)
     vf = v.float().repeat_interleave(group, dim=1) if group > 1 else v.float()
     out = torch.exp(scores - lse) @ vf
     return out.to(q.dtype), lse
@@ -69,7 +75,7 @@ def backward(
     p = torch.softmax(scores, dim=-1)
     b, h_q, _, _ = q.shape
     h_kv = k.shape[1]
-    group = h_q // h_kv
+    group = _group(q, k)
     vf = v.float().repeat_interleave(group, dim=1) if group > 1 else v.float()
     kf = k.float().repeat_interleave(group, dim=1) if group > 1 else k.float()
     do = grad_out.float()

@@ -142,6 +142,8 @@ def _memoized(memo_key: tuple[Any, ...], tensors: tuple[Any, ...], *flags: Any) 
             if len(state.memo) >= MEMO_LIMIT:  # class-bound and refused entries are one derive to make again
                 for stale in [k for k, p in state.memo.items() if p.graph is None or hasattr(p.graph, "class_spec")]:
                     del state.memo[stale]
+                for stale in list(state.memo)[: max(0, len(state.memo) - MEMO_LIMIT // 2)]:  # then the oldest
+                    del state.memo[stale]
             state.memo[memo_key] = plan
         return plan
 

@@ -29,12 +29,49 @@ lock, and a key of ``stats()``.
 from __future__ import annotations
 
 import threading
-from collections import Counter
-from typing import Any
+from collections import Counter, OrderedDict
+from typing import Any, TypeVar
 
 from graphcache.spec import GraphSpec
 from graphcache.torch.doors import Doors
 from graphcache.torch.plan import Plan
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+# The most recent missed specs ``stats()["missed_specs"]`` names (older ones counted in missed_specs_dropped).
+MISSED_LIMIT = 1024
+# The most recent graphs built here ``stats()["built_graphs"]`` names (older: built_graphs_dropped).
+BUILT_LIMIT = 1024
+
+
+class Recent(OrderedDict[K, V]):
+    """A per-process record of calls that keeps the most recent ``limit``
+    entries (an entry set again is the most recent) and counts those it
+    dropped (``dropped``): a long-running process whose calls keep making
+    new shapes keeps a bounded record of them, and says how much it left out.
+    ``add`` uses it as a set. Not locked: its owner's lock guards it."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit = limit
+        self.dropped = 0
+
+    def __setitem__(self, key: K, value: V) -> None:
+        if key in self:
+            self.move_to_end(key)
+        super().__setitem__(key, value)
+        if len(self) > self.limit:
+            self.popitem(last=False)
+            self.dropped += 1
+
+    def add(self, key: K) -> None:
+        self[key] = True  # type: ignore[assignment]
+
+    def forget(self) -> None:
+        """Empty it and its count of dropped entries."""
+        self.clear()
+        self.dropped = 0
 
 
 class Counts:
@@ -50,8 +87,9 @@ class Counts:
         self.misses = 0  # calls whose graph the store did not hold that no graph built here served
         self.raised = 0  # calls that raised NotFound (on_miss=error)
         self.fallbacks: Counter[str] = Counter()
-        self.missed: dict[GraphSpec, int] = {}
-        self.built: set[GraphSpec] = set()
+        self.missed: Recent[GraphSpec, int] = Recent(MISSED_LIMIT)  # the most recent missed specs, calls each
+        # The graphs this process built (the most recent; a plan made for an older one counts its calls as hits).
+        self.built: Recent[GraphSpec, bool] = Recent(BUILT_LIMIT)
 
     def count(self, plan: Plan, door: str = "sdpa") -> None:
         """One call that ran ``plan``, through ``door``; one a graph served takes no lock."""
@@ -92,7 +130,9 @@ class Counts:
                 "misses": self.misses + doors.built_here,
                 "fallbacks": fallbacks,
                 "built_graphs": sorted(spec.summary() for spec in self.built),
+                "built_graphs_dropped": self.built.dropped,
                 "missed_specs": [{"spec": s.to_dict(), "calls": n} for s, n in self.missed.items()],
+                "missed_specs_dropped": self.missed.dropped,
                 "doors": doors.as_dict(),
             }
 

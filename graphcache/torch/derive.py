@@ -4,12 +4,16 @@ Layouts come from strides, never from a copy (``graphcache.spec.layouts``):
 each of q, k and v gets the layout its strides say (``read``), so a view of
 a fused projection (timm's ViT, ModernBERT's v), a sequence-first tensor
 (``nn.MultiheadAttention``) or a transposed projection beside a contiguous
-KV cache (Hugging Face's prefill) is read where it lies. Where a tensor fits
-several layouts (dims of size 1), each takes the one its size-1 batch
-stride says (so a batch-1 call maps to the layout its batch-4 call has),
-then for k one q and v fit too (a call whose three tensors share a layout
-keeps the spec it always had), for q and v k's, then the one a size-1
-sequence stride says, then bshd, bhsd, the rest. k and v expanded over heads with stride 0 (Falcon's and
+KV cache (Hugging Face's prefill) is read where it lies. Only the strides
+of dims larger than 1 decide (any stride is valid for a dim of size 1, and
+cuDNN runs two calls that differ only there identically, so they share one
+spec and one graph): where a tensor fits several layouts (dims of size 1),
+k takes one q and v fit too (a call whose three tensors share a layout
+keeps the spec it always had), q and v take k's, else one in k's order,
+then bshd, bhsd, the rest (``graphcache.spec.layouts.choose``). What the size-1 batch and sequence
+strides say is kept beside the spec (``Derived.wide``): the layout the same
+producer's batch-4 call has, which ``record --max-batch`` widens a batch-1
+call to. k and v expanded over heads with stride 0 (Falcon's and
 gpt_bigcode's multi-query attention) are one real head: the spec has
 ``heads_kv=1`` and the graph reads the first head. A tensor no layout
 expresses, or cuDNN does not take (a head dim that is not contiguous, a
@@ -43,13 +47,17 @@ _DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
 class Derived:
     """A call's spec, the tensors copied per call into the layout the spec
     gives them (``(role, layout, reason)``), how its attn_mask becomes the
-    graph's bias (None: no mask), and whether k and v are expanded over heads
-    (stride 0: the graph reads their first head)."""
+    graph's bias (None: no mask), whether k and v are expanded over heads
+    (stride 0: the graph reads their first head), and the layouts a larger
+    call of its producer has (``wide``)."""
 
     spec: GraphSpec
     copies: tuple[tuple[str, str, str], ...] = ()
     bias: BiasFrom | None = None
     expanded: bool = False
+    # The layouts a larger call of the same producer has, where the size-1 dims' strides say other
+    # than the spec's (None: the same): what record --max-batch / --max-seq widen the call to.
+    wide: dict[str, str] | None = None
 
 
 def packed(t: torch.Tensor, layout: str) -> torch.Tensor:
@@ -73,17 +81,14 @@ def layouts_of(t: torch.Tensor) -> tuple[str, ...]:
 _COPY_INTO = {"k": ("v", "q"), "v": ("k", "q"), "q": ("k", "v")}
 
 
-def _best(fits: tuple[spec_layouts.Fit, ...], first: Any) -> str:
-    """The batch stride's word first (what ``record --max-batch`` widens),
-    then ``first``, then the sequence stride's, then the fixed order."""
-    return min(fits, key=lambda f: (not f.batch, not first(f.text), not f.seq, spec_layouts.rank(f.text))).text
-
-
 def choose(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-) -> tuple[dict[str, str], tuple[tuple[str, str, str], ...]]:
-    """Each tensor's layout (see the module's text) and the copies: ``(role,
-    layout, reason)`` for each tensor no layout of a graph reads."""
+) -> tuple[dict[str, str], tuple[tuple[str, str, str], ...], dict[str, str]]:
+    """Each tensor's layout (``graphcache.spec.layouts.choose``: from its
+    dims of size > 1 alone), the copies (``(role, layout, reason)`` for each
+    tensor no layout of a graph reads), and the layouts the size-1 batch and
+    sequence strides say, which a larger call of the same producer has (the
+    hint ``record`` widens from; the same dict where they agree)."""
     fits: dict[str, tuple[spec_layouts.Fit, ...]] = {}
     reasons: dict[str, str] = {}
     for role, t in (("q", q), ("k", k), ("v", v)):
@@ -91,20 +96,16 @@ def choose(
             fits[role] = spec_layouts.read(tuple(t.shape), tuple(t.stride()))
         except spec_layouts.NoLayout as exc:
             reasons[role] = exc.reason
-    chosen: dict[str, str] = {}
-    if "k" in fits:
-        others = [{f.text for f in fits[r]} for r in ("q", "v") if r in fits]
-        chosen["k"] = _best(fits["k"], lambda text: all(text in o for o in others))
-    for role in ("v", "q"):
-        if role in fits:
-            chosen[role] = _best(fits[role], lambda text: text == chosen.get("k"))
+    chosen = spec_layouts.choose(fits)
+    hinted = spec_layouts.choose(fits, hint=True)
     copies = []
     for role in ("k", "v", "q"):
         if role in reasons:
-            into = next((spec_layouts.parse(chosen[r]).packed for r in _COPY_INTO[role] if r in chosen), "bhsd")
-            chosen[role] = into
-            copies.append((role, into, reasons[role]))
-    return chosen, tuple(copies)
+            for found in (chosen, hinted):
+                into = next((spec_layouts.parse(found[r]).packed for r in _COPY_INTO[role] if r in found), "bhsd")
+                found[role] = into
+            copies.append((role, chosen[role], reasons[role]))
+    return chosen, tuple(copies), hinted
 
 
 def derive(
@@ -140,6 +141,13 @@ def derive(
             raise UnsupportedCall(
                 reason="not_4d",
                 message=f"{name} is {t.dim()}-D {tuple(t.shape)}; a cuDNN graph takes 4-D (batch, heads, seq, head_dim) tensors",
+            )
+    for name, t in tensors:
+        if t.numel() == 0:  # torch answers it (an empty tensor, or zeros over no keys): nothing to build
+            raise UnsupportedCall(
+                reason="empty",
+                message=f"{name} {tuple(t.shape)} has no elements: torch's SDPA answers an empty call; "
+                "no graph is built for it",
             )
     if not (query.dtype == key.dtype == value.dtype):
         raise UnsupportedCall(
@@ -194,7 +202,7 @@ def derive(
         name = dtype
     else:
         raise SpecError(f"dtype={dtype!r} is not supported; allowed: {', '.join(DTYPES)}", "dtype")
-    chosen, copies = choose(query, key, value)
+    chosen, copies, hinted = choose(query, key, value)
     try:
         spec = GraphSpec(
             batch=b,
@@ -216,7 +224,10 @@ def derive(
         )
     except SpecError as exc:
         raise UnsupportedCall(str(exc), exc.field or "spec") from exc
-    return Derived(spec, copies, bias, expanded)
+    wide = None
+    if hinted != chosen:
+        wide = {"layout": hinted["k"], "layout_q": hinted["q"], "layout_v": hinted["v"]}
+    return Derived(spec, copies, bias, expanded, wide)
 
 
 def derive_args(args: tuple[Any, ...], dtype: str | None = None) -> Derived:

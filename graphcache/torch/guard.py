@@ -32,11 +32,14 @@ from graphcache.cache import GraphCache
 from graphcache.compilers.base import LoadedGraph
 from graphcache.errors import GraphCacheError
 from graphcache.spec import GraphSpec
-from graphcache.torch.counts import Counts
+from graphcache.torch.counts import Counts, Recent
 from graphcache.torch.plan import Plan
 
 log = logging.getLogger(__name__)
 
+# The (graph, call shape) pairs and the graphs that raised kept per process, the most recent.
+PAIRS_LIMIT = 65536
+GRAPHS_LIMIT = 1024
 # Words of a failure of the moment (graphcache.compilers.cudnn.failures.TRANSIENT's).
 _TRANSIENT = ("OUT OF MEMORY", "ALLOC_FAILED")
 
@@ -46,9 +49,10 @@ class Failures:
     Not locked: the runtime records and reads under its own lock."""
 
     def __init__(self) -> None:
-        # By hash, as the runtime's served shapes: one int per failed call shape.
-        self._pairs: set[int] = set()
-        self._graphs: set[GraphSpec] = set()  # the graphs that raised at least once (logged)
+        # By hash, as the runtime's served shapes: one int per failed call shape, the most recent
+        # (a pair dropped is tried again at its next call, and recorded again if it raises again).
+        self._pairs: Recent[int, bool] = Recent(PAIRS_LIMIT)
+        self._graphs: Recent[GraphSpec, bool] = Recent(GRAPHS_LIMIT)  # the graphs that raised at least once (logged)
         self.count = 0
 
     def record(self, graph: GraphSpec, call: GraphSpec, error: BaseException) -> bool:

@@ -30,8 +30,14 @@ from graphcache.models.specs import lengthened, widened
 from graphcache.spec import DTYPES, GraphSpec
 from graphcache.spec.backward import backward_of
 from graphcache.spec.classes import check_policy, class_of, policy_from_env
+from graphcache.spec.layouts import settled
+from graphcache.torch.counts import Recent
 from graphcache.torch.derive import _DTYPE_NAMES, derive_args
 from graphcache.torch.patching import RUNTIME, patch
+
+# Distinct specs (and backward specs) a recording keeps, the most recent; reasons a call is no graph.
+RECORD_LIMIT = 65536
+REASONS_LIMIT = 1024
 
 
 class Recorder:
@@ -59,18 +65,26 @@ class Recorder:
         self.max_batch = max_batch  # widen every call seen to the batch classes up to this (record --max-batch)
         self.max_seq = max_seq  # ... and to the length classes up to this (record --max-seq)
         self.backend = False  # a call came through graphcache.hf's backend: its route is graphcache
-        self.specs: dict[GraphSpec, int] = {}  # exact call specs and their call counts
-        self.ineligible: dict[tuple[str, str], int] = {}
+        # Every record below keeps its most recent entries (RECORD_LIMIT, REASONS_LIMIT) and counts
+        # those it dropped: a recording as long as a server's life stays bounded, and says what it left out.
+        self.specs: Recent[GraphSpec, int] = Recent(RECORD_LIMIT)  # exact call specs and their call counts
+        self.ineligible: Recent[tuple[str, str], int] = Recent(REASONS_LIMIT)
         self.training = backward  # every call's backward too (record --backward)
-        self.backwards: dict[GraphSpec, int] = {}  # their backward specs and call counts
-        self.no_backward: dict[tuple[str, str], int] = {}  # calls with no backward spec, by field and why
+        self.backwards: Recent[GraphSpec, int] = Recent(RECORD_LIMIT)  # their backward specs and call counts
+        self.no_backward: Recent[tuple[str, str], int] = Recent(REASONS_LIMIT)  # no backward spec: field and why
         self.copied: dict[tuple[str, str], int] = {}  # (tensor, reason): calls whose tensor is copied (derive)
-        self._memo: dict[tuple[Any, ...], tuple[GraphSpec | tuple[str, str], tuple[tuple[str, str, str], ...]]] = {}
+        # Per spec, the layouts a larger call of its producer has where its size-1 strides say other than
+        # the spec's (graphcache.torch.derive's Derived.wide): what max_batch / max_seq widen it to.
+        self.wide: Recent[GraphSpec, dict[str, str]] = Recent(RECORD_LIMIT)
+        self._memo: dict[
+            tuple[Any, ...], tuple[GraphSpec | tuple[str, str], tuple[tuple[str, str, str], ...], Any]
+        ] = {}
         self._lock = threading.Lock()
 
     def note(self, memo_key: tuple[Any, ...] | None, args: tuple[Any, ...]) -> None:
         query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa = args
         copies: tuple[tuple[str, str, str], ...] = ()
+        wide = None
         grad = torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (query, key, value))
         if grad and not self.training:
             found: GraphSpec | tuple[str, str] = ("autograd", "an input requires grad: cuDNN graphs are forward-only")
@@ -79,28 +93,30 @@ class Recorder:
             if cached is None:
                 try:
                     derived = derive_args(args, self.dtype)
-                    found, copies = derived.spec, derived.copies
+                    found, copies, wide = derived.spec, derived.copies, derived.wide
                 except UnsupportedCall as exc:
                     found = (exc.reason, str(exc))
                 if memo_key is not None and attn_mask is None:
-                    self._memo[memo_key] = (found, copies)
+                    if len(self._memo) >= RECORD_LIMIT:  # a cache of derive: emptied, never grown past the limit
+                        self._memo.clear()
+                    self._memo[memo_key] = (found, copies, wide)
             else:
-                found, copies = cached
+                found, copies, wide = cached
         if self.training and isinstance(found, GraphSpec):
-            self.count_training(found, grad)
+            self.count_training(found, grad, wide)
         else:
-            self.count(found)
+            self.count(found, wide)
         if copies:
             with self._lock:
                 for role, _, reason in copies:
                     self.copied[(role, reason)] = self.copied.get((role, reason), 0) + 1
 
-    def count_training(self, spec: GraphSpec, grad: bool = True) -> None:
+    def count_training(self, spec: GraphSpec, grad: bool = True, wide: dict[str, str] | None = None) -> None:
         """Count one forward call of spec ``spec`` in a training step: the
         forward (with ``generate_stats`` where the call needs gradients: the
         stats the backward reads) and its backward spec, or, where it has
-        none here, the reason (``no_backward``)."""
-        self.count(_with_stats(spec) if grad else spec)
+        none here, the reason (``no_backward``). ``wide`` as for ``count``."""
+        self.count(_with_stats(spec) if grad else spec, wide)
         try:
             back = backward_of(spec)
         except SpecError as exc:
@@ -111,17 +127,33 @@ class Recorder:
         with self._lock:
             self.backwards[back] = self.backwards.get(back, 0) + 1
 
-    def count(self, found: GraphSpec | tuple[str, str]) -> None:
+    def count(self, found: GraphSpec | tuple[str, str], wide: dict[str, str] | None = None) -> None:
         """Count one call as the spec it makes, or as ``(reason, message)``
-        when it cannot be a graph (graphcache.torch.varlen_attn notes its calls so)."""
+        when it cannot be a graph (graphcache.torch.varlen_attn notes its calls so).
+        ``wide``: the layouts a larger call of its producer has, where its
+        size-1 strides say other than the spec's (``Derived.wide``)."""
         with self._lock:
             if isinstance(found, GraphSpec):
                 self.specs[found] = self.specs.get(found, 0) + 1
+                if wide:
+                    self.wide[found] = wide
             else:
                 self.ineligible[found] = self.ineligible.get(found, 0) + 1
 
     def calls(self) -> int:
+        """The calls the record still names (``dropped`` says how many specs and reasons it left out)."""
         return sum(self.specs.values()) + sum(self.ineligible.values())
+
+    def dropped(self) -> dict[str, int]:
+        """Entries dropped from each bounded record (the oldest, past its limit): ``specs``,
+        ``backwards``, ``ineligible``, ``no_backward``; only those that dropped any."""
+        found = {
+            "specs": self.specs.dropped,
+            "backwards": self.backwards.dropped,
+            "ineligible": self.ineligible.dropped,
+            "no_backward": self.no_backward.dropped,
+        }
+        return {name: n for name, n in found.items() if n}
 
     def graphs(self) -> dict[GraphSpec, dict[GraphSpec, int]]:
         """The specs the manifest names (the calls' classes under the
@@ -135,11 +167,15 @@ class Recorder:
             inputs = self.inputs()
             for spec in list(self.specs):
                 rows = max(1, spec.batch // inputs)
-                for long in lengthened(spec, self.max_seq) if self.max_seq else [spec]:
+                # From the layouts a larger call of the producer has; each widened spec then named as the
+                # calls of its sizes name it (a batch-1 one is the call's own spec again).
+                base = spec.replace(**self.wide[spec]) if spec in self.wide else spec
+                for long in lengthened(base, self.max_seq) if self.max_seq else [base]:
                     wides = (
                         widened(long, route, self.max_batch, self._windows(spec), rows) if self.max_batch else [long]
                     )
-                    for wide in wides:
+                    for found in wides:
+                        wide = found.replace(**settled(_as_called(found, spec)))
                         groups.setdefault(wide, {})
                         if self.training:  # the widened call's training forward and backward too
                             groups.setdefault(_with_stats(wide), {})
@@ -196,6 +232,14 @@ class Recorder:
         ]
         if self.dtype:
             lines.append(f"# Specs are recorded as {self.dtype}, whatever dtype the recording run used.")
+        dropped = self.dropped()
+        if dropped:
+            lines.append(
+                "# The recording keeps the most recent "
+                f"{RECORD_LIMIT} distinct specs and {REASONS_LIMIT} reasons; it dropped the oldest: "
+                + ", ".join(f"{n} {name}" for name, n in dropped.items())
+                + " (their graphs are not in this manifest: record a shorter run, or merge recordings)."
+            )
         if self.training:
             lines.append(
                 f"# A training step (graphcache record --backward): {len(self.backwards)} backward spec(s) "
@@ -249,6 +293,19 @@ class Recorder:
             )
         reasons = "; ".join(f"{code} ({n} call(s)): {msg}" for (code, msg), n in sorted(self.ineligible.items()))
         return f"none of the {self.calls()} SDPA call(s) can be a cuDNN graph: {reasons}"
+
+
+def _as_called(found: GraphSpec, call: GraphSpec) -> GraphSpec:
+    """A widened spec ``found`` at the lengths the recorded ``call`` had,
+    where its class takes them: the sizes whose layouts its calls get (a
+    call's layouts come from its dims larger than 1, so a first decode step
+    of one key names its own layout, which its class at 128 keys would not)."""
+    if found.layout == "thd" or not found.is_class:
+        return found
+    kv, call_kv = found.seq_kv or found.seq_q, call.seq_kv or call.seq_q
+    if call.seq_q > found.seq_q or call_kv > kv:
+        return found  # lengthened past the call (record --max-seq): its class's own sizes
+    return found.replace(shapes="exact", seq_q=call.seq_q, seq_kv=call_kv)
 
 
 def _with_stats(spec: GraphSpec) -> GraphSpec:

@@ -30,7 +30,7 @@ from graphcache.compilers.classgraph import bind
 from graphcache.errors import GraphCacheError, NoGpu, NotFound, UnsupportedCall, UnsupportedGpu, UnsupportedSpec
 from graphcache.spec import GraphSpec
 from graphcache.spec.classes import class_of
-from graphcache.torch.counts import Counts
+from graphcache.torch.counts import Counts, Recent
 from graphcache.torch.derive import Derived, derive_args
 from graphcache.torch.doors import capturing, relayed_sdpa
 from graphcache.torch.guard import Failures, exact_graph, failed_plan, graph_of
@@ -39,8 +39,19 @@ from graphcache.torch.plan import COPIED, COPIED_BYTES, BackwardCalls, Plan
 
 log = logging.getLogger(__name__)
 
-# Memo entries past which the class-bound ones are dropped (Runtime._drop_bound).
+# Memo entries past which the class-bound ones and the fallbacks are dropped, then the oldest
+# (Runtime.memoize): each is one derive (and a bind, or a store lookup) to make again.
 MEMO_LIMIT = 65536
+# Memo entries of call shapes torch runs (a miss, a mask no graph takes, ...) made since the memo last
+# dropped them, past which they are dropped: each holds its spec, and a server whose calls keep
+# missing would hold 65,536 of them (about 200 MiB); a dropped one costs a derive and a store lookup.
+FALLBACK_LIMIT = 8192
+# Loaded graphs kept by spec past which the oldest are dropped (a memo entry that holds one keeps it;
+# a call shape planned afresh loads it from the store again).
+GRAPHS_LIMIT = 4096
+# The exact call shapes shapes_served tells apart, and the classes that did not serve here.
+SERVED_LIMIT = 65536
+CLASSLESS_LIMIT = 4096
 
 
 class Runtime:
@@ -59,11 +70,14 @@ class Runtime:
             self._device: torch.device | None = None
             self._on_miss: str | None = None
             self._memo: dict[tuple[Any, ...], Plan] = {}
-            self._graphs: dict[GraphSpec, LoadedGraph] = {}  # by the graph's own spec (a class or an exact one)
-            self._classless: set[GraphSpec] = set()  # classes that did not serve here: exact graphs instead
+            self._fallbacks = 0  # graph-less memo entries made since the last drop (FALLBACK_LIMIT)
+            # by the graph's own spec (a class or an exact one), the most recently loaded
+            self._graphs: Recent[GraphSpec, LoadedGraph] = Recent(GRAPHS_LIMIT)
+            # classes that did not serve here: exact graphs instead
+            self._classless: Recent[GraphSpec, bool] = Recent(CLASSLESS_LIMIT)
             # The exact call specs loaded graphs served, by hash: a server's
-            # lifetime of decode lengths, kept small (the memo itself is bounded).
-            self._served: set[int] = set()
+            # lifetime of decode lengths, the most recent kept (and the older ones counted).
+            self._served: Recent[int, bool] = Recent(SERVED_LIMIT)
             self.counts = Counts()  # what each call was served by, per door too (graphcache.torch.counts)
             COPIED.clear()  # (tensor, reason): tensors copied for a graph to read (plan.py counts them)
             COPIED_BYTES.clear()
@@ -89,11 +103,12 @@ class Runtime:
             where = torch.device("cuda", index)
         with self._lock:
             self._memo.clear()
-            self._graphs.clear()
+            self._fallbacks = 0
+            self._graphs.forget()
             self.failures = Failures()  # a verdict on graphs configure() forgets
-            self._classless.clear()
-            self._served.clear()
-            self.counts.missed.clear()
+            self._classless.forget()
+            self._served.forget()
+            self.counts.missed.forget()
             self.backward.memo.clear()
             self._cache = cache
             self._device = where
@@ -251,21 +266,30 @@ class Runtime:
     def memoize(self, memo_key: tuple[Any, ...], plan: Plan) -> None:
         """Keep ``plan`` for ``memo_key``'s call shape (the lock held); one made under capture is this call's only."""
         if plan.reason != "capture":
-            if len(self._memo) >= MEMO_LIMIT:
+            if plan.graph is None:
+                self._fallbacks += 1
+            if len(self._memo) >= MEMO_LIMIT or self._fallbacks > FALLBACK_LIMIT:
                 self._drop_bound()
             self._memo[memo_key] = plan
 
     def _drop_bound(self) -> None:
-        """Forget the memo's class-bound entries and its fallbacks (the lock
-        held): under length classes every decode length of every batch size
-        is a call shape, and so it is for a class never warmed (a miss) or a
-        call torch must run (a tensor mask), so a long-running server would
-        grow the memo without end. Each is one derive (and a bind, or a store
-        lookup for a miss) to make again; the loaded graphs stay loaded."""
+        """Forget the memo's class-bound entries and its fallbacks, and where
+        that leaves it over half full, its oldest entries down to half (the
+        lock held), when it holds ``MEMO_LIMIT`` entries or ``FALLBACK_LIMIT``
+        fallbacks were made since the last drop: under length classes every
+        decode length of every batch size is a call shape, and so it is for a
+        class never warmed (a miss), a call torch must run (a tensor mask)
+        or, under exact shapes, a graph per shape, so a long-running server
+        would grow the memo without end. Each is one derive (and a bind, or a store lookup for a
+        miss) to make again; the loaded graphs stay loaded (``GRAPHS_LIMIT``)."""
         for stale in [
             k for k, p in self._memo.items() if p.graph is None or getattr(p.graph, "class_spec", None) is not None
         ]:
             del self._memo[stale]
+        self._fallbacks = 0
+        if len(self._memo) > MEMO_LIMIT // 2:
+            for stale in list(self._memo)[: len(self._memo) - MEMO_LIMIT // 2]:  # oldest first (insertion order)
+                del self._memo[stale]
 
     def _plan_for(self, derived: Derived, device: torch.device) -> Plan:
         spec = derived.spec
@@ -355,7 +379,8 @@ class Runtime:
             "copied_bytes": sum(nbytes.values()),
             "execute_failures": self.failures.count,
             "graphs_loaded": len(self._graphs),
-            "shapes_served": len(self._served),
+            "graphs_dropped": self._graphs.dropped,
+            "shapes_served": len(self._served) + self._served.dropped,
             "backward": self.backward.stats(),  # sdpa_backward's calls, apart from these
         }
 

@@ -175,7 +175,7 @@ def _plan(memo_key: tuple[Any, ...] | None, args: tuple[Any, ...], extra: tuple[
             if len(memo) >= MEMO_LIMIT:
                 for stale in [k for k in memo if k[0] == _MEMO_TAG]:
                     del memo[stale]
-            memo[memo_key] = plan
+            RUNTIME.memoize(memo_key, plan)  # and the runtime's own bound over every door's entries
         return plan
 
 
@@ -238,10 +238,15 @@ def fallback(args: tuple[Any, ...], extra: tuple[Any, ...]) -> tuple[Any, Any]:
         return out, torch.empty((h, t), dtype=torch.float32, device="meta")
     out, lse = varlen_reference(
         query, key, value, cu_seq_q, cu_seq_k,
-        scale=1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale),
+        scale=_default_scale(query.shape[-1]) if scale is None else float(scale),
         window=effective_window(window_size, max_k), seqused_k=seqused_k, block_table=block_table,
     )  # fmt: skip
     return out.to(query.dtype), lse
+
+
+def _default_scale(head_dim: int) -> float:
+    """torch's default scale, 1/sqrt(head_dim), in double: inf for a head dim of 0 (an empty call)."""
+    return 1.0 / math.sqrt(head_dim) if head_dim else math.inf
 
 
 def note(recorder: Any, args: tuple[Any, ...], extra: tuple[Any, ...]) -> None:

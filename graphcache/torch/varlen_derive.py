@@ -56,7 +56,8 @@ def varlen_spec(
     """The exact thd spec of one varlen_attn call. ``dtype`` overrides the
     tensors' dtype (to record, on a float32 CPU run, what a GPU will run).
 
-    Raises UnsupportedCall with the reason: ``num_splits`` (no cuDNN
+    Raises UnsupportedCall with the reason: ``empty`` (no token, head,
+    head dim or sequence: torch answers it), ``num_splits`` (no cuDNN
     equivalent), ``dtype``, ``head_dim``, ``window`` (a left bound with no
     right bound), ``page_size`` (not a power of two), ``layout`` (not
     token-major with packed heads), ``tensor_subclass`` or ``invalid``.
@@ -65,6 +66,15 @@ def varlen_spec(
         if type(t) not in _PLAIN:
             reason = "tensor_subclass" if isinstance(t, torch.Tensor) else "invalid"
             raise UnsupportedCall(f"{name} is a {type(t).__name__}; cuDNN graphs take plain tensors", reason)
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if t.numel() == 0:  # no token, no head or a head dim of 0: torch answers it, nothing is built
+            raise UnsupportedCall(
+                f"{name} {tuple(t.shape)} has no elements: torch's varlen_attn answers an empty call; "
+                "no graph is built for it",
+                "empty",
+            )
+    if isinstance(cu_seq_q, torch.Tensor) and cu_seq_q.dim() == 1 and cu_seq_q.shape[0] < 2:
+        raise UnsupportedCall(f"cu_seq_q {tuple(cu_seq_q.shape)} names no sequence: an empty batch", "empty")
     if num_splits not in (None, 1):
         raise UnsupportedCall(f"num_splits={num_splits}: cuDNN has no split-KV setting (None or 1 only)", "num_splits")
     paged = block_table is not None
