@@ -30,7 +30,7 @@ from graphcache.models.specs import lengthened, widened
 from graphcache.spec import DTYPES, GraphSpec
 from graphcache.spec.backward import backward_of
 from graphcache.spec.classes import check_policy, class_of, policy_from_env
-from graphcache.spec.layouts import settled
+from graphcache.spec.layout_fits import settled
 from graphcache.torch.counts import Recent
 from graphcache.torch.derive import _DTYPE_NAMES, derive_args
 from graphcache.torch.patching import RUNTIME, patch
