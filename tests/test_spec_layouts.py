@@ -1,5 +1,6 @@
 """graphcache.spec.layouts: each tensor's layout in a spec, its strides, its
-one canonical text, and the inverse, reading layouts off a tensor's strides.
+one canonical text, and the inverse, reading layouts off a tensor's strides
+(graphcache.spec.layout_fits).
 The stride patterns are those the real modules hand torch's SDPA
 (tests/test_torch_layouts.py runs the modules themselves)."""
 
@@ -9,7 +10,7 @@ import pytest
 
 from graphcache import GraphSpec, ManifestError, Target, key_for, manifest
 from graphcache.errors import SpecError
-from graphcache.spec import layouts
+from graphcache.spec import layout_fits, layouts
 from graphcache.spec.classes import class_of
 
 TARGET = Target.parse("h200-sm90-cudnn9.28.0-fe1.32.0")
@@ -106,17 +107,17 @@ def test_a_manifest_takes_layouts_unquoted():
     ],
 )
 def test_read_finds_the_layout_of_real_strides(shape, stride, best):
-    fits = layouts.read(shape, stride)
+    fits = layout_fits.read(shape, stride)
     assert [f.text for f in fits] == [best]
     assert layouts.parse(best).strides(shape) == stride
 
 
 def test_size_one_batch_strides_say_which_layout_a_larger_batch_has():
     # nn.MultiheadAttention at batch 1 fits bshd too; its batch stride says sbhd, as at batch 4.
-    fits = {f.text: f.exact for f in layouts.read((1, 4, 10, 64), (256, 64, 256, 1))}
+    fits = {f.text: f.exact for f in layout_fits.read((1, 4, 10, 64), (256, 64, 256, 1))}
     assert fits["sbhd"] and not fits["bshd"]
     # timm at batch 1: the fused group is read off the batch stride too.
-    fits = {f.text: f.exact for f in layouts.read((1, 3, 197, 64), (197 * 576, 64, 576, 1))}
+    fits = {f.text: f.exact for f in layout_fits.read((1, 3, 197, 64), (197 * 576, 64, 576, 1))}
     assert [t for t, exact in fits.items() if exact] == ["bs[3]hd"]
 
 
@@ -130,8 +131,8 @@ def test_size_one_batch_strides_say_which_layout_a_larger_batch_has():
     ],
 )
 def test_what_no_graph_reads_is_named(shape, stride, reason):
-    with pytest.raises(layouts.NoLayout) as raised:
-        layouts.read(shape, stride)
+    with pytest.raises(layout_fits.NoLayout) as raised:
+        layout_fits.read(shape, stride)
     assert raised.value.reason == reason
 
 

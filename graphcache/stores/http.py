@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import io
-import json
 import logging
 import threading
 import time
@@ -24,15 +22,13 @@ from graphcache.errors import (
     StoreUnavailable,
 )
 from graphcache.settings import Settings
+from graphcache.stores import answers
 from graphcache.stores.base import shown_url
-from graphcache.stores.space import human
 
 log = logging.getLogger(__name__)
 # The largest answer a client reads unless told otherwise: the largest
 # artifact a server of the default settings stores (GRAPHCACHE_MAX_UPLOAD).
 DEFAULT_MAX_ARTIFACT = Settings().max_artifact
-# Of an error answer only its detail is read: a prefix this long, the rest left unread.
-ERROR_PREFIX = 64 * 1024
 
 
 class HttpStore:
@@ -100,82 +96,12 @@ class HttpStore:
             raise self._unavailable(exc) from exc
 
     def _read(self, response: httpx.Response) -> httpx.Response:
-        """``response`` with its body read: a 2xx answer's whole, within
-        ``max_artifact`` (AnswerTooLarge past it), any other's prefix."""
-        if response.request.method == "HEAD":
-            content = b""  # no body: its Content-Length is the artifact's, not this answer's
-        elif response.status_code >= 300 or response.status_code < 200:
-            body = io.BytesIO()
-            for chunk in response.iter_raw():
-                body.write(chunk[: ERROR_PREFIX - body.tell()])
-                if body.tell() >= ERROR_PREFIX:
-                    break  # the rest is left unread; the connection is closed
-            content = body.getvalue()
-        else:
-            content = self._bounded(response, self.max_artifact, "the largest answer this client reads")
-        return httpx.Response(response.status_code, headers=response.headers, content=content, request=response.request)
+        """``response`` with its body read within ``max_artifact`` (``answers.read``)."""
+        return answers.read(response, self.max_artifact, shown=self.shown, pause=self._pause)
 
     def _bounded(self, response: httpx.Response, limit: int, bound: str, check: EnvelopeCheck | None = None) -> bytes:
-        """The body of ``response``, read as it arrives and never past
-        ``limit`` bytes (``bound`` says what that is) or, with an envelope
-        ``check`` fed as it arrives, past the envelope's own size: then
-        AnswerTooLarge, and the server is not asked again for
-        ``retry_after`` seconds. A declared length past ``limit`` is refused
-        before any byte is read. A ``check`` that fails stops the read: the
-        bytes so far are returned, for ``check.finish`` to refuse."""
-        what = f"{response.request.method} {response.request.url.path}"
-        declared = _declared(response)
-        if declared is not None and declared > limit:
-            raise self._too_large(what, declared, limit, bound, declared=True)
-        body = io.BytesIO()  # getvalue() hands over its buffer: the body is held once
-        for chunk in response.iter_raw():
-            size = body.tell() + len(chunk)
-            if size > limit:  # refused before the chunk past the limit is kept
-                raise self._too_large(what, size, limit, bound)
-            body.write(chunk)
-            if check is not None:
-                check.feed(chunk)
-                if check.failed is not None:
-                    break
-                expected = check.expected
-                if expected is not None and expected > limit:
-                    raise self._too_large(what, expected, limit, bound, declared=True, envelope=True)
-                if expected is not None and size > expected:
-                    raise self._too_large(what, size, expected, "the size its own envelope declares")
-        return body.getvalue()
-
-    def _too_large(
-        self,
-        what: str,
-        sent: int,
-        limit: int,
-        bound: str,
-        *,
-        declared: bool = False,
-        envelope: bool = False,
-    ) -> AnswerTooLarge:
-        """The error of an answer past its bound. One that was being sent
-        (not only declared) counts as a failure of the server and pauses it,
-        as a server that does not answer does: a proxy sending endless
-        bodies is not read again for every key."""
-        if declared:
-            said = f"its artifact's header declares {sent} bytes" if envelope else f"it declared {sent} bytes"
-            hint = (
-                "; if the service stores artifacts that large (GRAPHCACHE_MAX_UPLOAD), raise GRAPHCACHE_MAX_ARTIFACT"
-                " here to match"
-            )
-            message = (
-                f"{self.shown} answered {what} with more than this client reads: {said}, over {bound} "
-                f"({limit} bytes, {human(limit)})"
-            )
-            return AnswerTooLarge(message + hint, sent=sent, limit=limit)
-        self._pause(f"it sent more than {human(limit)} for {what}")
-        message = (
-            f"{self.shown} sent {sent} bytes or more for {what}, over {bound} ({limit} bytes, {human(limit)}); "
-            "the answer was not read further: a proxy or server in between sends endless or oversized bodies "
-            "(the service's own answers are at most GRAPHCACHE_MAX_UPLOAD; GRAPHCACHE_MAX_ARTIFACT sets this bound)"
-        )
-        return AnswerTooLarge(message, sent=sent, limit=limit)
+        """The body, never read past its bound (``answers.bounded``); past it, this server is paused."""
+        return answers.bounded(response, limit, bound, check, shown=self.shown, pause=self._pause)
 
     def _check_down(self) -> None:
         left = self._down_until - time.monotonic()
@@ -204,16 +130,16 @@ class HttpStore:
     def _checked(self, response: httpx.Response) -> httpx.Response:
         if response.status_code == 507:
             # Up and serving reads: its disk is full. Not a reason to stop asking it.
-            raise StoreFull(f"{self.shown} is out of space (507): {_detail(response)}")
+            raise StoreFull(f"{self.shown} is out of space (507): {answers.detail(response)}")
         if response.status_code >= 500:
             with self._lock:
                 self.errors += 1
-            raise StoreUnavailable(f"{self.shown} answered {response.status_code}: {_detail(response)}")
+            raise StoreUnavailable(f"{self.shown} answered {response.status_code}: {answers.detail(response)}")
         if response.status_code in (401, 403):
             given = "is not one the server takes for this" if response.status_code == 403 else "is not set"
             raise StoreError(
-                f"{self.shown} refused the request ({response.status_code}: {_detail(response)}): this client's token, "
-                f"GRAPHCACHE_TOKEN, {given}; set it to one of the server's tokens (GRAPHCACHE_WRITE_TOKENS for "
+                f"{self.shown} refused the request ({response.status_code}: {answers.detail(response)}): this client's "
+                f"token, GRAPHCACHE_TOKEN, {given}; set it to one of the server's tokens (GRAPHCACHE_WRITE_TOKENS for "
                 "uploads, GRAPHCACHE_READ_TOKENS for reads)"
             )
         return response
@@ -234,7 +160,7 @@ class HttpStore:
                     answer = self._checked(self._read(response))
                     if answer.status_code == 404:
                         return None
-                    _expect(answer, 200)
+                    answers.expect(answer, 200)
                 check = EnvelopeCheck()
                 data = self._bounded(response, self.max_artifact, "the largest artifact this client reads", check)
         except httpx.TransportError as exc:
@@ -285,12 +211,12 @@ class HttpStore:
             with self._client.stream("POST", "/v1/batch", json={"keys": keys}) as response:
                 if response.status_code != 200:
                     answer = self._read(response)  # an error's detail: a bounded prefix
-                    if answer.status_code in (404, 405) and _code(answer) in ("not_found", "method_not_allowed"):
+                    if answer.status_code in (404, 405) and answers.code(answer) in ("not_found", "method_not_allowed"):
                         fallback = "single"
                     elif answer.status_code == 413 and len(keys) > 1:
                         fallback = "halve"
                     else:
-                        _expect(self._checked(answer), 200)
+                        answers.expect(self._checked(answer), 200)
                 for chunk in () if fallback else response.iter_raw():
                     for rec in parser.feed(chunk):
                         if rec.key not in asked:
@@ -346,8 +272,8 @@ class HttpStore:
         if response.status_code in (200, 201):
             return response.status_code == 201
         if response.status_code == 400:
-            raise CorruptArtifact(f"server refused upload: {_detail(response)}", _code(response))
-        raise StoreError(f"upload to {self.shown} failed ({response.status_code}): {_detail(response)}")
+            raise CorruptArtifact(f"server refused upload: {answers.detail(response)}", answers.code(response))
+        raise StoreError(f"upload to {self.shown} failed ({response.status_code}): {answers.detail(response)}")
 
     def exists(self, key: str) -> bool:
         response = self._request("HEAD", f"/v1/artifacts/{key}")
@@ -357,7 +283,7 @@ class HttpStore:
         response = self._request("DELETE", f"/v1/artifacts/{key}")
         if response.status_code == 404:
             return False
-        _expect(response, 204)
+        answers.expect(response, 204)
         return True
 
     def discard(self, key: str) -> bool:
@@ -390,7 +316,7 @@ class HttpStore:
             response = self._request(
                 "GET", "/v1/artifacts", params={**params, **({"cursor": cursor} if cursor else {})}
             )
-            _expect(response, 200)
+            answers.expect(response, 200)
             page = response.json()
             yield from page["items"]
             cursor = page.get("next_cursor")
@@ -409,7 +335,7 @@ class HttpStore:
         response = self._request(method, f"/v1/artifacts/{key}/pin")
         if response.status_code == 404:
             return False
-        _expect(response, 200)
+        answers.expect(response, 200)
         return True
 
     def purge(self, target: str | None, *, unsupported: bool = False, dry_run: bool = False) -> list[str]:
@@ -420,17 +346,17 @@ class HttpStore:
         if target is not None:
             params["target"] = target
         response = self._request("POST", "/v1/purge", params=params)
-        _expect(response, 200)
+        answers.expect(response, 200)
         return list(response.json()["removed"])
 
     def resolve(self, spec: dict[str, Any], target: str) -> dict[str, Any]:
         """POST /v1/resolve: ``{key, present, ...}``."""
         response = self._request("POST", "/v1/resolve", json={"spec": spec, "target": target})
-        _expect(response, 200)
+        answers.expect(response, 200)
         return dict(response.json())
 
     def ping(self) -> None:
-        _expect(self._request("GET", "/healthz"), 200)
+        answers.expect(self._request("GET", "/healthz"), 200)
 
     def check_write(self, retries: int = 0, retrying: Callable[[StoreUnavailable, float], None] | None = None) -> None:
         """That the service answers and takes this client's uploads, before
@@ -459,35 +385,3 @@ class HttpStore:
 
     def __repr__(self) -> str:
         return f"HttpStore({self.shown!r})"
-
-
-def _declared(response: httpx.Response) -> int | None:
-    """The Content-Length a response declares, if it declares one."""
-    text = response.headers.get("content-length", "").strip()
-    return int(text) if text.isdigit() else None
-
-
-def _detail(response: httpx.Response) -> str:
-    if not response.content:
-        # A HEAD answer (exists) has no body; the service says why in a header.
-        return response.headers.get("x-graphcache-error") or f"{response.reason_phrase} (no body)"
-    try:
-        return str(response.json().get("detail", response.text[:200]))
-    except ValueError:
-        return response.text[:200]
-
-
-def _code(response: httpx.Response | bytes) -> str:
-    try:
-        data = json.loads(response) if isinstance(response, bytes) else response.json()
-        return str(data.get("error", "corrupt"))
-    except (ValueError, AttributeError):
-        return "corrupt"
-
-
-def _expect(response: httpx.Response, status: int) -> None:
-    if response.status_code != status:
-        raise StoreError(
-            f"{response.request.method} {response.request.url.path} answered "
-            f"{response.status_code}: {_detail(response)}"
-        )

@@ -1,8 +1,9 @@
 """From a torch SDPA call to the GraphSpec it maps to, or why it cannot be one.
 
 Layouts come from strides, never from a copy (``graphcache.spec.layouts``):
-each of q, k and v gets the layout its strides say (``read``), so a view of
-a fused projection (timm's ViT, ModernBERT's v), a sequence-first tensor
+each of q, k and v gets the layout its strides say
+(``graphcache.spec.layout_fits.read``), so a view of a fused projection
+(timm's ViT, ModernBERT's v), a sequence-first tensor
 (``nn.MultiheadAttention``) or a transposed projection beside a contiguous
 KV cache (Hugging Face's prefill) is read where it lies. Only the strides
 of dims larger than 1 decide (any stride is valid for a dim of size 1, and
@@ -10,7 +11,7 @@ cuDNN runs two calls that differ only there identically, so they share one
 spec and one graph): where a tensor fits several layouts (dims of size 1),
 k takes one q and v fit too (a call whose three tensors share a layout
 keeps the spec it always had), q and v take k's, else one in k's order,
-then bshd, bhsd, the rest (``graphcache.spec.layouts.choose``). What the size-1 batch and sequence
+then bshd, bhsd, the rest (``graphcache.spec.layout_fits.choose``). What the size-1 batch and sequence
 strides say is kept beside the spec (``Derived.wide``): the layout the same
 producer's batch-4 call has, which ``record --max-batch`` widens a batch-1
 call to. k and v expanded over heads with stride 0 (Falcon's and
@@ -36,7 +37,7 @@ from typing import Any
 import torch
 
 from graphcache.errors import SpecError, UnsupportedCall
-from graphcache.spec import DTYPES, GraphSpec
+from graphcache.spec import DTYPES, GraphSpec, layout_fits
 from graphcache.spec import layouts as spec_layouts
 from graphcache.torch.bias import BiasFrom, bias_from, rows_are_heads
 
@@ -71,8 +72,8 @@ def layouts_of(t: torch.Tensor) -> tuple[str, ...]:
     """The named layouts (bshd, bhsd) a 4-D (b, h, s, d) tensor is packed in:
     one, both (when size-1 dims make them the same), or neither."""
     try:
-        fits = {f.text for f in spec_layouts.read(tuple(t.shape), tuple(t.stride()))}
-    except spec_layouts.NoLayout:
+        fits = {f.text for f in layout_fits.read(tuple(t.shape), tuple(t.stride()))}
+    except layout_fits.NoLayout:
         return ()
     return tuple(name for name in spec_layouts.NAMED if name in fits)
 
@@ -84,20 +85,20 @@ _COPY_INTO = {"k": ("v", "q"), "v": ("k", "q"), "q": ("k", "v")}
 def choose(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 ) -> tuple[dict[str, str], tuple[tuple[str, str, str], ...], dict[str, str]]:
-    """Each tensor's layout (``graphcache.spec.layouts.choose``: from its
+    """Each tensor's layout (``graphcache.spec.layout_fits.choose``: from its
     dims of size > 1 alone), the copies (``(role, layout, reason)`` for each
     tensor no layout of a graph reads), and the layouts the size-1 batch and
     sequence strides say, which a larger call of the same producer has (the
     hint ``record`` widens from; the same dict where they agree)."""
-    fits: dict[str, tuple[spec_layouts.Fit, ...]] = {}
+    fits: dict[str, tuple[layout_fits.Fit, ...]] = {}
     reasons: dict[str, str] = {}
     for role, t in (("q", q), ("k", k), ("v", v)):
         try:
-            fits[role] = spec_layouts.read(tuple(t.shape), tuple(t.stride()))
-        except spec_layouts.NoLayout as exc:
+            fits[role] = layout_fits.read(tuple(t.shape), tuple(t.stride()))
+        except layout_fits.NoLayout as exc:
             reasons[role] = exc.reason
-    chosen = spec_layouts.choose(fits)
-    hinted = spec_layouts.choose(fits, hint=True)
+    chosen = layout_fits.choose(fits)
+    hinted = layout_fits.choose(fits, hint=True)
     copies = []
     for role in ("k", "v", "q"):
         if role in reasons:
