@@ -50,6 +50,12 @@ exec "$BASE_PYTHON" "$@"
 
 VENV_PYTHON = r"""#!/bin/bash
 echo "venv $*" >> "$SHIM_LOG"
+# pip's index, asked by scripts/cpu_torch.sh, lists the lock's CPU torch: whatever torch the Python
+# running these tests has (scripts/test.sh --torch runs them on another), cpu_torch.sh finds the lock's
+# here, never over the network.
+case "$*" in
+  *"-m pip --disable-pip-version-check index versions torch "*) echo "Available versions: $SHIM_TORCH"; exit 0 ;;
+esac
 case "$1 $2" in
   "-m pip"|"-m ruff"|"-m mypy"|"-m mkdocs"|"-m pytest") exit 0 ;;
 esac
@@ -77,6 +83,7 @@ def shims(tmp_path: Path) -> dict[str, str]:
         SHIM_DIR=str(bin_dir),
         BASE_PYTHON=str(base),
         VENV_REAL=sys.executable,  # this test's Python, which has graphcache's dependencies
+        SHIM_TORCH=re.search(r"^torch==(\S+)", (ROOT / "requirements" / "test.in").read_text(), re.M).group(1),
         PYTHONPATH=str(ROOT),
     )
     return env
