@@ -35,8 +35,9 @@ esac
 # current Debian and Ubuntu refuse pip installs there (PEP 668). PYTHON (or
 # python3) is used as it is when it runs in a venv (an active one included);
 # otherwise .venv (GRAPHCACHE_VENV; .venv-latest for --latest,
-# .venv-torchVERSION for --torch) is created from it, once, and used. It does not see the system's packages: it holds
-# the lock and nothing else, so the run is what the repository says.
+# .venv-torchVERSION for --torch) is created from it, once, and used. It does
+# not see the system's packages: it holds the lock and nothing else, so the
+# run is what the repository says.
 PY=${PYTHON:-python3}
 OWN_VENV=0  # 1: the venv is this script's (.venv), so it may remove what the lock no longer names
 if [ -n "${VIRTUAL_ENV:-}" ] && [ -z "${PYTHON:-}" ]; then PY="$VIRTUAL_ENV/bin/python"; fi
