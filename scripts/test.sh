@@ -4,28 +4,48 @@
 # CPU build, cudnn-frontend 1.32; redis-server, nginx and chromium from apt),
 # checks that the venv holds exactly that, lints, builds the docs site, then
 # runs pytest.
-# Usage: scripts/test.sh [--latest] [pytest args...]
+# Usage: scripts/test.sh [--latest | --torch VERSION] [pytest args...]
 #   --latest: the newest releases inside pyproject.toml's ranges instead of the
 #   lock (requirements/test.in's pins hold: torch's CPU build, cudnn-frontend
 #   1.32), in .venv-latest; it prints what differs from the lock.
+#   --torch VERSION: the torch a user's `pip install torch==VERSION` gives
+#   (PyPI's: on Linux the CUDA build, several GB, which runs on a CPU), in
+#   .venv-torchVERSION; everything else as the lock pins it, but for what that
+#   torch itself requires; it prints what differs from the lock. A VERSION
+#   ending in +cpu is torch's CPU build, from scripts/cpu_torch.sh's source.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 LATEST=0
-if [ "${1:-}" = "--latest" ]; then LATEST=1; shift; fi
+WANT_TORCH=""  # --torch's VERSION; empty: requirements/test.in's pin
+case "${1:-}" in
+  --latest) LATEST=1; shift ;;
+  --torch | --torch=*)
+    if [ "$1" = --torch ]; then WANT_TORCH=${2:-}; shift $(($# > 1 ? 2 : 1)); else WANT_TORCH=${1#--torch=}; shift; fi
+    # A version as pip spells one (2.15.0, 2.14.1, 2.13.0+cpu), never an option or a range.
+    [[ "$WANT_TORCH" =~ ^[0-9]+(\.[0-9]+)+[a-z0-9.]*(\+[a-z0-9.]+)?$ ]] ||
+      { echo "error: --torch takes one torch version as pip spells it (e.g. --torch 2.15.0), not '$WANT_TORCH'" >&2; exit 2; }
+    ;;
+esac
+case "${1:-}" in
+  --latest | --torch*) echo "error: give one of --latest and --torch VERSION, before pytest's arguments" >&2; exit 2 ;;
+esac
 
 # Everything is installed into a virtual environment, never the system Python:
 # current Debian and Ubuntu refuse pip installs there (PEP 668). PYTHON (or
 # python3) is used as it is when it runs in a venv (an active one included);
-# otherwise .venv (GRAPHCACHE_VENV; .venv-latest for --latest) is created
-# from it, once, and used. It does not see the system's packages: it holds
-# the lock and nothing else, so the run is what the repository says.
+# otherwise .venv (GRAPHCACHE_VENV; .venv-latest for --latest,
+# .venv-torchVERSION for --torch) is created from it, once, and used. It does
+# not see the system's packages: it holds the lock and nothing else, so the
+# run is what the repository says.
 PY=${PYTHON:-python3}
 OWN_VENV=0  # 1: the venv is this script's (.venv), so it may remove what the lock no longer names
 if [ -n "${VIRTUAL_ENV:-}" ] && [ -z "${PYTHON:-}" ]; then PY="$VIRTUAL_ENV/bin/python"; fi
 if ! "$PY" -c 'import sys; sys.exit(sys.prefix == sys.base_prefix)'; then
   OWN_VENV=1
-  if [ "$LATEST" = 1 ]; then VENV=${GRAPHCACHE_VENV:-.venv-latest}; else VENV=${GRAPHCACHE_VENV:-.venv}; fi
+  if [ "$LATEST" = 1 ]; then VENV=${GRAPHCACHE_VENV:-.venv-latest}
+  elif [ -n "$WANT_TORCH" ]; then VENV=${GRAPHCACHE_VENV:-.venv-torch$WANT_TORCH}
+  else VENV=${GRAPHCACHE_VENV:-.venv}; fi
   if [ ! -x "$VENV/bin/python" ]; then
     if ! "$PY" -m venv "$VENV"; then
       # Debian and Ubuntu ship venv's ensurepip separately.
@@ -49,6 +69,25 @@ if [ "$LATEST" = 1 ]; then
   # The newest releases the ranges allow; test.in's pins hold (torch's CPU build above, cudnn-frontend 1.32).
   "${PIP[@]}" --upgrade --upgrade-strategy eager -c requirements/test.in -e ".[dev,gpu,hf]"
   "$PY" scripts/lock_check.py requirements/test.lock --torch "$TORCH" --report-only
+elif [ -n "$WANT_TORCH" ]; then
+  # The lock, hash-checked, as below; then the torch a user's pip gives, its
+  # own requirements resolved by pip (the lock's versions stay where they
+  # satisfy it; what it needs beyond them, such as a CUDA build's nvidia-*
+  # libraries, comes in), then graphcache itself with nothing more.
+  "${PIP[@]}" --require-hashes --no-deps -r requirements/test.lock
+  case "$WANT_TORCH" in
+    *+cpu) scripts/cpu_torch.sh "$PY" "$WANT_TORCH" ;;
+    *)
+      echo "torch $WANT_TORCH: from pip's sources as a user's 'pip install torch==$WANT_TORCH' takes it (on Linux PyPI's CUDA build: GBs once, then pip's cache)"
+      "${PIP[@]}" "torch==$WANT_TORCH" || {
+        echo "error: pip could not install torch==$WANT_TORCH (its reason above); where a pip constraint caps torch ('$PY -m pip config list' names it), lift it or choose a version it allows" >&2
+        exit 1
+      }
+      ;;
+  esac
+  "${PIP[@]}" --no-deps -e .
+  echo "torch $("$PY" -c 'import torch; print(torch.__version__, "(CUDA " + str(torch.version.cuda) + ")" if torch.version.cuda else "(CPU build)")') in place of requirements/test.in's $TORCH"
+  "$PY" scripts/lock_check.py requirements/test.lock --torch "$WANT_TORCH" --report-only
 else
   # Everything but torch exactly as the lock pins it (torch's requirements
   # included), each file checked against its hash; then torch's CPU build as

@@ -193,11 +193,22 @@ def test_the_install_page_shows_the_readmes_install_and_its_torch_step_and_docto
     assert example("install-page").text == example("install").text
     torch_step = example("cpu-torch")
     assert torch_step.commands() == [example("no-gpu-walk").commands()[1]], "the walk's torch step"
-    pytest.importorskip("torch")
+    torch = pytest.importorskip("torch")
+    pin = re.search(r"^torch==(\S+)", (ROOT / "requirements" / "test.in").read_text(), re.M).group(1)
+    if torch.__version__ == pin:  # the lock's venv: the step as written, which finds it installed
+        step = torch_step.text
+    else:  # scripts/test.sh --torch: as written, it would put the lock's torch over the one under test
+        step = torch_step.text.replace("scripts/cpu_torch.sh ", "scripts/cpu_torch.sh --which ")
+        assert step != torch_step.text
     out = subprocess.run(
-        ["bash", "-e", "-c", torch_step.text], cwd=ROOT, env=environment(tmp_path), capture_output=True, text=True
+        ["bash", "-e", "-c", step], cwd=ROOT, env=environment(tmp_path), capture_output=True, text=True
     )
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith("torch 2.13.0+cpu (CPU build): "), out.stdout  # one line: here, already installed
+    if step == torch_step.text:
+        assert out.returncode == 0, out.stderr
+        assert out.stdout == f"torch {pin} (CPU build): already installed\n", out.stdout
+    else:  # where it would come from, or why from nowhere: one line either way, decided before any download
+        said = (out.stdout + out.stderr).splitlines()
+        assert len(said) == 1 and f"torch {pin}" in said[0], said
+        assert (out.returncode, said[0].startswith(f"torch {pin} (CPU build): from ")) in ((0, True), (1, False))
     doctor = run(example("doctor-install"), tmp_path, COLUMNS="200")
     assert "reference-sm00-cudnn0.0.0-fe0.0.0" in doctor.stdout and "python" in doctor.stdout

@@ -19,6 +19,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.docs_examples import example
 from tests.servers import wait_for_server
 
@@ -48,6 +50,12 @@ exec "$BASE_PYTHON" "$@"
 
 VENV_PYTHON = r"""#!/bin/bash
 echo "venv $*" >> "$SHIM_LOG"
+# pip's index, asked by scripts/cpu_torch.sh, lists the lock's CPU torch: whatever torch the Python
+# running these tests has (scripts/test.sh --torch runs them on another), cpu_torch.sh finds the lock's
+# here, never over the network.
+case "$*" in
+  *"-m pip --disable-pip-version-check index versions torch "*) echo "Available versions: $SHIM_TORCH"; exit 0 ;;
+esac
 case "$1 $2" in
   "-m pip"|"-m ruff"|"-m mypy"|"-m mkdocs"|"-m pytest") exit 0 ;;
 esac
@@ -75,6 +83,7 @@ def shims(tmp_path: Path) -> dict[str, str]:
         SHIM_DIR=str(bin_dir),
         BASE_PYTHON=str(base),
         VENV_REAL=sys.executable,  # this test's Python, which has graphcache's dependencies
+        SHIM_TORCH=re.search(r"^torch==(\S+)", (ROOT / "requirements" / "test.in").read_text(), re.M).group(1),
         PYTHONPATH=str(ROOT),
     )
     return env
@@ -85,8 +94,9 @@ def calls(tmp_path: Path) -> list[str]:
     return log.read_text().splitlines() if log.exists() else []
 
 
-def run_test_sh(tmp_path: Path, *args: str, **extra: str) -> list[str]:
-    """scripts/test.sh ARGS with the stand-in Pythons; the calls they recorded."""
+def run_test_sh(tmp_path: Path, *args: str, cuda_torch: str = "", **extra: str) -> list[str]:
+    """scripts/test.sh ARGS with the stand-in Pythons; the calls they recorded
+    (``cuda_torch``: the one torch not a CPU build that it may install)."""
     env = {**shims(tmp_path), **extra}
     env["GRAPHCACHE_VENV"] = str(tmp_path / "venv")
     # scripts/old_frontends.sh's cache, as a previous run leaves it (its
@@ -108,7 +118,8 @@ def run_test_sh(tmp_path: Path, *args: str, **extra: str) -> list[str]:
     assert not [c for c in log if c.startswith("system -m pip")], log
     assert any(c.startswith("system -m venv") for c in log), log
     installs = [c for c in log if c.startswith("venv -m pip install")]
-    assert not [c for c in installs if "torch" in c and "+cpu" not in c], "torch only as its CPU build"
+    others = [c for c in installs if "torch" in c and "+cpu" not in c and not c.endswith(f" torch=={cuda_torch}")]
+    assert not others, "torch only as its CPU build, but for --torch's"
     assert any(c.startswith("venv -m mkdocs build --strict") for c in log), log  # the docs site, as CI builds it
     assert any(c.startswith("venv -m pytest") for c in log), log
     return log
@@ -135,6 +146,34 @@ def test_scripts_test_sh_latest_takes_the_newest_releases_and_says_what_differs_
     assert "venv scripts/lock_check.py requirements/test.lock --torch 2.13.0+cpu --report-only" in log
     assert not [c for c in log if "--require-hashes" in c], log
     assert [c for c in log if c.startswith("venv -m pytest")] == ["venv -m pytest -q"], "--latest is not pytest's"
+
+
+def test_scripts_test_sh_torch_runs_the_suite_on_the_torch_a_users_pip_gives_beside_the_lock(tmp_path):
+    log = run_test_sh(tmp_path, "--torch", "2.15.0", "-q", "tests/test_torch_door.py", cuda_torch="2.15.0")
+    # The lock, hash-checked; then torch 2.15.0 as pip gives it, its own requirements resolved (no --no-deps);
+    # then graphcache with nothing more; then what differs from the lock, said and not refused.
+    locked = next(i for i, c in enumerate(log) if "--require-hashes --no-deps -r requirements/test.lock" in c)
+    torch_at = log.index("venv -m pip install --quiet --disable-pip-version-check torch==2.15.0")
+    editable = next(i for i, c in enumerate(log) if c.endswith("--disable-pip-version-check --no-deps -e ."))
+    reported = log.index("venv scripts/lock_check.py requirements/test.lock --torch 2.15.0 --report-only")
+    assert locked < torch_at < editable < reported, log
+    # The lock's torch stays out, and nothing is removed from the venv for being beyond the lock.
+    assert not [c for c in log if "uninstall" in c or c.endswith("--torch 2.13.0+cpu")], log
+    assert [c for c in log if c.startswith("venv -m pytest")] == ["venv -m pytest -q tests/test_torch_door.py"]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("--torch",), ("--torch", "latest"), ("--torch", ">=2.15"), ("--torch=",), ("--latest", "--torch", "2.15.0")],
+)
+def test_scripts_test_sh_torch_refuses_what_is_not_one_version_before_installing_anything(tmp_path, args):
+    env = {**shims(tmp_path), "GRAPHCACHE_VENV": str(tmp_path / "venv")}
+    out = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "test.sh"), *args, "-q"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 2, out.stderr
+    assert "--torch" in out.stderr and ("e.g. --torch 2.15.0" in out.stderr or "one of --latest" in out.stderr)
+    assert calls(tmp_path) == [] and not (tmp_path / "venv").exists()
 
 
 def test_readme_serve_command_works_where_pip_refuses_the_system_python(tmp_path):

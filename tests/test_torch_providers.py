@@ -8,9 +8,12 @@ on top with a warning naming the other; a provider registered over
 graphcache's since is named by ``kernels()`` and ``stats()``, with a warning.
 
 Tested with the real ``cudnn.torch`` module of the installed frontend 1.32:
-its registrations at the CUDA key are real on this CPU build of torch (its
-kernels are never called here). Only torch's Python route is stood in for:
-torch 2.13 has no ``enable_cudnn_sdp_python``.
+its registrations at the CUDA key are real on a CPU build of torch and on a
+CUDA build without a GPU alike (their kernels are never called here). What
+serves the key once every provider is gone is torch's own: nothing on a CPU
+build (the suite's lock), torch's C++ kernel on a CUDA build (PyPI's torch
+for Linux). Only torch's Python route is stood in for: torch 2.13 has no
+``enable_cudnn_sdp_python``.
 """
 
 from __future__ import annotations
@@ -43,6 +46,19 @@ def served_by() -> str:
     return door.owner("CUDA") or ""
 
 
+TORCH_OWN = served_by()  # read at import, before any test registers a provider
+
+
+def test_with_no_provider_torchs_own_kernel_serves_the_cuda_key():
+    if torch.version.cuda is None:  # a CPU build registers no CUDA kernel for the op
+        assert TORCH_OWN == ""
+    else:  # a CUDA build's own, from its generated C++ registrations (RegisterCUDA_0.cpp)
+        assert TORCH_OWN.endswith(".cpp") and door.describe(TORCH_OWN) == "PyTorch's own kernel"
+    with gt.install(dispatch_key="CUDA"):
+        assert served_by() == door.HERE
+    assert served_by() == TORCH_OWN
+
+
 def test_install_over_cudnn_frontends_provider_warns_naming_it_and_gives_it_back():
     provider = cudnn_torch.install_sdpa_overrides()
     try:
@@ -54,7 +70,7 @@ def test_install_over_cudnn_frontends_provider_warns_naming_it_and_gives_it_back
         assert served_by().endswith(PROVIDER)  # exactly what was there: the provider's kernels serve again
     finally:
         provider.remove()
-    assert served_by() == ""  # this CPU build of torch has no CUDA kernel of its own
+    assert served_by() == TORCH_OWN  # torch's own again: none on a CPU build
 
 
 def test_a_provider_activated_after_install_is_named_and_install_again_wins(caplog):
@@ -73,7 +89,7 @@ def test_a_provider_activated_after_install_is_named_and_install_again_wins(capl
     handle.uninstall()
     assert served_by().endswith(PROVIDER)
     torch.nn.attention.restore_flash_attention_impl()
-    assert served_by() == ""
+    assert served_by() == TORCH_OWN
 
 
 def test_torch_s_python_route_is_named_where_torch_has_it(monkeypatch):
@@ -98,4 +114,4 @@ def test_no_warning_where_no_other_provider_is_registered():
         warnings.simplefilter("error")
         with gt.install(dispatch_key="CUDA"):
             assert gt.kernels() == {"CUDA": "graphcache"}
-    assert served_by() == ""
+    assert served_by() == TORCH_OWN

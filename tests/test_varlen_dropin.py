@@ -134,6 +134,23 @@ def test_calls_cudnn_cannot_serve_fall_back_counted_by_reason_with_the_same_resu
     assert stats["fallbacks"] == {"num_splits": 1, "dtype": 1, "head_dim": 1, "autograd": 1}
 
 
+@pytest.mark.parametrize("scale", [-1.0, 0.0, float("nan")])
+def test_a_scale_not_greater_than_0_is_refused_as_torch_2_15_refuses_it_on_every_torch(tmp_path, scale):
+    cache, _ = configure(tmp_path / "store")
+    q = torch.randn(5, 4, 16).bfloat16()
+    cu = torch.tensor([0, 2, 5], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"scale must be greater than 0, got .*pass a positive scale") as ours:
+        gt.varlen_attn(q, q, q, cu, cu, 3, 3, scale=scale, window_size=(-1, 0))
+    assert gt.stats()["built_here"] == 0 and gt.stats()["fallbacks"] == {}  # nothing built, run or counted
+    assert list(cache.store.keys()) == []
+    if hasattr(torch_varlen, "_validate_scale"):  # torch 2.15 and later: its own words lead ours
+        with pytest.raises(ValueError) as theirs:
+            torch_varlen.varlen_attn(q, q, q, cu, cu, 3, 3, scale=scale, window_size=(-1, 0))
+        assert str(ours.value).startswith(str(theirs.value))
+    out = gt.varlen_attn(q, q, q, cu, cu, 3, 3, scale=0.25, window_size=(-1, 0))  # a positive scale still serves
+    assert out.shape == (5, 4, 16) and gt.stats()["built_here"] == 1 and list(cache.store.keys())
+
+
 def test_a_call_outside_the_engines_table_is_not_served_by_a_wrong_graph(tmp_path):
     configure(tmp_path / "store")
     wide, narrow = Engine(gt.varlen_attn, pages_per_seq=8), Engine(gt.varlen_attn, pages_per_seq=4)

@@ -7,7 +7,11 @@ played by a stand-in custom op with its 10-argument schema, read from
 torch/nn/attention/varlen.py of 2.11 (``_varlen_attn(query, key, value,
 cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, scale=None,
 window_size=None)``), which an H200 with torch 2.11 showed refusing the 14
-arguments graphcache passed. The GPU half is tests/test_varlen_gpu.py.
+arguments graphcache passed. torch 2.15's op, which takes a last
+``backend`` that its ``varlen_attn`` chooses, is played by a stand-in with
+that schema (read from 2.15's torch/nn/attention/varlen.py) beside a
+stand-in of its selector; on torch 2.15 itself the real op and selector run
+too. The GPU half is tests/test_varlen_gpu.py.
 """
 
 from __future__ import annotations
@@ -44,6 +48,50 @@ def _varlen_attn_2_11(
                      scale=scale, window_size=window_size))  # fmt: skip
     lse = torch.zeros(query.shape[1], query.shape[0], dtype=torch.float32)
     return torch.zeros_like(query), lse, torch.zeros(2, dtype=torch.int64)
+
+
+@torch.library.custom_op("graphcache_standins::varlen_attn_2_15", mutates_args=())
+def _varlen_attn_2_15(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cu_seq_q: torch.Tensor,
+    cu_seq_k: torch.Tensor | None,
+    max_q: int,
+    max_k: int,
+    is_causal: bool = False,
+    scale: float | None = None,
+    window_size: list[int] | None = None,
+    enable_gqa: bool = False,
+    seqused_k: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
+    num_splits: int | None = None,
+    backend: int = 1,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Stands in for torch 2.15's torch_attn::_varlen_attn (its schema:
+    backend last, 1 flash-attention by default, 3 cuDNN); records it."""
+    SEEN.append(dict(max_q=max_q, is_causal=is_causal, window_size=window_size, backend=backend))
+    lse = torch.zeros(query.shape[1], query.shape[0], dtype=torch.float32)
+    return torch.zeros_like(query), lse, torch.zeros(2, dtype=torch.int64)
+
+
+def select_2_15(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cu_seq_q: torch.Tensor,
+    cu_seq_k: torch.Tensor | None,
+    max_q: int,
+    window_size: list[int],
+    seqused_k: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
+    num_splits: int | None = None,
+) -> int:
+    """Stands in for torch 2.15's varlen._select_backend (its signature) on
+    a GPU where cuDNN qualifies for long, full-window queries: 3 (cuDNN)
+    there, else 1 (flash-attention)."""
+    SEEN.append(dict(selector=(max_q, window_size, seqused_k is not None, num_splits)))
+    return 3 if max_q > 128 and window_size == [-1, -1] and num_splits is None else 1
 
 
 def gqa_call(device: str = "cpu") -> tuple:
@@ -89,6 +137,56 @@ def test_the_installed_torchs_op_takes_every_argument_the_drop_in_has():
     out, lse = kernel(q, pool, pool, cu, None, 1, 60, window_size=(-1, 0), enable_gqa=True, seqused_k=used,
                       block_table=table, num_splits=1)  # fmt: skip
     assert out.shape == (3, 8, 64) and lse.shape == (8, 3)
+
+
+def test_torch_2_15s_op_gets_the_backend_torchs_selector_chooses_for_each_call():
+    SEEN.clear()
+    kernel = TorchVarlen(torch.ops.graphcache_standins.varlen_attn_2_15, select=select_2_15)
+    assert kernel.select is select_2_15 and kernel.lacks() is None
+    q, k, v, cu, _, _, _ = gqa_call()
+    kernel(q, k, v, cu, cu, 200, 200, enable_gqa=True)  # long and full-window: cuDNN where torch would
+    kernel(q, k, v, cu, cu, 200, 200, window_size=(-1, 0), enable_gqa=True)  # causal: flash-attention
+    kernel(q, k, v, cu, cu, 200, 200, enable_gqa=True, num_splits=2)
+    assert SEEN == [
+        dict(selector=(200, [-1, -1], False, None)), dict(max_q=200, is_causal=False, window_size=[-1, -1], backend=3),
+        dict(selector=(200, [-1, 0], False, None)), dict(max_q=200, is_causal=True, window_size=[-1, 0], backend=1),
+        dict(selector=(200, [-1, -1], False, 2)), dict(max_q=200, is_causal=False, window_size=[-1, -1], backend=1),
+    ]  # fmt: skip
+
+
+def test_a_selector_graphcache_cannot_call_as_torch_2_15_does_leaves_the_ops_default_backend():
+    def renamed(query, key, value, cu_q, cu_k, max_q, window_size):  # noqa: ANN001, ANN202 - other names
+        raise AssertionError("never called")
+
+    SEEN.clear()
+    for select in (None, renamed, lambda *args: 3):
+        kernel = TorchVarlen(torch.ops.graphcache_standins.varlen_attn_2_15, select=select)
+        assert kernel.select is None and kernel.lacks() is None
+        kernel(*gqa_call(), enable_gqa=True)
+    assert [seen["backend"] for seen in SEEN] == [1, 1, 1]  # the op's own default: flash-attention
+    # torch 2.11's op takes no backend: a selector is never asked.
+    assert TorchVarlen(torch.ops.graphcache_standins.varlen_attn_2_11, select=select_2_15).select is None
+
+
+def test_the_installed_torchs_selector_chooses_where_its_op_takes_a_backend():
+    import torch.nn.attention.varlen as varlen
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    kernel = TorchVarlen.installed()
+    if "backend" not in kernel.names:
+        pytest.skip(f"torch {torch.__version__}'s torch_attn::_varlen_attn chooses its backend itself")
+    assert kernel.select is varlen._select_backend
+    q = torch.empty(300, 8, 64, dtype=torch.bfloat16, device="meta")  # its fake kernel: the real one is CUDA-only
+    cu = torch.zeros(3, dtype=torch.int32, device="meta")
+    out, lse = kernel(q, q, q, cu, cu, 200, 200)
+    assert out.shape == (300, 8, 64) and lse.shape == (8, 300)
+    # Only cuDNN allowed, for a call cuDNN cannot take (not on CUDA): torch's own refusal, word for word.
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+        with pytest.raises(RuntimeError, match="CUDNN_ATTENTION was requested for varlen_attn") as theirs:
+            varlen.varlen_attn(q, q, q, cu, cu, 200, 200)
+        with pytest.raises(RuntimeError) as ours:
+            kernel(q, q, q, cu, cu, 200, 200)
+    assert str(ours.value) == str(theirs.value)
 
 
 def test_an_op_requiring_an_argument_graphcache_does_not_know_is_refused_naming_it():

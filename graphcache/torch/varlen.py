@@ -13,7 +13,8 @@ or head dim cuDNN does not take, a miss under GRAPHCACHE_SDPA_ON_MISS=torch,
 ...) runs torch's own varlen kernel, counted under its reason in
 ``graphcache.torch.stats()``, called the way the installed torch takes it
 (graphcache.torch.varlen_torch: torch 2.11's op takes 10 arguments, 2.13's
-14). Where torch has none for the call (a CPU: ``aten::_flash_attention_forward``
+14, 2.15's 15, the last the ``backend`` torch's own ``varlen_attn`` would
+choose for the call, cuDNN where it qualifies). Where torch has none for the call (a CPU: ``aten::_flash_attention_forward``
 is CUDA-only; a torch without ``torch.nn.attention.varlen``; paged KV or
 ``seqused_k`` on a torch whose op takes neither, said once in a warning) it
 runs graphcache's float32 reference (``graphcache.reference.varlen``)
@@ -74,8 +75,10 @@ def varlen_attn(
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """``torch.nn.attention.varlen.varlen_attn`` through graphcache: returns
     ``out`` (T_q, H_q, D_v), or ``(out, lse)`` with ``return_aux.lse``
-    (lse (H_q, T_q) float32). Raises ValueError for mismatched heads as
-    torch does; query tokens past ``cu_seq_q[-1]`` are undefined, as in torch."""
+    (lse (H_q, T_q) float32). Raises ValueError for mismatched heads and for
+    a ``scale`` that is not greater than 0 (NaN included), as torch 2.15
+    does, on every torch; query tokens past ``cu_seq_q[-1]`` are undefined,
+    as in torch."""
     heads_q = query.size(1)
     heads_k = key.size(2) if block_table is not None else key.size(1)
     if not enable_gqa and heads_q != heads_k:
@@ -87,6 +90,10 @@ def varlen_attn(
         raise ValueError(
             f"Expect number of query heads to be a multiple of kv heads for GQA but got Hq={heads_q} and Hkv={heads_k}."
         )
+    # torch 2.15's check (its fused kernels take no other), in its words and order: after the heads'.
+    # `not scale > 0` also refuses NaN, which `scale <= 0` lets through.
+    if scale is not None and not scale > 0:
+        raise ValueError(f"scale must be greater than 0, got {scale}: pass a positive scale, or None for 1/sqrt(D)")
     want_lse = return_aux is not None and bool(return_aux.lse)
     args = (query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, want_lse, scale, window_size, enable_gqa)
     extra = (seqused_k, block_table, num_splits)
