@@ -23,6 +23,7 @@ from graphcache import (
     UidMap,
     UnsupportedSpec,
 )
+from graphcache.compilers.cudnn.releases import resolved
 
 TARGET = Target.parse("h200-sm90-cudnn9.28.0-fe1.32.0")
 OTHER_TARGET = Target.parse("a100_sxm4_80gb-sm80-cudnn9.28.0-fe1.32.0")
@@ -86,7 +87,8 @@ class FakeCompiler:
             raise UnsupportedSpec("fake: the engine refuses execute-time override for this spec", step="check")
         if spec.mask in self.unsupported:
             raise NotSerializable(f"fake: mask {spec.mask} has no serializable plan", step="serialize")
-        return make_artifact(spec, target, size=self.size, uids=uids)
+        # A class in the mechanism the target serves it by, as CudnnCompiler builds it (its key is the same).
+        return make_artifact(resolved(spec, target), target, size=self.size, uids=uids)
 
     def load(self, artifact: Artifact) -> FakeLoaded:
         if artifact.target != self._target:

@@ -162,23 +162,31 @@ class _CudnnUpToTheGpu(FakeCompiler):
         self.cudnn.preflight = lambda: None  # the GPU and cuDNN checks an H200 passes
 
     def build(self, spec, target, uids=None):  # noqa: ANN001, ANN201
-        from graphcache.compilers.cudnn.releases import SHAPE_OVERRIDE, missing
+        from graphcache.compilers.cudnn.releases import class_mechanism
 
-        if spec.is_class and missing(SHAPE_OVERRIDE, self._target.frontend, self._target.cudnn):
+        chosen = class_mechanism(spec, self._target)
+        if chosen is not None and not chosen.serves:
             return self.cudnn.build(spec, target, uids)  # refused before any graph: no GPU step to stand in for
         return super().build(spec, target, uids)
 
 
-@pytest.mark.parametrize("stack", ["h200-sm90-mp132-cudnn9.19.0-fe1.28.0", "h200-sm90-mp132-cudnn9.21.0-fe1.28.0"])
-def test_a_class_refused_at_preflight_is_counted_unsupported_not_built(store, stack):
+@pytest.mark.parametrize(
+    ("stack", "kind", "served_by"),
+    [
+        ("h200-sm90-mp132-cudnn9.19.0-fe1.28.0", "backward", "exact"),  # no override, and no padded backward
+        ("h200-sm90-mp132-cudnn9.19.0-fe1.28.0", "forward", "padded"),  # no override: the padded class
+        ("h200-sm90-mp132-cudnn9.21.0-fe1.28.0", "forward", "override"),
+    ],
+)
+def test_a_class_refused_at_preflight_is_counted_unsupported_not_built(store, stack, kind, served_by):
     compiler = _CudnnUpToTheGpu(stack)
-    exact = spec(seq_q=1, seq_kv=200, heads_kv=2)
-    override = not stack.startswith("h200-sm90-mp132-cudnn9.19")
+    exact = spec(seq_q=128 if kind == "backward" else 1, seq_kv=200, heads_kv=2, kind=kind)
     cache = GraphCache(store, compiler, shape_classes="pow2")
     graph = cache.load(exact)
-    assert graph.spec.is_class is override and compiler.frontend.calls == []
+    assert graph.spec.is_class is (served_by != "exact") and compiler.frontend.calls == []
+    assert (graph.spec.mechanism == "padded") is (served_by == "padded")
     stats = cache.stats()
-    assert (stats["builds"], stats["unsupported"]) == (1, 0 if override else 1), stats
+    assert (stats["builds"], stats["unsupported"]) == (1, 1 if served_by == "exact" else 0), stats
     again = GraphCache(store, compiler, shape_classes="pow2")
     again.load(exact)
     assert again.stats()["builds"] == 0, "the stored graph (and negative entry) answered a fresh cache"
