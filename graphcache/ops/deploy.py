@@ -13,14 +13,19 @@ from typing import Any
 from graphcache.artifact import Artifact
 from graphcache.cache import GraphCache
 from graphcache.classindex import ClassIndex, check_slack, slack_from_env
-from graphcache.compilers.cudnn.releases import class_mechanism, forms, refused
+from graphcache.compilers.cudnn.releases import class_mechanism, refused
 from graphcache.errors import CorruptArtifact, GraphCacheError, KnownBad, UnsupportedSpec
 from graphcache.key import key_for
+from graphcache.ops.explain import Candidate, Explanation, explain
+from graphcache.ops.served import mechanism_name, padded_form, served_form
 from graphcache.spec import GraphSpec
 from graphcache.spec.classes import check_policy, class_of, policy_from_env
 from graphcache.stores import stored_header, stored_headers
 from graphcache.stores.base import Store
 from graphcache.target import Target
+
+# ``explain`` has a room of its own (graphcache.ops.explain); its names are this module's too, as they were.
+__all__ = ["Candidate", "CheckRow", "Explanation", "WarmRow", "check", "explain", "purge", "warm"]
 
 Progress = Callable[[], None]
 
@@ -108,14 +113,6 @@ def warm(
     return rows + list(_map(one, exact, jobs))
 
 
-def padded_form(klass: GraphSpec, target: Target) -> GraphSpec | None:
-    """The ``padded`` form of the class ``klass`` where ``target`` serves it
-    through execute-time override and has the padding mask (what a load
-    tries once override is refused for the spec; ``releases.forms``); else None."""
-    tried = forms(klass, target)
-    return tried[1] if len(tried) > 1 else None
-
-
 def _stored_refusal(cache: GraphCache, spec: GraphSpec, target: Target, key: str, exc: KnownBad) -> str:
     """Store ``exc`` as ``key``'s negative entry unless one is stored; '' or why it could not be."""
     try:
@@ -188,10 +185,10 @@ def check(
         if (refusal := refused(spec, target)) is not None:
             row = CheckRow(spec, key, False, refused=str(refusal))
         elif klass != spec and (form := serves(klass)) is not None:
-            row = CheckRow(spec, key, True, form, mechanism=_mechanism_name(form, target))
+            row = CheckRow(spec, key, True, form, mechanism=mechanism_name(form, target))
         elif klass != spec and (bigger := larger(spec, klass)) is not None:
             form = serves(bigger) or bigger
-            row = CheckRow(spec, key, True, form, mechanism=_mechanism_name(form, target))
+            row = CheckRow(spec, key, True, form, mechanism=mechanism_name(form, target))
         else:
             row = CheckRow(spec, key, store.exists(key))
         if progress:
@@ -199,33 +196,6 @@ def check(
         return row
 
     return list(_map(one, specs, jobs))
-
-
-def served_form(store: Store, klass: GraphSpec, target: Target) -> GraphSpec | None:
-    """``klass`` where its key (its target's mechanism) holds a graph, else
-    its padded form where that does (override refused for it), else None."""
-    if serves_graph(store, key_for(klass, target)):
-        return klass
-    padded = padded_form(klass, target)
-    if padded is not None and serves_graph(store, key_for(padded, target)):
-        return padded
-    return None
-
-
-def _mechanism_name(klass: GraphSpec, target: Target) -> str:
-    chosen = class_mechanism(klass, target)
-    return chosen.name if chosen is not None else ""
-
-
-def serves_graph(store: Store, key: str) -> bool:
-    """Whether ``key`` is stored and is a graph (not a negative entry)."""
-    if not store.exists(key):
-        return False
-    try:
-        header = stored_header(store, key)
-    except CorruptArtifact:
-        return False
-    return header is not None and not header.get("unsupported")
 
 
 def _map(fn: Callable[[GraphSpec], Any], items: list[GraphSpec], jobs: int) -> Iterator[Any]:

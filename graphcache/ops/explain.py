@@ -12,7 +12,7 @@ from graphcache.classindex import ClassIndex, check_slack, differences, slack_fr
 from graphcache.compilers.cudnn.releases import Mechanism, class_mechanism, refused
 from graphcache.errors import SpecError, TargetError
 from graphcache.key import key_for
-from graphcache.ops.deploy import served_form
+from graphcache.ops.served import served_form
 from graphcache.spec import GraphSpec
 from graphcache.spec.classes import ENV_VAR as SHAPES_VAR
 from graphcache.spec.classes import check_policy, class_of, has_class, policy_from_env
