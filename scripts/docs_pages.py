@@ -1,7 +1,9 @@
 """Write the generated parts of the docs: docs/api.md's reference from the
-app's own OpenAPI schema, docs/cli.md's from the CLI's own help.
+app's own OpenAPI schema, the CLI's from its own help: docs/cli.md (the
+top-level help and where each verb is) and one page per verb group under
+docs/cli/ (each verb's help), so that no page outgrows a reader.
 
-    python scripts/docs_pages.py            # rewrite both parts in place
+    python scripts/docs_pages.py            # rewrite every generated part in place
     python scripts/docs_pages.py --check    # exit 1 naming the pages that differ
 
 Each page keeps its hand-written text; only what lies between
@@ -158,27 +160,66 @@ def api_reference(schema: dict[str, Any]) -> str:
 # -- the CLI ---------------------------------------------------------------------------
 
 
-def cli_reference() -> str:
-    """`graphcache --help` and each verb's help, as Markdown, at a fixed width."""
+# The CLI's reference pages under docs/cli/, by verb group: the page's name,
+# what its verbs are about, and the rooms of graphcache/cli/ whose verbs it
+# holds. A verb in a room no group names stops the generator (PageError).
+CLI_GROUPS: dict[str, tuple[str, set[str]]] = {
+    "store": ("what is stored", {"store"}),
+    "deploy": ("deploys and the service", {"deploy", "serve"}),
+    "models": ("what a model calls", {"manifest", "launch"}),
+    "host": ("this host", {"doctor", "bench"}),
+}
+
+
+def cli_helps() -> tuple[str, dict[str, tuple[str, str]]]:
+    """`graphcache --help`, and each verb's (room, help), at a fixed width."""
     import click
 
     from graphcache.cli import main
 
-    def help_of(command: click.Command, args: list[str], parent: click.Context | None) -> tuple[str, click.Context]:
+    def help_of(command: click.Command, parent: click.Context | None) -> tuple[str, click.Context]:
         name = "graphcache" if parent is None else command.name
         ctx = command.make_context(
-            name, args, parent=parent, resilient_parsing=True, terminal_width=HELP_WIDTH, max_content_width=HELP_WIDTH
+            name, [], parent=parent, resilient_parsing=True, terminal_width=HELP_WIDTH, max_content_width=HELP_WIDTH
         )
         return ctx.get_help(), ctx
 
-    top, root = help_of(main, [], None)
-    out = ["### `graphcache`", "", "```text", top, "```", ""]
+    top, root = help_of(main, None)
     assert isinstance(main, click.Group)
+    verbs = {}
     for verb in sorted(main.list_commands(root)):
         command = main.get_command(root, verb)
-        assert command is not None
-        text, _ = help_of(command, [], root)
-        out += [f"### `graphcache {verb}`", "", "```text", text, "```", ""]
+        assert command is not None and command.callback is not None
+        verbs[verb] = (command.callback.__module__.rsplit(".", 1)[-1], help_of(command, root)[0])
+    return top, verbs
+
+
+def cli_group_of(room: str, verb: str) -> str:
+    """The docs/cli/ page that holds the verbs of ``room``."""
+    for name, (_, rooms) in CLI_GROUPS.items():
+        if room in rooms:
+            return name
+    raise PageError(
+        f"graphcache {verb} is in graphcache/cli/{room}.py, which no page of CLI_GROUPS holds: add it there"
+    )
+
+
+def cli_reference() -> str:
+    """docs/cli.md's part: `graphcache --help`, and the page of each verb group."""
+    top, verbs = cli_helps()
+    out = ["### `graphcache`", "", "```text", top, "```", "", "| page | verbs |", "| --- | --- |"]
+    for name, (about, _) in CLI_GROUPS.items():
+        held = [f"`{verb}`" for verb, (room, _) in verbs.items() if cli_group_of(room, verb) == name]
+        out.append(f"| [{about}](cli/{name}.md) | {', '.join(held)} |")
+    return "\n".join(out).rstrip() + "\n"
+
+
+def cli_group(name: str) -> str:
+    """docs/cli/NAME.md's part: the help of each verb of that group."""
+    out: list[str] = []
+    for verb, (room, text) in cli_helps()[1].items():
+        if cli_group_of(room, verb) == name:
+            out += [f"## `graphcache {verb}`", "", "```text", text, "```", ""]
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -187,6 +228,7 @@ def cli_reference() -> str:
 PAGES: dict[str, tuple[str, Callable[[], str]]] = {
     "api": ("docs/api.md", lambda: api_reference(openapi())),
     "cli": ("docs/cli.md", cli_reference),
+    **{f"cli-{name}": (f"docs/cli/{name}.md", lambda name=name: cli_group(name)) for name in CLI_GROUPS},
 }
 
 

@@ -32,6 +32,28 @@ def test_the_readme_is_a_front_door_of_at_most_250_lines():
     assert any(h.startswith("The CLI") for h in headings) and any(h.startswith("Where each guide") for h in headings)
 
 
+def test_no_page_of_the_site_is_over_500_lines():
+    """A page a reader can hold: a longer one is split by subject (generated pages too)."""
+    long = {str(p.relative_to(ROOT)): n for p in SITE if (n := len(p.read_text().splitlines())) > 500}
+    assert not long, f"split these by subject (docs/contributing.md): {long}"
+
+
+# Our own issue numbers ("issue 18", "(issues 17-20)", "#33"); an upstream one
+# names its repository (cudnn-frontend#1087, pytorch#155958) and stays.
+OWN_ISSUE = re.compile(r"\bissues? #?\d+|(?<![\w.-])#\d+\b", re.IGNORECASE)
+
+
+def test_no_page_names_one_of_our_issues():
+    """Pages say what is true now: an issue number means nothing to a reader, and history is git's."""
+    found = [
+        f"{page.relative_to(ROOT)}:{number}: {match.group(0)}"
+        for page in [README, *SITE]
+        for number, line in enumerate(page.read_text().splitlines(), 1)
+        for match in OWN_ISSUE.finditer(line)
+    ]
+    assert not found, f"say what is true now instead: {found}"
+
+
 def test_every_code_block_is_fenced_and_names_its_language():
     unnamed = [b.where for b in every_block() if b.lang in ("", "indented")]
     assert not unnamed, f"fence these with a language (sh, python; text for output and pictures): {unnamed}"

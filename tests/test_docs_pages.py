@@ -1,9 +1,10 @@
-"""The generated parts of docs/api.md and docs/cli.md are what the code
-generates today (scripts/docs_pages.py): the app's OpenAPI schema and the
-CLI's help."""
+"""The generated parts of docs/api.md, docs/cli.md and the CLI's pages by
+verb group (docs/cli/) are what the code generates today
+(scripts/docs_pages.py): the app's OpenAPI schema and the CLI's help."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -27,11 +28,24 @@ def test_the_api_reference_names_every_route_the_app_serves():
     assert [r for r in routes if r not in page] == []
 
 
-def test_the_cli_reference_holds_every_verb():
+def test_the_cli_reference_holds_every_verb_once_on_the_page_its_index_names():
     from graphcache.cli import main
 
-    page = (ROOT / "docs" / "cli.md").read_text()
-    assert [verb for verb in main.commands if f"### `graphcache {verb}`" not in page] == []
+    index = (ROOT / "docs" / "cli.md").read_text()
+    pages = {p.stem: p.read_text() for p in (ROOT / "docs" / "cli").glob("*.md")}
+    assert sorted(pages) == sorted(docs_pages.CLI_GROUPS)
+    for verb in main.commands:
+        holding = [name for name, text in pages.items() if f"## `graphcache {verb}`" in text]
+        assert len(holding) == 1, (verb, holding)
+        assert re.search(rf"\(cli/{holding[0]}\.md\) \|[^\n]*`{verb}`", index), (
+            f"docs/cli.md does not send {verb} to cli/{holding[0]}.md"
+        )
+
+
+def test_a_verb_in_a_room_no_cli_page_holds_stops_the_generator(monkeypatch):
+    monkeypatch.setitem(docs_pages.CLI_GROUPS, "host", ("this host", {"doctor"}))  # bench's room left out
+    with pytest.raises(docs_pages.PageError, match="graphcache bench is in graphcache/cli/bench.py"):
+        docs_pages.cli_reference()
 
 
 def test_a_page_without_its_markers_is_refused():
