@@ -69,14 +69,7 @@ def fetch_all(
             refused.append(klass)
     padded = {key_for(form, target, uids): klass for klass in refused for form in forms(klass, target)[1:]}
     if padded:  # override refused for these classes: the padded form load() takes next (releases.forms)
-        found_padded = get_many(store, list(padded))
-        _failed(store, failures)
-        for key, klass in padded.items():
-            data = found_padded.get(key)
-            artifact = decoded(key, data) if data is not None else None
-            if artifact is not None and not artifact.unsupported:
-                serving.add(klass)
-                size += len(data or b"")
+        size += _fetch_classes(store, padded, failures, decoded, serving)
     served_by: dict[GraphSpec, GraphSpec] = {}
     for key, spec in wanted.items():
         if classes.get(key) in serving:
@@ -94,20 +87,35 @@ def fetch_all(
     if slack is not None and unclassed:
         larger = _larger(store, unclassed, policy, target, slack)
         larger_keys = {key_for(k, target, uids): k for k in set(larger.values())}
-        found = get_many(store, list(larger_keys))
-        _failed(store, failures)
-        for key, klass in larger_keys.items():
-            data = found.get(key)
-            artifact = decoded(key, data) if data is not None else None
-            if artifact is not None and not artifact.unsupported:
-                serving.add(klass)
-                size += len(data or b"")
+        size += _fetch_classes(store, larger_keys, failures, decoded, serving)
         for spec, klass in larger.items():
             if klass in serving:
                 present += 1
                 served_by[spec] = klass
                 missing.remove(spec)
     return PrefetchReport(present, tuple(missing), size, time.perf_counter() - start, target, corrupt, served_by)
+
+
+def _fetch_classes(
+    store: Store,
+    keys: dict[str, GraphSpec],
+    failures: int,
+    decoded: Callable[[str, bytes], Artifact | None],
+    serving: set[GraphSpec],
+) -> int:
+    """Fetch the class graphs ``keys`` names (key -> the class it serves)
+    in one request, add each stored as a graph (not a negative entry) to
+    ``serving``; the bytes fetched. Raises StoreUnavailable as ``_failed``."""
+    found = get_many(store, list(keys))
+    _failed(store, failures)
+    size = 0
+    for key, klass in keys.items():
+        data = found.get(key)
+        artifact = decoded(key, data) if data is not None else None
+        if artifact is not None and not artifact.unsupported:
+            serving.add(klass)
+            size += len(data or b"")
+    return size
 
 
 def _failed(store: Store, failures: int) -> None:
