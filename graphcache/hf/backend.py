@@ -40,7 +40,7 @@ import torch
 
 import graphcache.torch as gt
 from graphcache.hf.dense import run_dense
-from graphcache.hf.masks import PADDING_ATTR, dense_mask, padding_side
+from graphcache.hf.masks import LENGTHS_ATTR, PADDING_ATTR, dense_mask, padding_side
 from graphcache.torch.runtime import Plan
 
 # transformers' sdpa_attention_forward (5.24): every argument it reads beyond
@@ -97,15 +97,24 @@ def attention(
         return call.sinks(s_aux)
     if kwargs.get("output_attentions"):
         return call.eager("output_attentions", "output_attentions=True asks for the weights: eager computes them")
-    if kwargs.get("position_bias") is not None or (attention_mask is not None and attention_mask.dim() != 2):
+    if kwargs.get("position_bias") is not None:
         return call.through_dropin()
+    compiling = torch.compiler.is_compiling()
+    if attention_mask is not None and attention_mask.dim() != 2:
+        static = getattr(attention_mask, PADDING_ATTR, None) == "static"
+        if static and causal and not dropout and not compiling and sliding_window is None:
+            return call.static(getattr(attention_mask, LENGTHS_ATTR))
+        return call.masked()
     sq, skv = query.shape[2], key.shape[2]
     if causal and sq > skv:
         return call.sdpa("shape", f"causal with more queries ({sq}) than keys ({skv})")
     window = sliding_window if sliding_window is not None and skv > sliding_window else None
+    plain = attention_mask is None and window is None and (not causal or sq == skv or sq == 1)
+    if plain:
+        return call.dense()
+    if compiling:  # one graphcache::sdpa op in the compiled graph: the mask made on the device, a bias graph
+        return call.masked()
     if attention_mask is None:
-        if window is None and (not causal or sq == skv or sq == 1):
-            return call.dense()
         if window is not None and not causal and sq != skv:
             return call.sdpa("window", f"a bidirectional window with {sq} queries and {skv} keys")
         if window is not None and causal and sq == skv:
@@ -115,7 +124,7 @@ def attention(
         return call.sdpa("dropout", "dropout with a padding mask: the ragged graphs take no dropout")
     side = getattr(attention_mask, PADDING_ATTR, None) or padding_side(attention_mask.to(torch.bool))
     if side == "holes":
-        return call.through_dropin()
+        return call.masked()
     if side == "right" and causal and sq > 1:
         if window is not None or sq != skv:
             return call.sdpa("padding", "right padding with a window or a cache: no graph expresses it")
@@ -227,6 +236,34 @@ class _Call:
             return self.eager_uncounted(s_aux=s_aux)
         why = "a padding mask, a cache with several queries, dropout or weights"
         return self.eager("sinks", f"attention sinks (s_aux) with {why}: no sink graph expresses it", s_aux=s_aux)
+
+    def static(self, lengths: torch.Tensor) -> tuple[torch.Tensor, None]:
+        """A static cache's call, no row padded: a dense graph over every
+        slot of the cache, each row's tokens (``lengths``) its padding mask's
+        key lengths, causal bottom-right (a decode step: no mask), so the
+        prompt and every decode step of a cache share its shape."""
+        out = run_dense(self.q, self.k, self.v, self.scaling, None, lengths, static=True)
+        return (out, None) if out is not None else self.sdpa_uncounted()
+
+    def masked(self) -> tuple[torch.Tensor, None]:
+        """A 4-D mask (a static cache holding padded rows, a custom pattern,
+        padding with holes; under torch.compile, any padding): the SDPA
+        drop-in with the mask, as transformers' sdpa computes it, the key
+        and value heads as they are (``enable_gqa``: no repeated copy, and
+        the same spec in eager and compiled code), which serves it as a bias
+        graph or counts it under its reason."""
+        q, k = self.q, self.k
+        mask = self.mask if self.mask is not None and self.mask.dim() == 4 else self._dense_mask(explicit=True)
+        out = gt.scaled_dot_product_attention(
+            q,
+            k,
+            self.v,
+            attn_mask=mask,
+            dropout_p=self.dropout,
+            scale=self.scaling,
+            enable_gqa=q.shape[1] != k.shape[1],
+        )
+        return out.transpose(1, 2).contiguous(), None
 
     def windowed(self, window: int) -> tuple[torch.Tensor, None]:
         """A dense graph with a sliding window (a causal prompt, no padding)."""
