@@ -17,15 +17,24 @@ How a call is served (docs/models.md has the table):
   ``seqused_k``: device arithmetic, no host sync); right padding of a causal
   prompt is a dense graph with ``padding`` (``seq_len_q`` / ``seq_len_kv``)
   (``graphcache.hf.dense``);
+- a static cache with no row padded (the mask tagged ``static``): a dense
+  graph with ``padding`` over every slot of the cache, each row's tokens its
+  ``seq_len_kv``, the prompt ``causal_bottom_right``, a decode step no mask;
+- a 4-D mask (a static cache's padded rows, a custom pattern, padding with
+  holes) goes to the drop-in with the mask and the key and value heads as
+  they are (``enable_gqa``), which serves it as a bias graph (or counts it
+  under ``mask``); T5's ``position_bias`` runs transformers' sdpa under the
+  drop-in;
+- under ``torch.compile`` nothing reads a value on the host: an unmasked
+  call as above through the drop-in's ``graphcache::sdpa`` op, anything
+  else the drop-in with its mask made on the device (a bias graph), so a
+  compiled attention call is one op and ``fullgraph=True`` holds;
 - what no graph expresses falls back, counted under its reason in
   ``graphcache.torch.stats()``: ``softcap`` and ``sinks`` where no sink
   graph expresses the call (to the model's ``eager``: transformers' sdpa
   refuses softcap and has no sinks), ``output_attentions`` (eager, which
   returns the weights), ``dropout`` with a padding mask, ``shape`` (more
-  queries than keys); a 4-D mask (a
-  custom pattern, padding with holes) and T5's ``position_bias`` run
-  transformers' sdpa under the drop-in, which serves them as bias graphs (or
-  counts them under ``mask``).
+  queries than keys).
 
 Keyword arguments transformers' sdpa ignores, the backend ignores too
 (``SDPA_ARGUMENTS`` lists those it reads).
@@ -93,13 +102,15 @@ def attention(
         return call.eager(
             "softcap", "softcap (tanh score capping): cuDNN 1.32's score modifier does not serialize", softcap=softcap
         )
+    compiling = torch.compiler.is_compiling()
     if s_aux is not None:
+        if compiling:  # the sink graphs' path reads the runtime's memo: not for a compiled graph
+            return call.eager("sinks", "attention sinks (s_aux) under torch.compile: the model's eager attention")
         return call.sinks(s_aux)
     if kwargs.get("output_attentions"):
         return call.eager("output_attentions", "output_attentions=True asks for the weights: eager computes them")
     if kwargs.get("position_bias") is not None:
         return call.through_dropin()
-    compiling = torch.compiler.is_compiling()
     if attention_mask is not None and attention_mask.dim() != 2:
         static = getattr(attention_mask, PADDING_ATTR, None) == "static"
         if static and causal and not dropout and not compiling and sliding_window is None:
