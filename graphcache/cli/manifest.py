@@ -112,8 +112,9 @@ def _sizes(order: str) -> Any:
     "--max-cache-len",
     default=None,
     type=click.IntRange(2, 1 << 24),
-    help="Static caches of up to N slots (each length class's longest; default --max-seq). With --cache static "
-    "and no --max-seq, it is the longest sequence too.",
+    help="Static caches of N slots, as generate's max_cache_len (or a StaticCache you make) fixes them "
+    "(default: a cache of each length class up to --max-seq, as generate sizes one per call). With --cache "
+    "static and no --max-seq, it is the longest sequence too.",
 )
 @click.option(
     "--compiled/--no-compiled",

@@ -13,11 +13,12 @@ alike between those. Per batch and length:
   steps on a cache of each length (unpadded and left-padded, as generate()
   pads), and with ``chunk`` a prompt continued in chunks on a cache; and
   as ``generate(cache_implementation="static")`` runs it (``caches``): a
-  transformers ``StaticCache`` of each length class's longest up to
-  ``max_cache_len`` (its sliding-window layers where the model has a
-  window), a prompt of each length that leaves it a slot (unpadded and
-  left-padded) and a decode step, each step's inputs and mask made by the
-  model's own ``prepare_inputs_for_generation``, as generate makes them;
+  transformers ``StaticCache`` of ``max_cache_len`` slots, else of each
+  length class's longest up to ``max_seq`` (its sliding-window layers where
+  the model has a window), a prompt of each length that leaves it a slot
+  (unpadded and left-padded) and decode steps, each step's inputs and mask
+  made by the model's own ``prepare_inputs_for_generation``, as generate
+  makes them;
 - an encoder: its input unpadded, right- and left-padded;
 - an encoder-decoder: the encoder as above at each encoder length, and its
   decoder's first step (one token), prompts (with and without a cache) and
@@ -42,7 +43,7 @@ alike between those. Per batch and length:
 With ``compiled`` (the default) each runs twice: as eager code runs it,
 and as ``torch.compile``'d code does (graphcache.models.compiled), which
 hands attention other masks and layouts; the phases of the second say
-"compiled".
+"(compiled)".
 
 ``probe=True`` runs a few of these (batch 2, the longest length): enough
 to tell a model's kinds of layers apart
@@ -113,7 +114,7 @@ class Sizes:
     beams: int = 1
     image_sizes: tuple[tuple[int, int], ...] = ()  # (H, W); none: each vision config's own image_size
     caches: tuple[str, ...] = ("dynamic", "static")  # a decoder's cache kinds: DynamicCache, StaticCache
-    max_cache_len: int | None = None  # a static cache's longest (default: max_seq)
+    max_cache_len: int | None = None  # a static cache's slots (none: each length class's longest up to max_seq)
     compiled: bool = True  # each forward also as torch.compile'd code runs it (graphcache.models.compiled)
 
     @property
@@ -163,7 +164,7 @@ class Runner:
     # forwards ------------------------------------------------------------------------
 
     def forward(self, phase: str, **kwargs: Any) -> Any:
-        self.phase(f"{phase}, compiled" if self.compiled else phase)
+        self.phase(f"{phase} (compiled)" if self.compiled else phase)
         with torch.no_grad(), self.code():
             return self.model(**kwargs)
 
@@ -206,21 +207,27 @@ class Runner:
         return pads + ["unmasked"] if self.compiled else pads
 
     def static(self, sizes: Sizes, probe: bool) -> None:
-        """generate()'s forwards on a static cache (see the module's text);
-        where transformers cannot make or run one for the model, why is
-        noted (``notes["static"]``) and the rest traced."""
+        """generate()'s forwards on a static cache (see the module's text):
+        caches of ``max_cache_len`` slots (generate's own ``max_cache_len``
+        fixes them so), else of each length class's longest up to
+        ``max_seq`` (generate sizes a cache to each call's prompt and new
+        tokens); a decode step after the longest prompt and after each one
+        beside a window (a step's shape is the cache's, whatever the prompt's
+        length). Where transformers cannot make or run a static cache for
+        the model, why is noted (``notes["static"]``) and the rest traced."""
         from transformers import StaticCache
 
-        longest = sizes.max_cache_len or sizes.max_seq
-        caches = lengths(longest)[-1:] if probe else lengths(longest)
+        caches = [sizes.max_cache_len] if sizes.max_cache_len else lengths(sizes.max_seq)
         for b in [2] if probe else batches(sizes.rows):
-            for size in caches:
+            for size in caches[-1:] if probe else caches:
                 prompts = samples(size - 1, self.text) if size > 1 else []
-                for n in prompts[-1:] if probe else prompts:
+                prompts = prompts[-1:] if probe else prompts
+                steps = {prompts[-1], *(set(prompts) - set(lengths(size - 1)))} if prompts else set()
+                for n in prompts:
                     for pad in ["none", "left"] if b > 1 else ["none"]:
                         try:
                             cache = StaticCache(config=self.text, max_cache_len=size)
-                            self._generate_steps(cache, b, n, pad, sizes.decode)
+                            self._generate_steps(cache, b, n, pad, sizes.decode and n in steps)
                         except Exception as exc:  # noqa: BLE001 - transformers' own refusal, named
                             text = str(exc).splitlines()[0] if str(exc) else ""
                             self.notes["static"] = f"static cache not traced: {type(exc).__name__}: {text}"

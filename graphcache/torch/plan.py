@@ -91,7 +91,6 @@ class Plan:
             out = run_views(self.graph, q, k, v, bias)
         return self.bias.unfold(out.masked_fill_(hidden, 0.0))
 
-
     def run_prefix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """A call whose k and v are the first rows of a longer allocation (a
         static cache sliced to the prompt): the graph reads the allocation's
