@@ -142,25 +142,28 @@ def test_static_cache_generate_is_served_from_the_default_manifest(tmp_path, rou
         assert torch.equal(w, g)
 
 
-def test_a_compiled_model_is_served_from_the_default_manifest(tmp_path):
+@pytest.mark.parametrize(("route", "fullgraph"), [("sdpa", False), ("graphcache", True)])
+def test_a_compiled_model_is_served_from_the_default_manifest(tmp_path, route, fullgraph):
     """torch.compile(model) forward and generate's own compiled decode on a
-    static cache, under patch(), warmed from the default manifest of the
-    config alone (which traces what compiled code hands SDPA too): outputs
-    those of the same program compiled on plain torch."""
+    static cache, warmed from the default manifest of the config alone,
+    which traces what compiled code hands attention too (under patch(): a
+    prompt's k and v on an empty cache in the projection's layout, a masked
+    GQA decode step's key and value heads repeated; through the backend: no
+    host read, so fullgraph=True holds): outputs those of the same program
+    compiled on plain torch."""
     from transformers import CompileConfig
 
-    route = "sdpa"
     compiler = CpuGraphCompiler()
     cache = hf_models.warmed_from_config("llama", route, tmp_path, compiler, SMALL)
     model = hf_models.build("llama", "sdpa")
-    compiled = torch.compile(model)
-    ids, mask = hf_models.batch((20,), left=True)
-    auto = CompileConfig()
+    compiled = torch.compile(model, fullgraph=fullgraph)
+    ids, _ = hf_models.batch((20,), left=True)
+    auto = CompileConfig(fullgraph=fullgraph)
     auto._compile_all_devices = True  # generate compiles its decode steps on CUDA only, unless told
 
     def run():  # noqa: ANN202
         with torch.no_grad():
-            logits = compiled(ids, attention_mask=mask).logits
+            logits = compiled(ids).logits  # no padding mask: is_causal, on a fresh DynamicCache
         return logits, hf_models.generate(model, (20,), 2, cache_implementation="static", compile_config=auto)
 
     want = run()  # compiled, plain torch

@@ -28,9 +28,9 @@ then padding), get transformers' own 4-D ``sdpa_mask``: the attention runs
 them through the SDPA drop-in (a bias graph, or counted under ``mask``).
 
 Under ``torch.compile`` nothing here reads a value on the host (a read would
-break the graph, and ``fullgraph=True`` refuses it): a 2-D padding mask, or
-a static cache, is transformers' 4-D ``sdpa_mask`` (a bias graph), and no
-padding (``attention_mask=None``) is None as in eager code.
+break the graph, and ``fullgraph=True`` refuses it) or looks into the mask
+function: the mask is transformers' own ``sdpa_mask``, None exactly where
+it would hand sdpa ``is_causal`` alone, else 4-D (a bias graph).
 """
 
 from __future__ import annotations
@@ -133,21 +133,31 @@ def padding_mask(
             **{**kwargs, "allow_is_causal_skip": False},
         )
 
+    if torch.compiler.is_compiling():
+        # No host read (the padding's side) and no look into the mask function (dynamo cannot trace
+        # it): transformers' own sdpa mask, None exactly where it hands sdpa is_causal alone.
+        return sdpa_mask(
+            batch_size=batch_size,
+            q_length=q_length,
+            kv_length=kv_length,
+            q_offset=q_offset,
+            kv_offset=kv_offset,
+            mask_function=mask_function or causal_mask_function,
+            attention_mask=attention_mask,
+            **kwargs,
+        )
     names = pattern_names(mask_function)
     if kwargs.get("use_vmap") or names is None:
         return dense()
     causal = "bidirectional_mask_function" not in names
-    compiling = torch.compiler.is_compiling()
     if causal and (isinstance(q_offset, torch.Tensor) or kv_offset + kv_length != q_offset + q_length):
         # A static cache: keys past the tokens seen, which only a mask (or lengths) leaves out.
         found = None
-        if not compiling and kv_offset == 0 and names <= {"causal_mask_function"}:
+        if kv_offset == 0 and names <= {"causal_mask_function"}:
             found = static_prefix(batch_size, q_length, kv_length, q_offset, attention_mask)
         return dense() if found is None else found
     if attention_mask is None:
         return None
-    if compiling:  # which side the padding is on is a host read: the mask says it on the device instead
-        return dense()
     pad = attention_mask[:, -kv_length:].to(torch.bool)
     if pad.shape[-1] != kv_length:  # a static cache longer than the tokens seen: sdpa's mask slices it
         return dense()
