@@ -187,11 +187,12 @@ def manifest_cmd(
     --chunk prefill, its encoder and cross-attention, images (--image-size)
     and audio, for batches up to --max-batch (x --beams) and sequences up to
     --max-seq, through --route, each forward as eager code runs it and as
-    torch.compile'd code does (--no-compiled: eager only); a diffusers denoiser runs a step at each
-    --resolution (and --frames) for batches up to --max-batch images, each
-    a guidance pair. Each call is noted as the graph graphcache would look
-    up. Each entry's comment names the layers and phases that call it;
-    calls no graph serves are named by feature. Needs no GPU.
+    torch.compile'd code does (--no-compiled: eager only); a diffusers
+    denoiser runs a step at each --resolution (and --frames) for batches up
+    to --max-batch images, each a guidance pair. Each call is noted as the
+    graph graphcache would look up. Each entry's comment names the layers
+    and phases that call it; calls no graph serves are named by feature.
+    Needs no GPU.
     """
     data = read(config)  # a folder without a config.json is named here
     file = locate(config)
@@ -297,7 +298,8 @@ def _traced(
     speed: tuple = (("dynamic", "static"), None, True),
 ) -> tuple[ModelSpecs, str, list[str], list[str]]:
     """The trace of CONFIG (``folder`` holds its config.json: a pipeline's VAE is looked for beside it);
-    ``speed``: the cache kinds, the static caches' longest and whether compiled code is traced too."""
+    ``speed``: the cache kinds, a static cache's slots (None: every length class) and whether compiled code
+    is traced too."""
     max_batch, max_seq, image_sizes, resolutions, frames, text_len, guidance, beams = sizes
     caches, max_cache_len, compiled = speed
     if "_class_name" in data:

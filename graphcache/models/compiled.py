@@ -46,7 +46,9 @@ _aten = torch.ops.aten
 @contextmanager
 def compiled_code() -> Iterator[None]:
     """Within: ``torch.compiler.is_compiling()`` is true and a ``cat`` is
-    decomposed as inductor decomposes it (see the module's text)."""
+    decomposed as inductor decomposes it (see the module's text). The first
+    is process-wide while it lasts: the tracer runs one forward at a time,
+    on the meta device, and nothing else of the process should run meanwhile."""
     original = torch.compiler.is_compiling
     torch.compiler.is_compiling = _compiling
     try:
