@@ -259,7 +259,10 @@ def encode(model: Any, lengths: tuple[int, ...]) -> torch.Tensor:
 ENCODER_TOLERANCE = 3e-2
 
 
-def generate(model: Any, lengths: tuple[int, ...], new_tokens: int, beams: int = 1) -> torch.Tensor:
+def generate(model: Any, lengths: tuple[int, ...], new_tokens: int, beams: int = 1, **options: Any) -> torch.Tensor:
+    """Greedy tokens for a left-padded batch of prompts of ``lengths``
+    (an encoder's hidden states); ``options`` go to generate()
+    (``cache_implementation="static"``, ``compile_config``)."""
     if model.config.model_type in ENCODERS:
         return encode(model, lengths)
     ids, mask = batch(lengths, left=not model.config.is_encoder_decoder)
@@ -272,6 +275,7 @@ def generate(model: Any, lengths: tuple[int, ...], new_tokens: int, beams: int =
             do_sample=False,
             num_beams=beams,
             pad_token_id=0,
+            **options,
         )
 
 
@@ -335,9 +339,22 @@ def served(
     graphs; tokens (an encoder's hidden states) compared with unpatched
     torch's sdpa. Returns the cases and how many graphs were built while
     serving (0: served from what the manifest warmed)."""
+    model = build(name, "sdpa")
+    cache = warmed_from_config(name, route, folder, compiler, manifest_args)
+    builds = getattr(compiler, "builds", 0)
+    found = serve_cases(model, cache, lengths, new_tokens, route, only=only)
+    return found, getattr(compiler, "builds", 0) - builds
+
+
+def warmed_from_config(
+    name: str, route: str, folder: Path, compiler: Any, manifest_args: Sequence[str] = ("--max-batch", "8")
+) -> GraphCache:
+    """A cache warmed ONLY from ``graphcache manifest CONFIG`` (the CLI as a
+    user runs it: ``name``'s config.json in a model folder, traced through
+    ``route``), its graphs built by ``compiler``; the manifest is left in
+    ``folder`` as NAME-ROUTE.yaml."""
     from tests.clirun import cli
 
-    model = build(name, "sdpa")
     config(name).save_pretrained(folder / "model")  # config.json, as a model folder holds it
     out = folder / f"{name}-{route}.yaml"
     run = cli("manifest", str(folder / "model"), *manifest_args, "--route", route, "-o", str(out))
@@ -345,10 +362,7 @@ def served(
         raise ManifestError(run.stderr.strip())
     store = DiskStore(folder / f"{name}-{route}-store")
     ops.warm(manifest.load(out), GraphCache(store, compiler, shape_classes="pow2"))
-    builds = getattr(compiler, "builds", 0)
-    cache = GraphCache(store, compiler, shape_classes="pow2")
-    found = serve_cases(model, cache, lengths, new_tokens, route, only=only)
-    return found, getattr(compiler, "builds", 0) - builds
+    return GraphCache(store, compiler, shape_classes="pow2")
 
 
 def measure(

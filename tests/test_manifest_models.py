@@ -100,3 +100,75 @@ def test_falcon_is_served_on_the_backend_route_where_transformers_dispatches_it(
     assert builds == 0 and compiler.loads > 0
     assert result.calls and result.fraction >= 0.95, result
     assert result.equal or result.tie, result
+
+
+def _serve(model, cache, route, run):  # noqa: ANN001, ANN202
+    """``run()`` through ``route`` from ``cache`` (misses run torch): its result and the drop-in's counters."""
+    import contextlib
+
+    model.set_attn_implementation("sdpa" if route == "sdpa" else "graphcache")
+    gt.reset()
+    gt.configure(cache, device="cpu", on_miss="torch")
+    with gt.patch() if route == "sdpa" else contextlib.nullcontext():
+        got = run()
+    stats = gt.stats()
+    model.set_attn_implementation("sdpa")
+    gt.reset()
+    return got, stats
+
+
+@pytest.mark.parametrize("route", ["sdpa", "graphcache"])
+def test_static_cache_generate_is_served_from_the_default_manifest(tmp_path, route):
+    """generate(cache_implementation="static") after prompts of two lengths
+    and for a left-padded batch of 3, warmed from the default manifest of the
+    config alone: the prefill reads the cache's slots in place and every step
+    shares its shape (padding lengths, or a bias for the padded batch)."""
+    compiler = CpuGraphCompiler()
+    cache = hf_models.warmed_from_config("llama", route, tmp_path, compiler, SMALL)
+    builds = compiler.builds
+    model = hf_models.build("llama", "sdpa")
+    runs = [(20,), (140,), (140, 60, 17)]
+
+    def run():  # noqa: ANN202
+        return [hf_models.generate(model, p, 3, cache_implementation="static") for p in runs]
+
+    want = run()  # unpatched torch
+    got, stats = _serve(model, cache, route, run)
+    assert stats["calls"] == 2 * 3 * len(runs), stats  # 2 layers, 3 forwards a generate
+    assert stats["hits"] >= 0.95 * stats["calls"] and stats["built_here"] == 0, stats
+    assert compiler.builds == builds
+    assert stats["copies"] == 0, stats["copied"]  # the cache read where it lies
+    for w, g in zip(want, got, strict=True):
+        assert torch.equal(w, g)
+
+
+@pytest.mark.parametrize(("route", "fullgraph"), [("sdpa", False), ("graphcache", True)])
+def test_a_compiled_model_is_served_from_the_default_manifest(tmp_path, route, fullgraph):
+    """torch.compile(model) forward and generate's own compiled decode on a
+    static cache, warmed from the default manifest of the config alone,
+    which traces what compiled code hands attention too (under patch(): a
+    prompt's k and v on an empty cache in the projection's layout, a masked
+    GQA decode step's key and value heads repeated; through the backend: no
+    host read, so fullgraph=True holds): outputs those of the same program
+    compiled on plain torch."""
+    from transformers import CompileConfig
+
+    compiler = CpuGraphCompiler()
+    cache = hf_models.warmed_from_config("llama", route, tmp_path, compiler, SMALL)
+    model = hf_models.build("llama", "sdpa")
+    compiled = torch.compile(model, fullgraph=fullgraph)
+    ids, _ = hf_models.batch((20,), left=True)
+    auto = CompileConfig(fullgraph=fullgraph)
+    auto._compile_all_devices = True  # generate compiles its decode steps on CUDA only, unless told
+
+    def run():  # noqa: ANN202
+        with torch.no_grad():
+            logits = compiled(ids).logits  # no padding mask: is_causal, on a fresh DynamicCache
+        return logits, hf_models.generate(model, (20,), 2, cache_implementation="static", compile_config=auto)
+
+    want = run()  # compiled, plain torch
+    got, stats = _serve(model, cache, route, run)
+    assert stats["calls"] == 2 * 3, stats  # a forward, generate's prefill and its one compiled decode step
+    assert stats["hits"] == stats["calls"] and stats["built_here"] == 0, stats
+    torch.testing.assert_close(got[0].float(), want[0].float(), atol=2e-2, rtol=2e-2)
+    assert torch.equal(got[1], want[1])

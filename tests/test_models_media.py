@@ -45,18 +45,23 @@ def phases(traced) -> set[str]:  # noqa: ANN001
     return {u for us in traced.specs.users.values() for u in us}
 
 
+# Eager code and the default cache: what each kind of input makes (compiled code's
+# and static caches' calls are tests/test_models_trace.py's and test_manifest_models.py's).
+EAGER = {"caches": ("dynamic",), "compiled": False}
+
+
 def test_a_vision_encoder_is_traced_at_each_image_size_and_needs_no_max_seq():
-    vit = trace(data("vit"), "vit", Sizes(4, 0, image_sizes=((224, 224), (288, 288))), "sdpa")
+    vit = trace(data("vit"), "vit", Sizes(4, 0, image_sizes=((224, 224), (288, 288)), **EAGER), "sdpa")
     # 224 / 16 = 14 patches a side and the class token: 197 (class 256); 288: 18 x 18 + 1 = 325 (class 512).
     assert shapes(vit.specs.users) == {(b, n, n, 8, "none", None) for b in (1, 2, 4) for n in (256, 512)}
     assert vit.kind == "vision encoder" and "layers 0-1 attention: images 288x288" in phases(vit)
     # Without --image-size: the config's own image_size.
-    siglip = trace(data("siglip-vision"), "siglip", Sizes(1, 0), "sdpa")
+    siglip = trace(data("siglip-vision"), "siglip", Sizes(1, 0, **EAGER), "sdpa")
     assert shapes(siglip.specs.users) == {(1, 256, 256, 8, "none", None)}  # 14 x 14 = 196 tokens, no class token
 
 
 def test_an_audio_encoder_is_traced_over_its_samples_unpadded_and_right_padded():
-    wav2vec2 = trace(data("wav2vec2"), "wav2vec2", Sizes(2, 48000), "sdpa")
+    wav2vec2 = trace(data("wav2vec2"), "wav2vec2", Sizes(2, 48000, **EAGER), "sdpa")
     # 48000 samples of 16 kHz audio are 149 frames (class 256); the class 128 is traced at its longest.
     dense = {(b, n, n, 8, "none", None) for b in (1, 2) for n in (128, 256)}
     padded = {(2, n, n, 8, "none", "b1ss") for n in (128, 256)}  # transformers' 4-D mask: bias graphs
@@ -67,7 +72,7 @@ def test_an_audio_encoder_is_traced_over_its_samples_unpadded_and_right_padded()
 
 
 def test_a_vision_language_model_is_traced_with_its_vision_tower_and_images_in_its_prompts():
-    qwen = trace(data("qwen2_5_vl"), "qwen", Sizes(1, 512, image_sizes=((448, 448),)), "sdpa")
+    qwen = trace(data("qwen2_5_vl"), "qwen", Sizes(1, 512, image_sizes=((448, 448),), **EAGER), "sdpa")
     tower = {s for s in qwen.specs.users if s.heads_q == 4}  # the vision tower's 4 heads (the language model has 8)
     # 448 / 14 = 32 x 32 patches: windows of 8 x 8 (64, class 128) on block 0, the whole image on block 1.
     assert shapes(tower) == {(1, 128, 128, 4, "none", None), (1, 1024, 1024, 4, "none", None)}
@@ -75,7 +80,7 @@ def test_a_vision_language_model_is_traced_with_its_vision_tower_and_images_in_i
     assert "language_model.layers 0-1 self_attn: decode, decode after an image" in phases(qwen)
     assert not qwen.untraced
     # Its vision config fixes no image size: without --image-size the tower is named, not skipped.
-    text_only = trace(data("qwen2_5_vl"), "qwen", Sizes(1, 256), "sdpa")
+    text_only = trace(data("qwen2_5_vl"), "qwen", Sizes(1, 256, **EAGER), "sdpa")
     assert text_only.untraced == [
         "vision_config (qwen2_5_vl_vision): its config fixes no image size (no image_size): pass --image-size "
         "HxW for the sizes you serve"

@@ -47,7 +47,8 @@ def test_the_traced_manifest_covers_every_spec_the_config_reader_writes(name, ro
     """The offline reader stays (no torch: --method config), held to what the
     model itself calls: every spec it lists, the traced model calls too."""
     config = data(name)
-    traced = trace(config, name, Sizes(2, 256), route)
+    # What the reader lists: the default cache, eager code (the static cache and compiled code are the trace's own).
+    traced = trace(config, name, Sizes(2, 256, caches=("dynamic",), compiled=False), route)
     read = specs_for(describe(config), max_batch=2, max_seq=256, route=route).users
     missing = [s.summary() for s in read if not covered(s, traced.specs.users)]
     assert not missing, missing
@@ -57,7 +58,7 @@ def test_the_traced_manifest_covers_every_spec_the_config_reader_writes(name, ro
 def test_llama_3_8b_traced_as_the_reader_lists_it_plus_right_padded_prompts():
     config = json.loads((CONFIGS / "llama-3-8b" / "config.json").read_text())
     for route in ROUTES:
-        traced = trace(config, "llama-3-8b", Sizes(8, 1024), route)
+        traced = trace(config, "llama-3-8b", Sizes(8, 1024, caches=("dynamic",), compiled=False), route)
         read = set(specs_for(describe(config), max_batch=8, max_seq=1024, route=route).users)
         got = set(traced.specs.users)
         assert read <= got
@@ -73,8 +74,10 @@ def test_a_stack_of_two_kinds_of_layers_is_cut_to_a_prefix_that_calls_as_the_who
     # Gemma 3: five sliding-window layers, then a full one, then two more sliding ones.
     layers = ["sliding_attention"] * 5 + ["full_attention"] + ["sliding_attention"] * 2
     config = data("gemma3_text", num_hidden_layers=8, layer_types=layers)
-    cut = trace(config, "gemma3", Sizes(2, 128), "graphcache")
-    whole = trace(config, "gemma3", Sizes(2, 128), "graphcache", cut=False)
+    # The default cache in eager code: the cut is the same for every scenario, and the whole model's run is the costly one.
+    sizes = Sizes(2, 128, caches=("dynamic",), compiled=False)
+    cut = trace(config, "gemma3", sizes, "graphcache")
+    whole = trace(config, "gemma3", sizes, "graphcache", cut=False)
     assert "(layers: 6 of 8)" in cut.layers and "(layers: 8 of 8)" in whole.layers
     assert cut.specs.users.keys() == whole.specs.users.keys()
     sites = {u.split(":")[0] for us in cut.specs.users.values() for u in us}
@@ -108,7 +111,8 @@ def test_a_vision_tower_is_traced_beside_the_language_model():
         patch_size=14,
     )
     config = transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=256).to_dict()
-    traced = trace(config, "gemma3", Sizes(2, 512), "sdpa")  # 512: a prompt holding the image's 256 tokens
+    # 512: a prompt holding the image's 256 tokens; the towers and prompts of eager code on the default cache.
+    traced = trace(config, "gemma3", Sizes(2, 512, caches=("dynamic",), compiled=False), "sdpa")
     towers = {s for s, us in traced.specs.users.items() if any("vision_config (images)" in u for u in us)}
     # 224 / 14 = 16 patches a side: 256 tokens, bidirectional, batches of images 1 and 2.
     assert {(s.batch, s.seq_q, s.seq_kv, s.mask, s.heads_q) for s in towers} == {
@@ -189,6 +193,50 @@ def test_the_cli_traces_by_default_and_beams_widen_the_batches(tmp_path):
     specs = manifest.load(out)
     assert {s.batch for s in specs} == {1, 2, 4}  # 2 prompts x 2 beams
     assert f"{len(specs)} graph(s) for qwen3_moe on route sdpa" in run.stdout
+
+
+def test_static_caches_and_compiled_code_are_traced_by_default_and_each_can_be_asked_for_alone(tmp_path):
+    """The default manifest holds generate()'s static-cache calls and what
+    compiled code calls; --cache static --max-cache-len writes exactly the
+    static cache's, --cache dynamic --no-compiled neither."""
+    hf_models.config("llama").save_pretrained(tmp_path / "model")
+    small = ("--max-batch", "2", "--max-seq", "128", "--route", "graphcache")
+
+    def phases(*options: str) -> set[str]:
+        out = tmp_path / f"m{len(options)}.yaml"
+        run = cli("manifest", str(tmp_path / "model"), *small, *options, "-o", str(out))
+        assert run.returncode == 0, run.stderr
+        lines = [line.split(": ", 1)[1] for line in out.read_text().splitlines() if line.startswith("  # layers")]
+        found = {phase.removesuffix(" (compiled)") for line in lines for phase in line.split(", ")}
+        return found - {"left-padded"}
+
+    every = phases()
+    assert {"static cache prefill", "static cache decode", "prefill", "decode"} <= every
+    assert phases("--cache", "static", "--max-cache-len", "128") == {"static cache prefill", "static cache decode"}
+    eager = phases("--cache", "dynamic", "--no-compiled")
+    assert not any("static" in p for p in eager) and "prefill" in eager
+    # A static cache's prompt and decode steps share its shape: padded dense over every slot.
+    static = manifest.load(tmp_path / "m4.yaml")
+    unpadded = {(s.seq_q == 1, s.mask) for s in static if s.padding}
+    assert unpadded == {(False, "causal_bottom_right"), (True, "none")} and {s.seq_kv for s in static} == {128}
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        (("--cache", "dynamic", "--max-cache-len", "128"), "--max-cache-len sizes static caches"),
+        (("--cache", "static", "--method", "config"), "--cache: for traced transformers models"),
+    ],
+)
+def test_cache_options_that_cannot_apply_are_refused_naming_them(tmp_path, options, named):
+    hf_models.config("llama").save_pretrained(tmp_path / "model")
+    run = cli("manifest", str(tmp_path / "model"), "--max-batch", "1", "--max-seq", "128", *options)
+    assert run.returncode != 0 and named in run.stderr, run.stderr
+
+
+def test_a_static_cache_asked_of_an_encoder_is_refused_naming_its_kind(tmp_path):
+    with pytest.raises(ManifestError, match="'bert' is an encoder, which generate\\(\\) gives no static cache"):
+        trace(data("bert"), "bert", Sizes(1, 128, caches=("static",)), "sdpa")
 
 
 @pytest.mark.parametrize("hidden", ["torch", "transformers"])

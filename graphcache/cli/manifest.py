@@ -25,6 +25,7 @@ from graphcache.models.specs import (
 )
 
 METHODS = ("trace", "config")
+CACHES = ("both", "dynamic", "static")
 # Kinds of model whose input size is the user's choice, not a length: --max-seq widens their calls.
 _SIZED = ("vision encoder", "diffusion", "video diffusion")
 
@@ -105,6 +106,30 @@ def _sizes(order: str) -> Any:
 @click.option("--decode/--no-decode", default=True, show_default=True, help="Include decode steps (one query).")
 @click.option("--chunk", default=None, type=click.IntRange(1, 1 << 24), help="Chunked prefill with chunks up to C.")
 @click.option(
+    "--cache",
+    "cache_kind",
+    type=click.Choice(CACHES),
+    default="both",
+    show_default=True,
+    help="A decoder's KV cache as generate() makes it: dynamic (transformers' default, DynamicCache), static "
+    "(cache_implementation='static', StaticCache and its sliding-window layers), or both (trace only).",
+)
+@click.option(
+    "--max-cache-len",
+    default=None,
+    type=click.IntRange(2, 1 << 24),
+    help="Static caches of N slots, as generate's max_cache_len (or a StaticCache you make) fixes them "
+    "(default: a cache of each length class up to --max-seq, as generate sizes one per call). With --cache "
+    "static and no --max-seq, it is the longest sequence too.",
+)
+@click.option(
+    "--compiled/--no-compiled",
+    default=True,
+    show_default=True,
+    help="Also what the model hands attention under torch.compile (its masks and layouts differ from eager "
+    "code's; trace only): a manifest that serves the model compiled and not.",
+)
+@click.option(
     "--beams",
     default=1,
     show_default=True,
@@ -147,6 +172,9 @@ def manifest_cmd(
     dtype: str,
     decode: bool,
     chunk: int | None,
+    cache_kind: str,
+    max_cache_len: int | None,
+    compiled: bool,
     beams: int,
     method: str,
     seconds_per_build: float,
@@ -160,19 +188,25 @@ def manifest_cmd(
     diffusers pipeline folder: its transformer/ or unet/), read offline, no
     hub. By default the model is traced: transformers (diffusers) builds it
     from CONFIG on the meta device (no weights, no GPU) and it runs prompts
-    (unpadded, left- and right-padded), decode steps on a cache, --chunk
-    prefill, its encoder and cross-attention, images (--image-size) and
-    audio, for batches up to --max-batch (x --beams) and sequences up to
-    --max-seq, through --route; a diffusers denoiser runs a step at each
-    --resolution (and --frames) for batches up to --max-batch images, each
-    a guidance pair. Each call is noted as the graph graphcache would look
-    up. Each entry's comment names the layers and phases that call it;
-    calls no graph serves are named by feature. Needs no GPU.
+    (unpadded, left- and right-padded), decode steps on a cache (--cache:
+    transformers' dynamic cache and a static one, as generate() makes them),
+    --chunk prefill, its encoder and cross-attention, images (--image-size)
+    and audio, for batches up to --max-batch (x --beams) and sequences up to
+    --max-seq, through --route, each forward as eager code runs it and as
+    torch.compile'd code does (--no-compiled: eager only); a diffusers
+    denoiser runs a step at each --resolution (and --frames) for batches up
+    to --max-batch images, each a guidance pair. Each call is noted as the
+    graph graphcache would look up. Each entry's comment names the layers
+    and phases that call it; calls no graph serves are named by feature.
+    Needs no GPU.
     """
     data = read(config)  # a folder without a config.json is named here
     file = locate(config)
     diffusers = "_class_name" in data
     _check_options(diffusers, method, max_seq, image_sizes, resolutions, frames, text_len, guidance)
+    _check_caches(diffusers, method, cache_kind, max_cache_len, compiled)
+    if cache_kind == "static" and max_seq is None:
+        max_seq = max_cache_len  # a static cache's slots bound the sequence
     command = (
         f"graphcache manifest {config} --max-batch {max_batch}"
         + (f" --max-seq {max_seq}" if max_seq else "")
@@ -184,6 +218,9 @@ def manifest_cmd(
         + f" --route {route} --dtype {dtype}"
         + ("" if decode else " --no-decode")
         + (f" --chunk {chunk}" if chunk else "")
+        + (f" --cache {cache_kind}" if cache_kind != "both" else "")
+        + (f" --max-cache-len {max_cache_len}" if max_cache_len else "")
+        + ("" if compiled or diffusers or method == "config" else " --no-compiled")
         + (f" --beams {beams}" if beams > 1 else "")
         + (" --method config" if method == "config" else "")
         + (" --backward" if backward else "")
@@ -197,7 +234,10 @@ def manifest_cmd(
         kind, how, missing = model.model_type, list[str](), list(specs.missing)
     else:
         sizes = (max_batch, max_seq, image_sizes, resolutions, frames, text_len, guidance, beams)
-        specs, kind, how, missing = _traced(data, config, file.parent, sizes, route, dtype, decode, chunk)
+        caches = (cache_kind,) if cache_kind != "both" else ("dynamic", "static")
+        specs, kind, how, missing = _traced(
+            data, config, file.parent, sizes, route, dtype, decode, chunk, (caches, max_cache_len, compiled)
+        )
     if backward:
         missing += _with_backward(specs)
     count = len(specs.users)
@@ -253,10 +293,21 @@ def _check_options(
 
 
 def _traced(
-    data: dict, config: str, folder: Path, sizes: tuple, route: str, dtype: str, decode: bool, chunk: int | None
+    data: dict,
+    config: str,
+    folder: Path,
+    sizes: tuple,
+    route: str,
+    dtype: str,
+    decode: bool,
+    chunk: int | None,
+    speed: tuple = (("dynamic", "static"), None, True),
 ) -> tuple[ModelSpecs, str, list[str], list[str]]:
-    """The trace of CONFIG (``folder`` holds its config.json: a pipeline's VAE is looked for beside it)."""
+    """The trace of CONFIG (``folder`` holds its config.json: a pipeline's VAE is looked for beside it);
+    ``speed``: the cache kinds, a static cache's slots (None: every length class) and whether compiled code
+    is traced too."""
     max_batch, max_seq, image_sizes, resolutions, frames, text_len, guidance, beams = sizes
+    caches, max_cache_len, compiled = speed
     if "_class_name" in data:
         from graphcache.models import diffusion  # imports diffusers when it traces: its error names the extra
 
@@ -269,7 +320,9 @@ def _traced(
         from graphcache.models import scenarios
         from graphcache.models.trace import trace
 
-        wanted = scenarios.Sizes(max_batch, max_seq or 0, chunk, decode, beams, image_sizes)
+        wanted = scenarios.Sizes(
+            max_batch, max_seq or 0, chunk, decode, beams, image_sizes, caches, max_cache_len, compiled
+        )
         traced = trace(data, config, wanted, route, dtype)
     how = [
         f"traced: {'an' if traced.kind[0] in 'aeiou' else 'a'} {traced.kind} on the meta device through route {route}, {traced.calls} attention call(s) "
@@ -286,8 +339,19 @@ def _traced(
                         specs.add(long, user if long == spec else f"{user} (widened to --max-seq {max_seq})")
         how.append(f"widened to every length class up to --max-seq {max_seq}")
     missing = [f"{code}: {message} ({'; '.join(users)})" for (code, message), users in sorted(traced.refused.items())]
-    missing += [f"tower not traced: {why}" for why in traced.untraced]
+    missing += [why if why.startswith("static cache") else f"tower not traced: {why}" for why in traced.untraced]
     return specs, traced.model_type, how, missing
+
+
+def _check_caches(diffusers: bool, method: str, cache_kind: str, max_cache_len: int | None, compiled: bool) -> None:
+    """The cache and compile options where they cannot apply, refused naming what does."""
+    given = [name for name, on in (("--cache", cache_kind != "both"), ("--max-cache-len", max_cache_len)) if on]
+    given += [] if compiled else ["--no-compiled"]
+    if given and (diffusers or method == "config"):
+        what = "a diffusers config" if diffusers else "--method config"
+        raise ManifestError(f"{', '.join(given)}: for traced transformers models, not {what}; leave them out")
+    if max_cache_len and cache_kind == "dynamic":
+        raise ManifestError("--max-cache-len sizes static caches: pass --cache static or both, or leave it out")
 
 
 def _with_backward(specs: ModelSpecs) -> list[str]:

@@ -17,16 +17,25 @@ How a call is served (docs/models.md has the table):
   ``seqused_k``: device arithmetic, no host sync); right padding of a causal
   prompt is a dense graph with ``padding`` (``seq_len_q`` / ``seq_len_kv``)
   (``graphcache.hf.dense``);
+- a static cache with no row padded (the mask tagged ``static``): a dense
+  graph with ``padding`` over every slot of the cache, each row's tokens its
+  ``seq_len_kv``, the prompt ``causal_bottom_right``, a decode step no mask;
+- a 4-D mask (a static cache's padded rows, a custom pattern, padding with
+  holes) goes to the drop-in with the mask and the key and value heads as
+  they are (``enable_gqa``), which serves it as a bias graph (or counts it
+  under ``mask``); T5's ``position_bias`` runs transformers' sdpa under the
+  drop-in;
+- under ``torch.compile`` nothing reads a value on the host: an unmasked
+  call as above through the drop-in's ``graphcache::sdpa`` op, anything
+  else the drop-in with its mask made on the device (a bias graph), so a
+  compiled attention call is one op and ``fullgraph=True`` holds;
 - what no graph expresses falls back, counted under its reason in
   ``graphcache.torch.stats()``: ``empty`` (a tensor with no elements:
   torch's own SDPA), ``softcap`` and ``sinks`` where no sink
   graph expresses the call (to the model's ``eager``: transformers' sdpa
   refuses softcap and has no sinks), ``output_attentions`` (eager, which
   returns the weights), ``dropout`` with a padding mask, ``shape`` (more
-  queries than keys); a 4-D mask (a
-  custom pattern, padding with holes) and T5's ``position_bias`` run
-  transformers' sdpa under the drop-in, which serves them as bias graphs (or
-  counts them under ``mask``).
+  queries than keys).
 
 Keyword arguments transformers' sdpa ignores, the backend ignores too
 (``SDPA_ARGUMENTS`` lists those it reads).
@@ -41,7 +50,7 @@ import torch
 
 import graphcache.torch as gt
 from graphcache.hf.dense import run_dense
-from graphcache.hf.masks import PADDING_ATTR, dense_mask, padding_side
+from graphcache.hf.masks import LENGTHS_ATTR, PADDING_ATTR, dense_mask, padding_side
 from graphcache.torch.doors import TORCH_SDPA
 from graphcache.torch.runtime import Plan
 
@@ -95,21 +104,32 @@ def attention(
         return call.eager(
             "softcap", "softcap (tanh score capping): cuDNN 1.32's score modifier does not serialize", softcap=softcap
         )
+    compiling = torch.compiler.is_compiling()
     if s_aux is not None:
+        if compiling:  # the sink graphs' path reads the runtime's memo: not for a compiled graph
+            return call.eager("sinks", "attention sinks (s_aux) under torch.compile: the model's eager attention")
         return call.sinks(s_aux)
     if kwargs.get("output_attentions"):
         return call.eager("output_attentions", "output_attentions=True asks for the weights: eager computes them")
-    if kwargs.get("position_bias") is not None or (attention_mask is not None and attention_mask.dim() != 2):
+    if kwargs.get("position_bias") is not None:
         return call.through_dropin()
     if query.numel() == 0 or key.numel() == 0 or value.numel() == 0:
         return call.empty()
+    if attention_mask is not None and attention_mask.dim() != 2:
+        static = getattr(attention_mask, PADDING_ATTR, None) == "static"
+        if static and causal and not dropout and not compiling and sliding_window is None:
+            return call.static(getattr(attention_mask, LENGTHS_ATTR))
+        return call.masked()
     sq, skv = query.shape[2], key.shape[2]
     if causal and sq > skv:
         return call.sdpa("shape", f"causal with more queries ({sq}) than keys ({skv})")
     window = sliding_window if sliding_window is not None and skv > sliding_window else None
+    plain = attention_mask is None and window is None and (not causal or sq == skv or sq == 1)
+    if plain:
+        return call.dense()
+    if compiling:  # one graphcache::sdpa op in the compiled graph: the mask made on the device, a bias graph
+        return call.masked()
     if attention_mask is None:
-        if window is None and (not causal or sq == skv or sq == 1):
-            return call.dense()
         if window is not None and not causal and sq != skv:
             return call.sdpa("window", f"a bidirectional window with {sq} queries and {skv} keys")
         if window is not None and causal and sq == skv:
@@ -119,7 +139,7 @@ def attention(
         return call.sdpa("dropout", "dropout with a padding mask: the ragged graphs take no dropout")
     side = getattr(attention_mask, PADDING_ATTR, None) or padding_side(attention_mask.to(torch.bool))
     if side == "holes":
-        return call.through_dropin()
+        return call.masked()
     if side == "right" and causal and sq > 1:
         if window is not None or sq != skv:
             return call.sdpa("padding", "right padding with a window or a cache: no graph expresses it")
@@ -231,6 +251,34 @@ class _Call:
             return self.eager_uncounted(s_aux=s_aux)
         why = "a padding mask, a cache with several queries, dropout or weights"
         return self.eager("sinks", f"attention sinks (s_aux) with {why}: no sink graph expresses it", s_aux=s_aux)
+
+    def static(self, lengths: torch.Tensor) -> tuple[torch.Tensor, None]:
+        """A static cache's call, no row padded: a dense graph over every
+        slot of the cache, each row's tokens (``lengths``) its padding mask's
+        key lengths, causal bottom-right (a decode step: no mask), so the
+        prompt and every decode step of a cache share its shape."""
+        out = run_dense(self.q, self.k, self.v, self.scaling, None, lengths, static=True)
+        return (out, None) if out is not None else self.sdpa_uncounted()
+
+    def masked(self) -> tuple[torch.Tensor, None]:
+        """A 4-D mask (a static cache holding padded rows, a custom pattern,
+        padding with holes; under torch.compile, any padding): the SDPA
+        drop-in with the mask, as transformers' sdpa computes it, the key
+        and value heads as they are (``enable_gqa``: no repeated copy, and
+        the same spec in eager and compiled code), which serves it as a bias
+        graph or counts it under its reason."""
+        q, k = self.q, self.k
+        mask = self.mask if self.mask is not None and self.mask.dim() == 4 else self._dense_mask(explicit=True)
+        out = gt.scaled_dot_product_attention(
+            q,
+            k,
+            self.v,
+            attn_mask=mask,
+            dropout_p=self.dropout,
+            scale=self.scaling,
+            enable_gqa=q.shape[1] != k.shape[1],
+        )
+        return out.transpose(1, 2).contiguous(), None
 
     def windowed(self, window: int) -> tuple[torch.Tensor, None]:
         """A dense graph with a sliding window (a causal prompt, no padding)."""

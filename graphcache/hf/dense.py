@@ -41,13 +41,18 @@ def dense_spec(
     window: int | None,
     dtype: str | None,
     sinks: bool = False,
+    static: bool = False,
 ) -> Derived:
     """The causal dense spec of a call: padded without ``window``, else a
     sliding window of ``window`` positions (UnsupportedCall says why not).
-    With ``sinks``: never padded, and a decode step (one query) sees every key."""
+    With ``sinks``: never padded, and a decode step (one query) sees every key.
+    With ``static`` (a static cache's call): padded, causal bottom-right (the
+    queries the last of each row's tokens), a decode step no mask."""
     causal = q.shape[2] > 1 or not sinks
     found = derive(q, k, v, is_causal=causal, scale=scale, enable_gqa=q.shape[1] != k.shape[1], dtype=dtype)
     changes: dict[str, Any] = {"sinks": True} if sinks else {"padding": window is None}
+    if static:
+        changes["mask"] = "causal_bottom_right" if q.shape[2] > 1 else "none"
     if window is not None:
         changes.update(mask="sliding_window", window_left=window - 1, window_right=0)
     return Derived(found.spec.replace(**changes), found.copies, found.bias, found.expanded, found.wide)
@@ -61,13 +66,15 @@ def run_dense(
     window: int | None,
     lengths: Any = None,
     sink: torch.Tensor | None = None,
+    static: bool = False,
 ) -> torch.Tensor | None:
     """(b, s, h_q, d_v) from the graph, counted as a hit; or None (the call
     counted under its reason) for the caller to run transformers' sdpa.
     ``lengths`` (b,) int32 on the device: each sequence's tokens, the keys
     it has (with no ``window``; every query row is computed, a padded one
     over its sequence's tokens), ``window`` the positions a query sees (without lengths);
-    ``sink`` (h_q,): the sink logits of a sink spec (without lengths)."""
+    ``sink`` (h_q,): the sink logits of a sink spec (without lengths);
+    ``static``: a static cache's call (``dense_spec``), with ``lengths``."""
     runtime = gt.RUNTIME
     memo_key = (
         _MEMO_TAG,
@@ -89,13 +96,14 @@ def run_dense(
         scale,
         window,
         sink is not None,
+        static,
     )
     if torch.is_grad_enabled() and needs_grad(q, k, v, sink):  # read per call (graphcache.torch.plan)
         plan = Plan(None, None, "autograd", "an input requires grad: cuDNN graphs here are forward-only")
     else:
-        plan = runtime._memo.get(memo_key) or _plan(memo_key, q, k, v, scale, window, sink is not None)
+        plan = runtime._memo.get(memo_key) or _plan(memo_key, q, k, v, scale, window, sink is not None, static)
     if runtime.recorders:  # a hit with none recording makes no list
-        _note(q, k, v, scale, window, sink is not None)
+        _note(q, k, v, scale, window, sink is not None, static)
     while plan.graph is not None and plan.spec is not None:
         try:
             out = _run(plan, q, k, v, lengths, sink)
@@ -133,6 +141,7 @@ def _plan(
     scale: float | None,
     window: int | None,
     sinks: bool = False,
+    static: bool = False,
 ) -> Plan:
     runtime = gt.RUNTIME
     with runtime._lock:
@@ -140,7 +149,7 @@ def _plan(
         if plan is not None:
             return plan
         try:
-            derived = dense_spec(q, k, v, scale, window, None, sinks)
+            derived = dense_spec(q, k, v, scale, window, None, sinks, static)
         except UnsupportedCall as exc:
             plan = Plan(None, None, exc.reason, str(exc))
         else:
@@ -150,7 +159,13 @@ def _plan(
 
 
 def _note(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None, window: int | None, sinks: bool = False
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float | None,
+    window: int | None,
+    sinks: bool = False,
+    static: bool = False,
 ) -> None:
     """Count the call in each recorder (graphcache.torch.record) as its spec
     in the recorder's dtype, or as why it cannot be one."""
@@ -158,7 +173,7 @@ def _note(
         found: GraphSpec | tuple[str, str]
         wide = None
         try:
-            derived = dense_spec(q, k, v, scale, window, recorder.dtype, sinks)
+            derived = dense_spec(q, k, v, scale, window, recorder.dtype, sinks, static)
             found, wide = derived.spec, derived.wide
         except UnsupportedCall as exc:
             found = (exc.reason, str(exc))

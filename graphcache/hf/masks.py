@@ -10,12 +10,27 @@ tagged with the side its padding is on (``PADDING_ATTR``: "left" or
 (one host sync, as transformers' own ``flash_attention_mask`` and
 ``sdpa_mask`` make); each attention call then works on the device only.
 
+A static cache (``cache_implementation="static"``) hands attention every
+slot of the cache, written or not. Where no row is padded (each row's tokens
+fill its first slots, up to the one written last) the mask is transformers'
+4-D mask tagged ``static`` with each row's length (``LENGTHS_ATTR``): the
+attention's graph reads the whole cache with the lengths as cuDNN's padding
+mask (the same math as the mask, and the same shape at every step).
+``generate`` makes it once per step, outside the model's forward (compiled
+or not), and the forward takes a 4-D mask as it is.
+
 A mask pattern other than causal, bidirectional and sliding windows (packed
 sequences, chunked attention, a model's own ``or``/``and`` mask functions),
-a causal mask over keys past the tokens seen (a static cache), and a padding
-mask with holes (a row that is not padding then tokens, or tokens then
-padding), get transformers' own 4-D ``sdpa_mask``: the attention runs them
-through the SDPA drop-in (a bias graph, or counted under ``mask``).
+a causal mask over keys past the tokens seen that is no such prefix (a
+static cache holding a padded batch, a sliding-window static cache), and a
+padding mask with holes (a row that is not padding then tokens, or tokens
+then padding), get transformers' own 4-D ``sdpa_mask``: the attention runs
+them through the SDPA drop-in (a bias graph, or counted under ``mask``).
+
+Under ``torch.compile`` nothing here reads a value on the host (a read would
+break the graph, and ``fullgraph=True`` refuses it) or looks into the mask
+function: the mask is transformers' own ``sdpa_mask``, None exactly where
+it would hand sdpa ``is_causal`` alone, else 4-D (a bias graph).
 """
 
 from __future__ import annotations
@@ -27,6 +42,8 @@ import torch
 
 # The attribute of a 2-D padding mask that says where its padding is.
 PADDING_ATTR = "graphcache_padding"
+# The attribute of a static cache's prefix mask (PADDING_ATTR "static"): each row's tokens, (batch,) int32.
+LENGTHS_ATTR = "graphcache_lengths"
 
 # masking_utils' own pattern functions that the backend expresses as spec
 # fields (causal, bidirectional, sliding windows) and the combinators that
@@ -116,12 +133,29 @@ def padding_mask(
             **{**kwargs, "allow_is_causal_skip": False},
         )
 
+    if torch.compiler.is_compiling():
+        # No host read (the padding's side) and no look into the mask function (dynamo cannot trace
+        # it): transformers' own sdpa mask, None exactly where it hands sdpa is_causal alone.
+        return sdpa_mask(
+            batch_size=batch_size,
+            q_length=q_length,
+            kv_length=kv_length,
+            q_offset=q_offset,
+            kv_offset=kv_offset,
+            mask_function=mask_function or causal_mask_function,
+            attention_mask=attention_mask,
+            **kwargs,
+        )
     names = pattern_names(mask_function)
     if kwargs.get("use_vmap") or names is None:
         return dense()
     causal = "bidirectional_mask_function" not in names
     if causal and (isinstance(q_offset, torch.Tensor) or kv_offset + kv_length != q_offset + q_length):
-        return dense()  # a static cache: keys past the tokens seen, which only a mask leaves out
+        # A static cache: keys past the tokens seen, which only a mask (or lengths) leaves out.
+        found = None
+        if kv_offset == 0 and names <= {"causal_mask_function"}:
+            found = static_prefix(batch_size, q_length, kv_length, q_offset, attention_mask)
+        return dense() if found is None else found
     if attention_mask is None:
         return None
     pad = attention_mask[:, -kv_length:].to(torch.bool)
@@ -134,6 +168,47 @@ def padding_mask(
         return dense()
     setattr(pad, PADDING_ATTR, side)
     return pad
+
+
+def static_prefix(
+    batch_size: int, q_length: int, kv_length: int, q_offset: Any, attention_mask: torch.Tensor | None
+) -> torch.Tensor | None:
+    """A static cache's mask where every row's tokens fill its first slots,
+    up to this call's (no row padded): transformers' 4-D boolean mask
+    (batch, 1, q_length, kv_length), each row's queries its last tokens,
+    tagged ``static`` with each row's length (``LENGTHS_ATTR``, (batch,)
+    int32 on the device), which the attention serves with the lengths as a
+    padding mask; None where a row is padded (transformers' mask, a bias).
+    With a padding mask, reads one flag on the host (one sync, as
+    ``padding_side``); without one, nothing."""
+    offset = q_offset.reshape(-1)[:1].to(torch.int64) if isinstance(q_offset, torch.Tensor) else int(q_offset)
+    if attention_mask is None:
+        device = q_offset.device if isinstance(q_offset, torch.Tensor) else None
+        lengths = (torch.zeros(1, dtype=torch.int64, device=device) + offset + q_length).to(torch.int32)
+        lengths = lengths.expand(batch_size)
+    else:
+        tokens = attention_mask.to(torch.bool)
+        if tokens.shape[-1] > kv_length:
+            return None
+        lengths = tokens.sum(dim=1, dtype=torch.int32)
+        # generate's mask is as long as the cache: tokens, then the slots not written yet; a caller's, the tokens.
+        prefix = (tokens[:, 1:] <= tokens[:, :-1]).all() & (lengths == offset + q_length).all()
+        if not bool(prefix.tolist()):
+            return None
+    mask = static_mask(lengths, q_length, kv_length)
+    setattr(mask, PADDING_ATTR, "static")
+    setattr(mask, LENGTHS_ATTR, lengths)
+    return mask
+
+
+def static_mask(lengths: torch.Tensor, q_len: int, kv_len: int) -> torch.Tensor:
+    """The (batch, 1, q_len, kv_len) boolean mask of a static cache's call
+    whose rows hold ``lengths`` tokens: each row's queries are its last
+    ``q_len`` tokens, seeing the tokens up to their own."""
+    n = lengths.view(-1, 1, 1, 1).to(torch.int64)
+    i = torch.arange(q_len, device=lengths.device).view(1, 1, -1, 1)
+    j = torch.arange(kv_len, device=lengths.device).view(1, 1, 1, -1)
+    return (j < n) & (j <= i + (n - q_len))
 
 
 def dense_mask(

@@ -11,7 +11,14 @@ alike between those. Per batch and length:
   and right-padded (batches above 1: the first row is half padding), with
   and without a cache (``use_cache=False``: scoring, embedding), decode
   steps on a cache of each length (unpadded and left-padded, as generate()
-  pads), and with ``chunk`` a prompt continued in chunks on a cache;
+  pads), and with ``chunk`` a prompt continued in chunks on a cache; and
+  as ``generate(cache_implementation="static")`` runs it (``caches``): a
+  transformers ``StaticCache`` of ``max_cache_len`` slots, else of each
+  length class's longest up to ``max_seq`` (its sliding-window layers where
+  the model has a window), a prompt of each length that leaves it a slot
+  (unpadded and left-padded) and decode steps, each step's inputs and mask
+  made by the model's own ``prepare_inputs_for_generation``, as generate
+  makes them;
 - an encoder: its input unpadded, right- and left-padded;
 - an encoder-decoder: the encoder as above at each encoder length, and its
   decoder's first step (one token), prompts (with and without a cache) and
@@ -33,6 +40,11 @@ alike between those. Per batch and length:
   prompts holding an image's tokens with the image beside them (and a
   decode step on their cache), at each length class that holds them.
 
+With ``compiled`` (the default) each runs twice: as eager code runs it,
+and as ``torch.compile``'d code does (graphcache.models.compiled), which
+hands attention other masks and layouts; the phases of the second say
+"(compiled)".
+
 ``probe=True`` runs a few of these (batch 2, the longest length): enough
 to tell a model's kinds of layers apart
 (graphcache.models.stacks).
@@ -42,6 +54,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -49,6 +62,7 @@ from typing import Any
 import torch
 
 from graphcache.models import media
+from graphcache.models.compiled import compiled_code
 from graphcache.spec.classes import MIN_LENGTH
 
 _THRESHOLD_WORDS = ("window", "chunk")
@@ -99,6 +113,9 @@ class Sizes:
     decode: bool = True
     beams: int = 1
     image_sizes: tuple[tuple[int, int], ...] = ()  # (H, W); none: each vision config's own image_size
+    caches: tuple[str, ...] = ("dynamic", "static")  # a decoder's cache kinds: DynamicCache, StaticCache
+    max_cache_len: int | None = None  # a static cache's slots (none: each length class's longest up to max_seq)
+    compiled: bool = True  # each forward also as torch.compile'd code runs it (graphcache.models.compiled)
 
     @property
     def rows(self) -> int:
@@ -122,6 +139,7 @@ class Runner:
         self.features = model.main_input_name == "input_features"
         self.notes: dict[str, str] = {}  # what a tower could not be traced for, by tower
         self.result: Any = None  # the last call _failed made
+        self.compiled = False  # the forwards run as torch.compile'd code runs them (graphcache.models.compiled)
 
     # inputs -------------------------------------------------------------------------
 
@@ -146,37 +164,99 @@ class Runner:
     # forwards ------------------------------------------------------------------------
 
     def forward(self, phase: str, **kwargs: Any) -> Any:
-        self.phase(phase)
-        with torch.no_grad():
+        self.phase(f"{phase} (compiled)" if self.compiled else phase)
+        with torch.no_grad(), self.code():
             return self.model(**kwargs)
+
+    def code(self) -> Any:
+        """Where a forward runs: as compiled code runs it, or as it is."""
+        return compiled_code() if self.compiled else nullcontext()
 
     def cache_of(self, out: Any) -> Any:
         return getattr(out, "cache", None) or getattr(out, "past_key_values", None)
 
     def decoder(self, sizes: Sizes, probe: bool) -> None:
+        if "dynamic" in sizes.caches:
+            self.dynamic(sizes, probe)
+        if "static" in sizes.caches:
+            self.static(sizes, probe)
+
+    def dynamic(self, sizes: Sizes, probe: bool) -> None:
+        """A decoder's forwards on transformers' default cache (see the module's text)."""
         rows = [2] if probe else batches(sizes.rows)
         longest = samples(sizes.max_seq, self.text)
         lens = longest[-1:] if probe else longest
         for b in rows:
             pads = ["none", "left", "right"] if b > 1 else ["none"]
             for n in lens:
-                for pad in pads:
-                    self.forward(
-                        f"prefill{_padded(pad)}", input_ids=self.ids(b, n), attention_mask=self.mask(b, n, pad)
-                    )
+                for pad in self.pads(pads):
+                    mask = None if pad == "unmasked" else self.mask(b, n, pad)
+                    self.forward(f"prefill{_padded(pad)}", input_ids=self.ids(b, n), attention_mask=mask)
                 if sizes.decode and n > 1:
-                    for pad in pads[:2]:
+                    for pad in self.pads(pads[:2]):
                         self._continue(b, n - 1, 1, pad, f"decode{_padded(pad)}")
             for q in lengths(sizes.chunk) if sizes.chunk else []:
                 for kv in (n for n in lens if n > q):
-                    for pad in pads[:2]:
+                    for pad in self.pads(pads[:2]):
                         self._continue(b, kv - q, q, pad, f"chunked prefill{_padded(pad)}")
 
+    def pads(self, pads: list[str]) -> list[str]:
+        """``pads``, and in compiled code "unmasked" too: inputs with no
+        padding mask, which compiled code serves otherwise than a mask of
+        ones (transformers skips that mask only where it may read it)."""
+        return pads + ["unmasked"] if self.compiled else pads
+
+    def static(self, sizes: Sizes, probe: bool) -> None:
+        """generate()'s forwards on a static cache (see the module's text):
+        caches of ``max_cache_len`` slots (generate's own ``max_cache_len``
+        fixes them so), else of each length class's longest up to
+        ``max_seq`` (generate sizes a cache to each call's prompt and new
+        tokens); a decode step after the longest prompt and after each one
+        beside a window (a step's shape is the cache's, whatever the prompt's
+        length). Where transformers cannot make or run a static cache for
+        the model, why is noted (``notes["static"]``) and the rest traced."""
+        from transformers import StaticCache
+
+        caches = [sizes.max_cache_len] if sizes.max_cache_len else lengths(sizes.max_seq)
+        for b in [2] if probe else batches(sizes.rows):
+            for size in caches[-1:] if probe else caches:
+                prompts = samples(size - 1, self.text) if size > 1 else []
+                prompts = prompts[-1:] if probe else prompts
+                steps = {prompts[-1], *(set(prompts) - set(lengths(size - 1)))} if prompts else set()
+                for n in prompts:
+                    for pad in ["none", "left"] if b > 1 else ["none"]:
+                        try:
+                            cache = StaticCache(config=self.text, max_cache_len=size)
+                            self._generate_steps(cache, b, n, pad, sizes.decode and n in steps)
+                        except Exception as exc:  # noqa: BLE001 - transformers' own refusal, named
+                            text = str(exc).splitlines()[0] if str(exc) else ""
+                            self.notes["static"] = f"static cache not traced: {type(exc).__name__}: {text}"
+                            return
+
+    def _generate_steps(self, cache: Any, b: int, n: int, pad: str, decode: bool) -> None:
+        """A prompt of ``n`` tokens on ``cache`` and, with ``decode``, one
+        decode step, each with the inputs and mask generate() makes."""
+        from transformers import GenerationMixin
+
+        ids, mask = self.ids(b, n), self.mask(b, n, pad)
+        # The traced model may be the bare decoder (no generate of its own): generate's own preparation, on it.
+        own = getattr(self.model, "prepare_inputs_for_generation", None)
+        prepare = own if callable(own) else partial(GenerationMixin.prepare_inputs_for_generation, self.model)
+        inputs = prepare(ids, cache=cache, attention_mask=mask, use_cache=True, is_first_iteration=True)
+        self.forward(f"static cache prefill{_padded(pad)}", **inputs)
+        if decode:
+            ids = torch.cat([ids, ids[:, -1:]], dim=1)
+            mask = torch.cat([mask, torch.ones((b, 1), dtype=mask.dtype, device=mask.device)], dim=1)
+            inputs = prepare(ids, next_sequence_length=1, cache=cache, attention_mask=mask, use_cache=True)
+            self.forward(f"static cache decode{_padded(pad)}", **inputs)
+
     def _continue(self, b: int, past: int, new: int, pad: str, phase: str) -> None:
-        """A prompt of ``past`` tokens, then ``new`` more on its cache."""
-        mask = self.mask(b, past, pad)
+        """A prompt of ``past`` tokens, then ``new`` more on its cache
+        (``pad`` "unmasked": with no padding mask)."""
+        mask = None if pad == "unmasked" else self.mask(b, past, pad)
         out = self.forward(f"prefill{_padded(pad)}", input_ids=self.ids(b, past), attention_mask=mask, use_cache=True)
-        grown = torch.cat([mask, torch.ones((b, new), dtype=mask.dtype, device=mask.device)], dim=1)
+        ones = torch.ones((b, new), dtype=torch.long, device="meta")
+        grown = None if mask is None else torch.cat([mask, ones], dim=1)
         kwargs = {self.cache_name: self.cache_of(out)}
         self.forward(phase, input_ids=self.ids(b, new), attention_mask=grown, use_cache=True, **kwargs)
 
@@ -210,7 +290,7 @@ class Runner:
                     else:
                         mask = self.mask(b, n_src, pad)
                         inputs = {"input_ids": self.ids(b, n_src), "attention_mask": mask}
-                    with torch.no_grad():
+                    with torch.no_grad(), self.code():
                         encoded = encoder(**inputs)
                     for n in [1] + [n for n in tgt if n > 1]:
                         self._decoder_calls(b, n, encoded, mask, pad, sizes.decode)
@@ -376,4 +456,6 @@ class Runner:
 def _padded(pad: str, what: str = "") -> str:
     if pad == "none":
         return ""
+    if pad == "unmasked":
+        return ", no padding mask"
     return f", {what} {pad}-padded" if what else f", {pad}-padded"

@@ -79,6 +79,12 @@ def trace(
                 f"{source}: model_type {config.model_type!r} is {'an' if kind[0] in 'aeiou' else 'a'} {kind}: "
                 f"pass --max-seq N, the most {what} it takes"
             )
+        if sizes.caches == ("static",) and kind != "decoder":
+            raise ManifestError(
+                f"{source}: --cache static: model_type {config.model_type!r} is "
+                f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}, which generate() gives no static cache; leave "
+                "--cache out"
+            )
         towers = [name for name in getattr(config, "sub_configs", {}) or {} if "vision" in name]
         if sizes.image_sizes and kind != "vision encoder" and not towers:
             raise ManifestError(f"{source}: --image-size: model_type {config.model_type!r} takes no images")
@@ -197,6 +203,16 @@ def _kind(model: Any, runner: scenarios.Runner) -> str:
 
 
 def _scenarios(runner: scenarios.Runner, sizes: scenarios.Sizes, probe: bool) -> None:
+    for compiled in (False, True) if sizes.compiled else (False,):
+        runner.compiled = compiled
+        try:
+            _kind_scenarios(runner, sizes, probe)
+        finally:
+            runner.compiled = False
+    runner.towers(sizes, probe)
+
+
+def _kind_scenarios(runner: scenarios.Runner, sizes: scenarios.Sizes, probe: bool) -> None:
     if runner.kind == "decoder":
         runner.decoder(sizes, probe)
     elif runner.kind == "encoder":
@@ -207,7 +223,6 @@ def _scenarios(runner: scenarios.Runner, sizes: scenarios.Sizes, probe: bool) ->
         runner.audio(sizes, probe)
     else:
         runner.encoder_decoder(sizes, probe)
-    runner.towers(sizes, probe)
 
 
 def _run(scenario: Callable[[bool], None], recorder: Any, model: Any, cut_layers: bool) -> tuple[str, Cut]:

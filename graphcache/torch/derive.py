@@ -21,6 +21,14 @@ expresses, or cuDNN does not take (a head dim that is not contiguous, a
 broadcast dim, strides that alias), is copied once per call into a packed
 layout, counted in ``stats()["copies"]`` by tensor and reason: never a fallback.
 
+k and v that are views of the first rows of a longer allocation along the
+sequence (a ``[+N]`` or ``[N]`` group before ``s``: Hugging Face's
+``StaticCache`` prefill, which slices the cache to the prompt) are read in
+place over the whole allocation (``Derived.rows``): the spec's ``seq_kv``
+is the allocation's, with ``padding``, and the call's real lengths are the
+padding mask's seq-len tensors, so the prefill and every decode step of a
+static cache share its shape.
+
 An ``attn_mask`` makes a bias spec (``graphcache.torch.bias``): the spec's
 ``bias`` says which dims the mask has, and the call's mask becomes the
 graph's additive bias on the device. A masked GQA decode step whose query
@@ -49,8 +57,11 @@ class Derived:
     """A call's spec, the tensors copied per call into the layout the spec
     gives them (``(role, layout, reason)``), how its attn_mask becomes the
     graph's bias (None: no mask), whether k and v are expanded over heads
-    (stride 0: the graph reads their first head), and the layouts a larger
-    call of its producer has (``wide``)."""
+    (stride 0: the graph reads their first head), the layouts a larger
+    call of its producer has (``wide``), and ``rows``: where k and v are
+    views of the first rows of a longer allocation, its rows (the spec's
+    ``seq_kv``; the graph reads the whole allocation, the call's lengths
+    given as its padding), else 0."""
 
     spec: GraphSpec
     copies: tuple[tuple[str, str, str], ...] = ()
@@ -59,6 +70,7 @@ class Derived:
     # The layouts a larger call of the same producer has, where the size-1 dims' strides say other
     # than the spec's (None: the same): what record --max-batch / --max-seq widen the call to.
     wide: dict[str, str] | None = None
+    rows: int = 0
 
 
 def packed(t: torch.Tensor, layout: str) -> torch.Tensor:
@@ -120,9 +132,13 @@ def derive(
     scale: float | None = None,
     enable_gqa: bool = False,
     dtype: str | None = None,
+    prefix: bool = False,
 ) -> Derived:
     """The spec of one call. ``dtype`` overrides the tensors' dtype (to record,
-    on a float32 CPU run, the specs a bfloat16 GPU run will make).
+    on a float32 CPU run, the specs a bfloat16 GPU run will make). With
+    ``prefix``, k and v that are the first rows of a longer allocation are
+    read over all of it (``Derived.rows``; the caller's plan must widen them:
+    the drop-in's does).
 
     Raises UnsupportedCall (an UnsupportedSpec) with the reason.
     """
@@ -204,31 +220,59 @@ def derive(
     else:
         raise SpecError(f"dtype={dtype!r} is not supported; allowed: {', '.join(DTYPES)}", "dtype")
     chosen, copies, hinted = choose(query, key, value)
+    mask = "causal" if is_causal else "none"
+    rows = prefix_rows(chosen, skv) if prefix and bias is None and not expanded and not dropout_p else 0
+    if rows:  # read over the whole allocation; the call's lengths are the padding's
+        chosen = {**chosen, "k": spec_layouts.parse(chosen["k"]).packed, "v": spec_layouts.parse(chosen["v"]).packed}
+        # Bottom-right where queries and keys are as many: the same mask as top-left, and the one a static
+        # cache's later calls (graphcache.hf's lengths) need, so the prefill's graph is theirs too.
+        mask = "causal_bottom_right" if is_causal and sq == skv else mask
     try:
         spec = GraphSpec(
             batch=b,
             heads_q=hq,
             heads_kv=hk,
             seq_q=sq,
-            seq_kv=skv,
+            seq_kv=rows or skv,
             head_dim=d,
             head_dim_v=dv,
             dtype=name,
             layout=chosen["k"],
             layout_q=chosen["q"],
             layout_v=chosen["v"],
-            mask="causal" if is_causal else "none",
+            mask=mask,
             attn_scale=_scale(scale, d),
             dropout=dropout_p,
             bias=None if bias is None else bias.kind,
             bias_dtype=None if bias is None else bias.bias_dtype,
+            padding=bool(rows),
         )
     except SpecError as exc:
         raise UnsupportedCall(str(exc), exc.field or "spec") from exc
     wide = None
-    if hinted != chosen:
+    if hinted != chosen and not rows:
         wide = {"layout": hinted["k"], "layout_q": hinted["q"], "layout_v": hinted["v"]}
-    return Derived(spec, copies, bias, expanded, wide)
+    return Derived(spec, copies, bias, expanded, wide, rows)
+
+
+def prefix_rows(chosen: dict[str, str], seq_kv: int) -> int:
+    """The rows of the allocation k and v are the first ``seq_kv`` rows of,
+    where both layouts say so alike (a group ``[+N]`` or ``[N]`` just before
+    ``s``: a static cache sliced to the prompt), else 0."""
+    if chosen["k"] != chosen["v"]:
+        return 0
+    found = spec_layouts.parse(chosen["k"])
+    if found.gap is None or found.order[found.gap] != "s":
+        return 0
+    return seq_kv + found.n if found.kind == "+" else seq_kv * found.n
+
+
+def widen(t: torch.Tensor, rows: int) -> torch.Tensor:
+    """``t`` (b, h, s, d), a view of the first s rows of an allocation of
+    ``rows`` along s, as the view of all of them (no copy). Raises
+    RuntimeError where the storage does not hold them (as_strided checks)."""
+    b, h, _, d = t.shape
+    return t.as_strided((b, h, rows, d), t.stride(), t.storage_offset())
 
 
 def derive_args(args: tuple[Any, ...], dtype: str | None = None) -> Derived:
@@ -245,6 +289,7 @@ def derive_args(args: tuple[Any, ...], dtype: str | None = None) -> Derived:
         scale=scale,
         enable_gqa=enable_gqa,
         dtype=dtype,
+        prefix=True,
     )
 
 
@@ -287,4 +332,5 @@ def spec_for(
         is_causal=is_causal,
         scale=scale,
         enable_gqa=enable_gqa,
+        prefix=True,
     ).spec

@@ -24,7 +24,7 @@ _SCHEMA = (
 )
 
 
-def _sdpa_impl(
+def implementation(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
@@ -34,8 +34,9 @@ def _sdpa_impl(
     scale: float | None,
     enable_gqa: bool,
 ) -> torch.Tensor:
-    # The output must have the strides the fake promised (contiguous) and
-    # must not alias an input: the graph's and torch's outputs are fresh.
+    """What a compiled program's ``graphcache::sdpa`` op runs: the runtime's
+    call, contiguous (the strides the fake promised)."""
+    # The output must not alias an input: the graph's and torch's outputs are fresh.
     out = RUNTIME.call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     return out.contiguous()
 
@@ -58,7 +59,7 @@ def _sdpa_fake(
 # The Library object must live as long as the op.
 _LIBRARY = torch.library.Library("graphcache", "DEF")
 _LIBRARY.define(_SCHEMA)
-_LIBRARY.impl("sdpa", _sdpa_impl, "CompositeExplicitAutograd")
+_LIBRARY.impl("sdpa", implementation, "CompositeExplicitAutograd")
 torch.library.register_fake("graphcache::sdpa", _sdpa_fake, lib=_LIBRARY)
 
 

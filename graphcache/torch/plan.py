@@ -24,7 +24,7 @@ from graphcache.compilers.base import LoadedGraph
 from graphcache.compilers.classgraph import run_views
 from graphcache.spec import GraphSpec
 from graphcache.torch.bias import BiasFrom
-from graphcache.torch.derive import packed
+from graphcache.torch.derive import packed, widen
 
 # Tensors copied for a graph to read, by (tensor, reason): counted where the
 # copy is made, so a hit that copies nothing pays nothing for the count
@@ -50,6 +50,7 @@ class Plan:
     bias: BiasFrom | None = None  # how a call's attn_mask becomes the graph's bias (graphcache.torch.bias)
     expanded: bool = False  # k and v expanded over heads (stride 0): the graph reads their first head
     built: bool = False  # the graph was built by this process, not found in the store (graphcache.torch.counts)
+    rows: int = 0  # k and v read over the allocation of this many rows they are the first rows of (derive.Derived)
 
     def reads(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The tensors the graph reads: the call's, with k and v's first head
@@ -78,6 +79,8 @@ class Plan:
         if self.bias is None:
             if self.copies or self.expanded:  # two flag reads on every other call's hit path, as before
                 q, k, v = self.reads(q, k, v)
+            if self.rows:
+                return self.run_prefix(q, k, v)
             if self.views:
                 return self.graph.run_views(q, k, v)  # type: ignore[attr-defined]
             return run_views(self.graph, q, k, v)
@@ -90,6 +93,21 @@ class Plan:
         else:
             out = run_views(self.graph, q, k, v, bias)
         return self.bias.unfold(out.masked_fill_(hidden, 0.0))
+
+    def run_prefix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """A call whose k and v are the first rows of a longer allocation (a
+        static cache sliced to the prompt): the graph reads the allocation's
+        ``rows`` in place, the call's own lengths its padding (one (b,) fill
+        each on the device, no host read). Raises RuntimeError where the
+        storage does not hold the rows (as_strided checks: the guard then
+        serves the call another way)."""
+        assert self.graph is not None
+        b = q.shape[0]
+        lengths = {
+            "seq_len_q": torch.full((b, 1, 1, 1), q.shape[2], dtype=torch.int32, device=q.device),
+            "seq_len_kv": torch.full((b, 1, 1, 1), k.shape[2], dtype=torch.int32, device=q.device),
+        }
+        return run_views(self.graph, q, widen(k, self.rows), widen(v, self.rows), **lengths)
 
 
 def needs_grad(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extra: Any = None) -> bool:

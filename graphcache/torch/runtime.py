@@ -327,7 +327,7 @@ class Runtime:
         copies, expanded = derived.copies, derived.expanded
         return Plan(
             spec, graph, "", "", copies, views, work(serving), work(spec), larger, derived.bias, expanded,
-            built=serving in self.counts.built,
+            built=serving in self.counts.built, rows=derived.rows,
         )  # fmt: skip
 
     def _load(self, cache: GraphCache, spec: GraphSpec) -> tuple[LoadedGraph | None, str, str]:
@@ -406,9 +406,9 @@ def _derive(args: tuple[Any, ...]) -> Derived:
 
 
 def _derived(plan: Plan) -> Derived:
-    """What a call shape's plan was made from (its spec, copies, bias, expanded heads)."""
+    """What a call shape's plan was made from (its spec, copies, bias, expanded heads, allocation rows)."""
     assert plan.spec is not None
-    return Derived(plan.spec, plan.copies, plan.bias, plan.expanded)
+    return Derived(plan.spec, plan.copies, plan.bias, plan.expanded, rows=plan.rows)
 
 
 # The one per process. The SDPA drop-in (patching.py) and varlen_attn
