@@ -55,74 +55,20 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 import torch
 
-from graphcache.models import media
 from graphcache.models.compiled import compiled_code
-from graphcache.spec.classes import MIN_LENGTH
+from graphcache.models.sizes import Sizes, batches, lengths, padded_words, samples, thresholds
+from graphcache.models.towers import MediaScenarios
 
-_THRESHOLD_WORDS = ("window", "chunk")
-
-
-def lengths(longest: int) -> list[int]:
-    """Each length class's longest up to ``longest`` (itself the last)."""
-    out, size = [], MIN_LENGTH
-    while size < longest:
-        out.append(size)
-        size *= 2
-    return out + [longest]
+# The sizes a trace covers are graphcache.models.sizes'; their names are this module's too, as they were.
+__all__ = ["Runner", "Sizes", "batches", "lengths", "samples", "thresholds"]
 
 
-def batches(largest: int) -> list[int]:
-    out, size = [], 1
-    while size < largest:
-        out.append(size)
-        size *= 2
-    return out + [largest]
-
-
-def thresholds(config: Any) -> set[int]:
-    """Lengths where a call may change kind: the config's window and chunk sizes."""
-    found = set()
-    for name, value in vars(config).items():
-        if any(w in name for w in _THRESHOLD_WORDS) and isinstance(value, int) and not isinstance(value, bool):
-            if value > 1:
-                found.add(value)
-    return found
-
-
-def samples(longest: int, config: Any) -> list[int]:
-    """The lengths traced up to ``longest``: each class's longest, and each
-    threshold with its neighbours (transformers masks a window from
-    ``kv >= window``, graphcache.hf from ``kv > window``)."""
-    near = {n for t in thresholds(config) for n in (t - 1, t, t + 1) if n <= longest}
-    return sorted(set(lengths(longest)) | near)
-
-
-@dataclass(frozen=True)
-class Sizes:
-    """What the trace covers."""
-
-    max_batch: int
-    max_seq: int
-    chunk: int | None = None
-    decode: bool = True
-    beams: int = 1
-    image_sizes: tuple[tuple[int, int], ...] = ()  # (H, W); none: each vision config's own image_size
-    caches: tuple[str, ...] = ("dynamic", "static")  # a decoder's cache kinds: DynamicCache, StaticCache
-    max_cache_len: int | None = None  # a static cache's slots (none: each length class's longest up to max_seq)
-    compiled: bool = True  # each forward also as torch.compile'd code runs it (graphcache.models.compiled)
-
-    @property
-    def rows(self) -> int:
-        return self.max_batch * self.beams
-
-
-class Runner:
+class Runner(MediaScenarios):
     """Calls ``model`` (built on the meta device) as a server would; ``phase``
     is told the phase of each forward before it runs."""
 
@@ -191,14 +137,14 @@ class Runner:
             for n in lens:
                 for pad in self.pads(pads):
                     mask = None if pad == "unmasked" else self.mask(b, n, pad)
-                    self.forward(f"prefill{_padded(pad)}", input_ids=self.ids(b, n), attention_mask=mask)
+                    self.forward(f"prefill{padded_words(pad)}", input_ids=self.ids(b, n), attention_mask=mask)
                 if sizes.decode and n > 1:
                     for pad in self.pads(pads[:2]):
-                        self._continue(b, n - 1, 1, pad, f"decode{_padded(pad)}")
+                        self._continue(b, n - 1, 1, pad, f"decode{padded_words(pad)}")
             for q in lengths(sizes.chunk) if sizes.chunk else []:
                 for kv in (n for n in lens if n > q):
                     for pad in self.pads(pads[:2]):
-                        self._continue(b, kv - q, q, pad, f"chunked prefill{_padded(pad)}")
+                        self._continue(b, kv - q, q, pad, f"chunked prefill{padded_words(pad)}")
 
     def pads(self, pads: list[str]) -> list[str]:
         """``pads``, and in compiled code "unmasked" too: inputs with no
@@ -243,18 +189,20 @@ class Runner:
         own = getattr(self.model, "prepare_inputs_for_generation", None)
         prepare = own if callable(own) else partial(GenerationMixin.prepare_inputs_for_generation, self.model)
         inputs = prepare(ids, cache=cache, attention_mask=mask, use_cache=True, is_first_iteration=True)
-        self.forward(f"static cache prefill{_padded(pad)}", **inputs)
+        self.forward(f"static cache prefill{padded_words(pad)}", **inputs)
         if decode:
             ids = torch.cat([ids, ids[:, -1:]], dim=1)
             mask = torch.cat([mask, torch.ones((b, 1), dtype=mask.dtype, device=mask.device)], dim=1)
             inputs = prepare(ids, next_sequence_length=1, cache=cache, attention_mask=mask, use_cache=True)
-            self.forward(f"static cache decode{_padded(pad)}", **inputs)
+            self.forward(f"static cache decode{padded_words(pad)}", **inputs)
 
     def _continue(self, b: int, past: int, new: int, pad: str, phase: str) -> None:
         """A prompt of ``past`` tokens, then ``new`` more on its cache
         (``pad`` "unmasked": with no padding mask)."""
         mask = None if pad == "unmasked" else self.mask(b, past, pad)
-        out = self.forward(f"prefill{_padded(pad)}", input_ids=self.ids(b, past), attention_mask=mask, use_cache=True)
+        out = self.forward(
+            f"prefill{padded_words(pad)}", input_ids=self.ids(b, past), attention_mask=mask, use_cache=True
+        )
         ones = torch.ones((b, new), dtype=torch.long, device="meta")
         grown = None if mask is None else torch.cat([mask, ones], dim=1)
         kwargs = {self.cache_name: self.cache_of(out)}
@@ -268,7 +216,7 @@ class Runner:
             for n in lens:
                 for pad in ["none", "right", "left"] if b > 1 else ["none"]:
                     self.forward(
-                        f"encoder{_padded(pad)}", input_ids=self.ids(b, n), attention_mask=self.mask(b, n, pad)
+                        f"encoder{padded_words(pad)}", input_ids=self.ids(b, n), attention_mask=self.mask(b, n, pad)
                     )
 
     def encoder_decoder(self, sizes: Sizes, probe: bool) -> None:
@@ -283,7 +231,7 @@ class Runner:
         for b in rows:
             for n_src in src:
                 for pad in ["none"] if self.features or b == 1 else ["none", "right"]:
-                    self.phase(f"encoder{_padded(pad)}")
+                    self.phase(f"encoder{padded_words(pad)}")
                     if n_src is None:
                         inputs: dict[str, Any] = {"input_features": self.input_features(b)}
                         mask = None
@@ -298,7 +246,7 @@ class Runner:
     def _decoder_calls(self, b: int, n: int, encoded: Any, mask: Any, pad: str, decode: bool) -> None:
         """The decoder's prompt of ``n`` tokens (its first step where ``n`` is
         1) and, with ``decode``, a decode step on a cache of ``n - 1``."""
-        padded = _padded(pad, "encoder input")
+        padded = padded_words(pad, "encoder input")
         kwargs = {"encoder_outputs": encoded, "attention_mask": mask, "use_cache": True}
         first = "decoder first step" if n == 1 else "decoder prefill"
         self.forward(f"{first}{padded}", decoder_input_ids=self.ids(b, n), **kwargs)
@@ -307,155 +255,3 @@ class Runner:
             out = self.forward(f"decoder prefill{padded}", decoder_input_ids=self.ids(b, n - 1), **kwargs)
             cache = {self.cache_name: self.cache_of(out)}
             self.forward(f"decoder decode{padded}", decoder_input_ids=self.ids(b, 1), **kwargs, **cache)
-
-    def vision(self, sizes: Sizes, probe: bool) -> None:
-        """A vision model's images: the model's own config is the vision
-        config (ViT), or holds it (SamModel: its vision_config says the image
-        size, and one forward runs the vision encoder and the mask decoder)."""
-        sub = self.config
-        if media.own_size(sub) is None and getattr(sub, "vision_config", None) is not None:
-            sub = sub.vision_config
-        for size in self._image_sizes(sizes, sub, "images"):
-            for b in [2] if probe else batches(sizes.max_batch):
-                kwargs = media.image_call(self.model.forward, sub, size, b, self.model.dtype)
-                self.forward(f"images {size[0]}x{size[1]}", **kwargs)
-
-    def audio(self, sizes: Sizes, probe: bool) -> None:
-        """An audio encoder's inputs, unpadded and right-padded (as its processor pads)."""
-        lens = media.audio_lengths(self.model, sizes.max_seq)
-        masked = media.audio_masked(self.config)
-        for b in [2] if probe else batches(sizes.max_batch):
-            for n in lens[-1:] if probe else lens:
-                for pad in ["none", "right"] if b > 1 else ["none"]:
-                    kwargs = {self.model.main_input_name: media.audio(self.model, b, n)}
-                    if masked:
-                        kwargs["attention_mask"] = self.mask(b, n, pad)
-                    self.forward(f"audio{_padded(pad)}", **kwargs)
-
-    def _image_sizes(self, sizes: Sizes, sub: Any, name: str) -> list[tuple[int, int]]:
-        own = media.own_size(sub)
-        found = list(sizes.image_sizes) or ([own] if own else [])
-        if not found:
-            self.notes[name] = (
-                f"{name} ({getattr(sub, 'model_type', '?')}): its config fixes no image size "
-                "(no image_size): pass --image-size HxW for the sizes you serve"
-            )
-        return found
-
-    def towers(self, sizes: Sizes, probe: bool) -> None:
-        """A multimodal model's vision towers (a ``vision_config``) on images
-        of each size in batches up to ``max_batch``, then prompts holding an
-        image; an audio tower on Whisper-style mel features where its config
-        says their size. A tower the trace cannot run is noted (``notes``),
-        never skipped."""
-        for name in getattr(self.config, "sub_configs", {}) or {}:
-            sub = getattr(self.config, name, None)
-            if name == "text_config" or sub is None or not ("vision" in name or "audio" in name):
-                continue
-            what = f"{name} ({getattr(sub, 'model_type', '?')})"
-            if "vision" in name:
-                self._vision_tower(name, sub, what, sizes, probe)
-                continue
-            tower = next((m for m in self.model.modules() if getattr(m, "config", None) is sub), None)
-            if tower is None:
-                self.notes[name] = f"{what}: no module of the model holds this config"
-                continue
-            try:
-                shape = (int(sub.num_mel_bins), 2 * int(sub.max_source_positions))
-            except (AttributeError, TypeError, ValueError) as exc:
-                self.notes[name] = f"{what}: the trace does not know this tower's input ({exc})"
-                continue
-            for b in [2] if probe else batches(sizes.max_batch):
-                self.phase(f"{name} (audio)")
-                features = torch.zeros((b, *shape), dtype=self.model.dtype, device="meta")
-                if self._failed(name, what, partial(tower, input_features=features)):
-                    break
-
-    def _failed(self, key: str, what: str, call: Callable[[], Any]) -> bool:
-        """Run ``call``; where it raises, note why under ``key`` and say so."""
-        try:
-            with torch.no_grad():
-                self.result = call()
-            return False
-        except Exception as exc:  # noqa: BLE001 - the model's own failure, named
-            self.notes[key] = f"{what}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-            return True
-
-    def _vision_tower(self, name: str, sub: Any, what: str, sizes: Sizes, probe: bool) -> None:
-        """The tower through the model's ``get_image_features`` (its
-        projector too, and the grid or sizes it reads), then prompts holding
-        an image; where that fails, the module holding its config alone."""
-        fn = getattr(self.model, "get_image_features", None)
-        module = next((m for m in self.model.modules() if getattr(m, "config", None) is sub), None)
-        calls = [c for c in (fn, module) if c is not None]
-        if not calls:
-            self.notes[name] = f"{what}: no module of the model holds this config"
-            return
-        for size in self._image_sizes(sizes, sub, name):
-            at, key = f"{what} at {size[0]}x{size[1]}", f"{name} {size}"
-            per_image = None
-            for b in [2] if probe else batches(sizes.max_batch):
-                self.phase(f"{name} (images)")
-                errors = []
-                for call in calls:
-                    signature = call.forward if isinstance(call, torch.nn.Module) else call
-                    try:
-                        kwargs = media.image_call(signature, sub, size, b, self.model.dtype)
-                    except ValueError as exc:
-                        errors.append(str(exc))
-                        continue
-                    if not self._failed(key, at, partial(call, **kwargs)):
-                        break
-                    errors.append(self.notes.pop(key).split(": ", 1)[-1])
-                else:
-                    self.notes[key] = f"{at}: {'; '.join(errors)}"
-                    break
-                if call is fn:
-                    per_image = media.tokens_per_image(self.result, b)
-                elif errors:  # get_image_features failed and the tower ran alone: no image features for a prompt
-                    self.notes[f"{key} prompt"] = f"{at}: get_image_features: {errors[0]}; the tower traced alone"
-                # else: the model has no get_image_features (SamModel): its tower is all there is to trace
-            if per_image is not None and self.kind == "decoder":
-                self._prompts_with_images(name, sub, at, size, per_image, sizes, probe)
-
-    def _prompts_with_images(
-        self, name: str, sub: Any, at: str, size: tuple[int, int], per_image: int, sizes: Sizes, probe: bool
-    ) -> None:
-        """Prompts holding one image's tokens (after the first token), the
-        image beside them, then a decode step on the cache: text and images
-        together, as a server runs a vision-language model."""
-        token = media.image_token(self.config)
-        if token is None or "pixel_values" not in inspect.signature(self.model.forward).parameters:
-            return
-        # A prompt one short of each length, then a decode step: kv reaches the length, as decoder() runs it.
-        lens = [n - 1 for n in samples(sizes.max_seq, self.text) if n >= per_image + 3]
-        if not lens:
-            self.notes[f"{name} {size} prompt"] = f"{at}: its {per_image} tokens do not fit --max-seq {sizes.max_seq}"
-            return
-        for b in [2] if probe else batches(sizes.rows):
-            for n in lens[-1:] if probe else lens:
-                ids = self.ids(b, n)
-                ids[:, 1 : 1 + per_image] = token
-                mask = self.mask(b, n, "none")
-                kwargs = media.image_call(self.model.forward, sub, size, b, self.model.dtype)
-                self.phase("prefill with an image")
-                prompt = dict(input_ids=ids, attention_mask=mask, use_cache=True, **kwargs)
-                if self._failed(f"{name} {size} prompt", f"{at}, a prompt holding it", partial(self.model, **prompt)):
-                    return
-                if sizes.decode:
-                    grown = torch.cat([mask, torch.ones((b, 1), dtype=mask.dtype, device=mask.device)], dim=1)
-                    step = {"input_ids": self.ids(b, 1), "attention_mask": grown, "use_cache": True}
-                    step[self.cache_name] = self.cache_of(self.result)
-                    self.phase("decode after an image")
-                    if self._failed(
-                        f"{name} {size} decode", f"{at}, a decode step after it", partial(self.model, **step)
-                    ):
-                        return
-
-
-def _padded(pad: str, what: str = "") -> str:
-    if pad == "none":
-        return ""
-    if pad == "unmasked":
-        return ", no padding mask"
-    return f", {what} {pad}-padded" if what else f", {pad}-padded"
