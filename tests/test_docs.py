@@ -200,7 +200,8 @@ def test_the_strict_build_fails_on_a_broken_anchor(tmp_path):
     shutil.copytree(ROOT / "docs", copy / "docs")
     shutil.copy(ROOT / "mkdocs.yml", copy)
     (copy / "scripts" / "tools").mkdir(parents=True)
-    shutil.copy(ROOT / "scripts" / "tools" / "mkdocs_readme.py", copy / "scripts" / "tools")  # mkdocs.yml's hook: the README page
+    # mkdocs.yml's hook: the README page
+    shutil.copy(ROOT / "scripts" / "tools" / "mkdocs_readme.py", copy / "scripts" / "tools")
     shutil.copy(ROOT / "README.md", copy)
     with (copy / "docs" / "fleet.md").open("a") as page:
         page.write("\nSee [workers](workers.md#no-such-heading).\n")

@@ -132,7 +132,9 @@ def test_scripts_test_sh_installs_the_lock_into_a_venv_never_the_system_python(t
     locked = next(i for i, c in enumerate(log) if "--require-hashes --no-deps -r requirements/test.lock" in c)
     editable = next(i for i, c in enumerate(log) if c.endswith("--disable-pip-version-check --no-deps -e ."))
     checked = next(
-        i for i, c in enumerate(log) if c == "venv scripts/tools/lock_check.py requirements/test.lock --torch 2.13.0+cpu"
+        i
+        for i, c in enumerate(log)
+        if c == "venv scripts/tools/lock_check.py requirements/test.lock --torch 2.13.0+cpu"
     )
     removed = log.index("venv -m pip uninstall --quiet --yes kernels tomlkit")
     assert locked < editable < removed < checked, log

@@ -80,7 +80,9 @@ def walk_commands(port: int) -> list[str]:
     """The no-GPU walk's lines, against the service on ``port``."""
     commands = example("no-gpu-walk").commands()
     assert commands[0] == ". .venv/bin/activate", "the walk's second shell activates the first command's venv"
-    assert commands[1] == "scripts/tools/cpu_torch.sh python", "torch's CPU build, from a source decided before downloading"
+    assert commands[1] == "scripts/tools/cpu_torch.sh python", (
+        "torch's CPU build, from a source decided before downloading"
+    )
     assert [c.split()[:2] for c in commands[2:5]] == [["graphcache", "warm"]] * 2 + [["graphcache", "prefetch"]]
     commands = [c.replace("127.0.0.1:8080", f"127.0.0.1:{port}") for c in commands]
     assert all("8080" not in c for c in commands)
