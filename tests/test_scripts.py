@@ -1,5 +1,7 @@
 """The benchmark scripts docs/benchmarks.md quotes still run (briefly), so a
-change of a library interface cannot leave them broken unnoticed."""
+change of a library interface cannot leave them broken unnoticed; every path
+to a script that the repository gives a reader or a program leads to it, and
+docs/contributing.md lists each script in the table of its folder."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests.docs_examples import blocks
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -116,3 +120,57 @@ def test_the_library_probes_of_trust_round_five_run_and_report():
     assert "race: exit 0" in out.stdout, out.stdout
     out = run_script("probes/hardening_probe.py", "--only", "strides", "--calls", "40", timeout=300)
     assert "40 calls differing only in size-1 strides: 1 graph(s) stored, 1 built" in out.stdout, out.stdout
+
+
+# -- where the scripts are -------------------------------------------------------------------------
+
+# Every place a path to a script is written for a reader to copy or a program to follow.
+NAMING = (
+    "README.md", "mkdocs.yml", "pyproject.toml", ".dockerignore", ".ci/run", "docker/*", "requirements/*",
+    "docs/**/*.md", "scripts/**/*.py", "scripts/**/*.sh", "tests/**/*.py", "graphcache/**/*.py", "service/**/*.py",
+)  # fmt: skip
+# A path to a script as written from the repository's root; one under another tree (/tmp/base/...) is not.
+SCRIPT_PATH = re.compile(r"(?<![\w/.$-])scripts/[\w/.-]*?\w\.(?:py|sh)\b")
+# A block that checks out another commit runs that commit's scripts, where they were in it.
+OTHER_TREE = re.compile(r"\bgit (?:archive|worktree add)\b")
+
+
+def named_script_paths() -> list[tuple[str, str]]:
+    """(file, path) for each script path the repository names."""
+    named = []
+    for pattern in NAMING:
+        for file in sorted(ROOT.glob(pattern)):
+            if not file.is_file() or ".venv" in file.parts:
+                continue
+            text = file.read_text(encoding="utf-8")
+            if file.suffix == ".md":
+                for block in blocks(file):
+                    if OTHER_TREE.search(block.text):
+                        text = text.replace(block.text, "", 1)
+            named += [(str(file.relative_to(ROOT)), m.group()) for m in SCRIPT_PATH.finditer(text)]
+    return named
+
+
+def test_every_script_path_the_repository_names_leads_to_the_script():
+    named = named_script_paths()
+    assert len({path for _, path in named}) >= 25, "the scan finds the paths the docs and tests give"
+    missing = sorted({f"{file}: {path}" for file, path in named if not (ROOT / path).is_file()})
+    assert not missing, "no such script (moved? follow it):\n" + "\n".join(missing)
+
+
+def test_contributing_lists_every_script_in_the_table_of_its_folder():
+    page = (ROOT / "docs" / "contributing.md").read_text(encoding="utf-8")
+    section = page.split("\n## The scripts, by purpose\n", 1)[1].split("\n## ", 1)[0]
+    # "**`scripts/bench/`: ...**" then its table's rows: "| `bench_store.py` | what it is for | run it |"
+    listed = set()
+    for folder, body in re.findall(r"^\*\*`scripts/(\w+)/`:(.*?)(?=^\*\*`scripts/|\Z)", section, re.M | re.S):
+        for name in re.findall(r"^\| `([\w.]+)` \|[^|\n]+\| `[^`]+`", body, re.M):
+            listed.add(f"{folder}/{name}")
+    on_disk = {
+        str(p.relative_to(ROOT / "scripts")) for p in (ROOT / "scripts").glob("*/*") if p.suffix in (".py", ".sh")
+    }
+    assert listed == on_disk, f"not listed: {sorted(on_disk - listed)}; listed, not there: {sorted(listed - on_disk)}"
+    # Only the suite's own entry point stays at the top (the README and .ci/run call it there).
+    top = sorted(p.name for p in (ROOT / "scripts").iterdir() if p.is_file())
+    assert top == ["test.sh"], f"put {[n for n in top if n != 'test.sh']} in the folder of its purpose, listed here"
+    assert "`scripts/test.sh`" in section
