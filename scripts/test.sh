@@ -12,7 +12,7 @@
 #   (PyPI's: on Linux the CUDA build, several GB, which runs on a CPU), in
 #   .venv-torchVERSION; everything else as the lock pins it, but for what that
 #   torch itself requires; it prints what differs from the lock. A VERSION
-#   ending in +cpu is torch's CPU build, from scripts/cpu_torch.sh's source.
+#   ending in +cpu is torch's CPU build, from scripts/tools/cpu_torch.sh's source.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -65,10 +65,10 @@ TORCH=$(sed -n 's/^torch==\([^ ;]*\).*/\1/p' requirements/test.in)
 if [ "$LATEST" = 1 ]; then
   # torch's CPU build (requirements/test.in's pin), from a wheel pip finds or
   # PyTorch's CPU index, decided before any download; one line says which.
-  scripts/cpu_torch.sh "$PY" "$TORCH"
+  scripts/tools/cpu_torch.sh "$PY" "$TORCH"
   # The newest releases the ranges allow; test.in's pins hold (torch's CPU build above, cudnn-frontend 1.32).
   "${PIP[@]}" --upgrade --upgrade-strategy eager -c requirements/test.in -e ".[dev,gpu,hf]"
-  "$PY" scripts/lock_check.py requirements/test.lock --torch "$TORCH" --report-only
+  "$PY" scripts/tools/lock_check.py requirements/test.lock --torch "$TORCH" --report-only
 elif [ -n "$WANT_TORCH" ]; then
   # The lock, hash-checked, as below; then the torch a user's pip gives, its
   # own requirements resolved by pip (the lock's versions stay where they
@@ -76,7 +76,7 @@ elif [ -n "$WANT_TORCH" ]; then
   # libraries, comes in), then graphcache itself with nothing more.
   "${PIP[@]}" --require-hashes --no-deps -r requirements/test.lock
   case "$WANT_TORCH" in
-    *+cpu) scripts/cpu_torch.sh "$PY" "$WANT_TORCH" ;;
+    *+cpu) scripts/tools/cpu_torch.sh "$PY" "$WANT_TORCH" ;;
     *)
       echo "torch $WANT_TORCH: from pip's sources as a user's 'pip install torch==$WANT_TORCH' takes it (on Linux PyPI's CUDA build: GBs once, then pip's cache)"
       "${PIP[@]}" "torch==$WANT_TORCH" || {
@@ -87,24 +87,24 @@ elif [ -n "$WANT_TORCH" ]; then
   esac
   "${PIP[@]}" --no-deps -e .
   echo "torch $("$PY" -c 'import torch; print(torch.__version__, "(CUDA " + str(torch.version.cuda) + ")" if torch.version.cuda else "(CPU build)")') in place of requirements/test.in's $TORCH"
-  "$PY" scripts/lock_check.py requirements/test.lock --torch "$WANT_TORCH" --report-only
+  "$PY" scripts/tools/lock_check.py requirements/test.lock --torch "$WANT_TORCH" --report-only
 else
   # Everything but torch exactly as the lock pins it (torch's requirements
   # included), each file checked against its hash; then torch's CPU build as
   # above, and graphcache itself, neither bringing anything more (--no-deps).
   "${PIP[@]}" --require-hashes --no-deps -r requirements/test.lock
-  scripts/cpu_torch.sh --no-deps "$PY" "$TORCH"
+  scripts/tools/cpu_torch.sh --no-deps "$PY" "$TORCH"
   "${PIP[@]}" --no-deps -e .
   # A package an earlier lock named and this one does not leaves the venv this
   # script made (a venv of yours is left as it is: the check below names it).
-  extras=$("$PY" scripts/lock_check.py requirements/test.lock --torch "$TORCH" --extras)
+  extras=$("$PY" scripts/tools/lock_check.py requirements/test.lock --torch "$TORCH" --extras)
   if [ "$OWN_VENV" = 1 ] && [ -n "$extras" ]; then
     echo "removing from $VENV what requirements/test.lock no longer names: $extras"
     # shellcheck disable=SC2086  # one word per package
     "$PY" -m pip uninstall --quiet --yes $extras
   fi
   # The venv holds what the lock says and nothing else (a test of the install: CI fails here otherwise).
-  "$PY" scripts/lock_check.py requirements/test.lock --torch "$TORCH"
+  "$PY" scripts/tools/lock_check.py requirements/test.lock --torch "$TORCH"
 fi
 "$PY" -m pip check --disable-pip-version-check >/dev/null || { "$PY" -m pip check; exit 1; }
 
@@ -128,7 +128,7 @@ fi
 # Old cudnn-frontend releases beside a shared cuDNN runtime, for
 # tests/test_frontend_versions.py (their real bindings on CPU). About 30 s and
 # 265 MB on a fresh clone, cached in .cache/old-frontends after that.
-PYTHON="$PY" scripts/old_frontends.sh
+PYTHON="$PY" scripts/tools/old_frontends.sh
 
 # Lint and types first: cheap, and they fail the run like a failing test.
 "$PY" -m ruff check graphcache service tests scripts

@@ -119,7 +119,7 @@ def private_redis():
         server.stop()
 
 
-# -- the suite's time (scripts/suite_times.py reads what this writes) -----------------
+# -- the suite's time (scripts/tools/suite_times.py reads what this writes) -----------------
 
 _TIMES = os.environ.get("GRAPHCACHE_TEST_TIMES")
 

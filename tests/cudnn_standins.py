@@ -29,7 +29,7 @@ nvidia-cudnn-frontend==X``):
   ``AttributeError`` as a backend decline but lets ``TypeError`` through.
 
 tests/test_frontend_versions.py checks these tables against the real
-bindings where scripts/old_frontends.sh has installed them, and
+bindings where scripts/tools/old_frontends.sh has installed them, and
 tests/test_compiler_cudnn.py checks the 1.32 table against the installed 1.32.
 """
 

@@ -6,7 +6,7 @@ marker written before it (docs/contributing.md):
     <!-- example: fleet -->      it needs a deployment (a service other hosts reach, Redis, docker)
     <!-- example: bench -->      a measurement: minutes on a quiet machine, other trees, nginx
     <!-- example: ci -->         what CI itself runs (scripts/test.sh and the tests it names)
-    <!-- example: network -->    it fetches from the internet (scripts/lock.sh: PyPI, PyTorch's index)
+    <!-- example: network -->    it fetches from the internet (scripts/tools/lock.sh: PyPI, PyTorch's index)
 
 tests/test_docs.py holds every shell and Python block to one of these;
 the tests that run a block take its text from here, so what runs is what

@@ -1,7 +1,7 @@
 """Run graphcache's dialect chain inside whichever cudnn-frontend is importable.
 
 tests/test_frontend_versions.py runs this file in a subprocess whose
-PYTHONPATH puts one old frontend (scripts/old_frontends.sh) first, and reads
+PYTHONPATH puts one old frontend (scripts/tools/old_frontends.sh) first, and reads
 the JSON it prints. The real binding's ``pygraph`` is subclassed only to
 record what each call received and how it ended; every call still goes to the
 binding. Usage: python tests/frontend_probe.py '{"specs": [SPEC, ...], "lower": false, "future": false}'

@@ -6,7 +6,7 @@ a padded batch of 4 of other lengths, and 2-beam search: the fraction of
 attention calls served by cached graphs, and whether the greedy tokens equal
 unpatched torch's (attn_implementation="sdpa", no graphcache).
 
-Shared by tests/test_hf_models.py and scripts/bench_hf_models.py. The
+Shared by tests/test_hf_models.py and scripts/bench/bench_hf_models.py. The
 compiler is a CPU one that executes (the caller's), so hits run real math.
 """
 

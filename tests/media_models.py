@@ -1,6 +1,6 @@
 """Vision, audio, multimodal and diffusers models (issue 40) warmed ONLY from
 ``graphcache manifest`` for their tiny configs (docs/examples/configs/tiny/,
-written by scripts/tiny_configs.py: 2 layers, hidden 256, random weights, no
+written by scripts/tools/tiny_configs.py: 2 layers, hidden 256, random weights, no
 download), then served: the fraction of attention calls served by cached
 graphs, and whether the outputs agree with unpatched torch's.
 
@@ -10,7 +10,7 @@ pipeline (StableDiffusionPipeline, FluxPipeline, StableDiffusion3Pipeline)
 with prompt embeddings given (no text encoder, no VAE: ``output_type="latent"``),
 so the latents' size, the guidance pair and the prompt length are the
 pipeline's. Shared by tests/test_media_models.py and
-scripts/bench_media_models.py.
+scripts/bench/bench_media_models.py.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@
   and the padding mask (read back from the frontend's own SDPA analyzer).
 - The override keywords execute passes are checked against the real
   ``execute`` / ``get_workspace_size`` signatures of 1.32 (.venv) and 1.24
-  (.cache/old-frontends, scripts/old_frontends.sh).
+  (.cache/old-frontends, scripts/tools/old_frontends.sh).
 - The version gate comes from the release table.
 - The execute path and the build-time check run against a CPU stand-in of
   the frontend graph, written to 1.32's ``pygraph.execute(tensor_dict,
@@ -92,7 +92,7 @@ def _real_signatures(version: str) -> dict:
     if version != "installed":
         path = OLD / f"fe-{version}"
         if not path.is_dir():
-            pytest.skip(f"frontend {version} is not installed: run scripts/old_frontends.sh")
+            pytest.skip(f"frontend {version} is not installed: run scripts/tools/old_frontends.sh")
         env["PYTHONPATH"] = str(path)
         lib = OLD / "runtime" / "nvidia" / "cudnn" / "lib"
         env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(lib), env.get("LD_LIBRARY_PATH")]))

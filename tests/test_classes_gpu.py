@@ -1,6 +1,6 @@
 """Class graphs (execute-time shape override) on a real GPU. Skipped, with
 the reason, where there is none. Not yet run on a GPU: see
-docs/gpu-results.md. scripts/bench_classes_gpu.py gives the figures
+docs/gpu-results.md. scripts/gpu/bench_classes_gpu.py gives the figures
 (error at off-tile shapes, class-at-a-short-shape vs exact execute time)."""
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ then generate after prompts of 37, 200 and 513 tokens and for a left-padded
 batch of 3 under ``graphcache.torch.patch()``: the calls are served from the
 store, nothing is built, the tokens are plain torch's, and the copies the
 padded classes made are counted. (64 new tokens in
-scripts/bench_classes_padded.py's figure, the script this test runs; 4 here.)
+scripts/bench/bench_classes_padded.py's figure, the script this test runs; 4 here.)
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ CONFIG = ROOT / "docs" / "examples" / "configs" / "tiny-llama"
 
 
 def test_a_tiny_llama_on_cudnn_9_19_decodes_from_its_manifest_alone_through_padded_classes(tmp_path):
-    # scripts/bench_classes_padded.py as a user runs it, with 4 new tokens: graphcache manifest, warm and
+    # scripts/bench/bench_classes_padded.py as a user runs it, with 4 new tokens: graphcache manifest, warm and
     # warm --check per release through the CLI, then a fresh worker process generating under patch().
     out = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "bench_classes_padded.py"), "--new-tokens", "4", "--json",
+        [sys.executable, str(ROOT / "scripts" / "bench" / "bench_classes_padded.py"), "--new-tokens", "4", "--json",
          str(tmp_path / "rows.json")],
         capture_output=True, text=True, timeout=1200, cwd=ROOT,
     )  # fmt: skip

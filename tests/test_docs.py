@@ -199,8 +199,9 @@ def test_the_strict_build_fails_on_a_broken_anchor(tmp_path):
     copy = tmp_path / "copy"
     shutil.copytree(ROOT / "docs", copy / "docs")
     shutil.copy(ROOT / "mkdocs.yml", copy)
-    (copy / "scripts").mkdir()
-    shutil.copy(ROOT / "scripts" / "mkdocs_readme.py", copy / "scripts")  # mkdocs.yml's hook: the README page
+    (copy / "scripts" / "tools").mkdir(parents=True)
+    # mkdocs.yml's hook: the README page
+    shutil.copy(ROOT / "scripts" / "tools" / "mkdocs_readme.py", copy / "scripts" / "tools")
     shutil.copy(ROOT / "README.md", copy)
     with (copy / "docs" / "fleet.md").open("a") as page:
         page.write("\nSee [workers](workers.md#no-such-heading).\n")

@@ -199,7 +199,7 @@ def test_the_install_page_shows_the_readmes_install_and_its_torch_step_and_docto
     if torch.__version__ == pin:  # the lock's venv: the step as written, which finds it installed
         step = torch_step.text
     else:  # scripts/test.sh --torch: as written, it would put the lock's torch over the one under test
-        step = torch_step.text.replace("scripts/cpu_torch.sh ", "scripts/cpu_torch.sh --which ")
+        step = torch_step.text.replace("scripts/tools/cpu_torch.sh ", "scripts/tools/cpu_torch.sh --which ")
         assert step != torch_step.text
     out = subprocess.run(
         ["bash", "-e", "-c", step], cwd=ROOT, env=environment(tmp_path), capture_output=True, text=True

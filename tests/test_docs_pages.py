@@ -1,6 +1,6 @@
 """The generated parts of docs/api.md, docs/cli.md and the CLI's pages by
 verb group (docs/cli/) are what the code generates today
-(scripts/docs_pages.py): the app's OpenAPI schema and the CLI's help."""
+(scripts/tools/docs_pages.py): the app's OpenAPI schema and the CLI's help."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ import sys
 
 import pytest
 
-from scripts import docs_pages
+from scripts.tools import docs_pages
 from tests.docs_examples import ROOT, example
 
 
 @pytest.mark.parametrize("name", sorted(docs_pages.PAGES))
 def test_the_committed_page_is_what_the_code_generates(name):
     path, committed, generated = docs_pages.generated(name)
-    assert committed == generated, f"{path.relative_to(ROOT)} is out of date: run python scripts/docs_pages.py"
+    assert committed == generated, f"{path.relative_to(ROOT)} is out of date: run python scripts/tools/docs_pages.py"
 
 
 def test_the_api_reference_names_every_route_the_app_serves():
@@ -56,6 +56,6 @@ def test_a_page_without_its_markers_is_refused():
 def test_the_check_command_the_docs_show_passes():
     (command,) = example("docs-pages-check").commands()
     argv = command.split()
-    assert argv[:2] == ["python", "scripts/docs_pages.py"]
+    assert argv[:2] == ["python", "scripts/tools/docs_pages.py"]
     out = subprocess.run([sys.executable, *argv[1:]], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

@@ -22,7 +22,7 @@ Each failure is played by a stand-in that raises exactly what cudnn-frontend
   ``cudnn.cudnnGraphNotSupportedError``;
 
 The GPU halves are tests/test_gpu.py, tests/test_classes_gpu.py and
-tests/test_varlen_gpu.py (run by scripts/gpu_check.sh); not yet run on a GPU.
+tests/test_varlen_gpu.py (run by scripts/gpu/gpu_check.sh); not yet run on a GPU.
 """
 
 from __future__ import annotations
@@ -168,14 +168,14 @@ def test_zero_length_sequences_are_a_row_of_the_release_table_from_cudnn_9_25():
     assert "test_thd_zero_seqlen" in feature(ZERO_LENGTH).source
 
 
-# -- 6. scripts/gpu_kinds.py: the first GPU run reads as a table --------------------------
+# -- 6. scripts/gpu/gpu_kinds.py: the first GPU run reads as a table --------------------------
 
 
 def _gpu_kinds():
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "gpu_kinds.py"
+    path = Path(__file__).resolve().parents[1] / "scripts" / "gpu" / "gpu_kinds.py"
     spec = importlib.util.spec_from_file_location("gpu_kinds", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -66,7 +66,7 @@ def pip_setup() -> list[str]:
         if conf.exists() and "PIP_CONFIG_FILE" not in setup:
             setup["PIP_CONFIG_FILE"] = str(conf)
     setup.setdefault("PIP_CACHE_DIR", str(home / ".cache" / "pip"))
-    # No PIP_RETRIES here: the walk's torch step (scripts/cpu_torch.sh) asks
+    # No PIP_RETRIES here: the walk's torch step (scripts/tools/cpu_torch.sh) asks
     # each source once, within seconds, where one cannot be reached.
     return [f"{name}={value}" for name, value in sorted(setup.items())]
 

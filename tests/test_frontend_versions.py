@@ -1,6 +1,6 @@
 """graphcache's dialect chain inside the real old cudnn-frontend bindings, on CPU.
 
-scripts/old_frontends.sh installs each release below (and a shared cuDNN
+scripts/tools/old_frontends.sh installs each release below (and a shared cuDNN
 runtime) under .cache/old-frontends (or $GRAPHCACHE_OLD_FRONTENDS); each test
 runs tests/frontend_probe.py in a subprocess with that release first on
 PYTHONPATH. Without the install the tests skip and say how to get it.
@@ -31,7 +31,7 @@ from tests import cudnn_standins as fe
 REPO = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("GRAPHCACHE_OLD_FRONTENDS", REPO / ".cache" / "old-frontends"))
 RUNTIME_LIB = CACHE / "runtime" / "nvidia" / "cudnn" / "lib"
-# Keep in step with scripts/old_frontends.sh (FRONTENDS).
+# Keep in step with scripts/tools/old_frontends.sh (FRONTENDS).
 FRONTENDS = ("1.3.0", "1.5.0", "1.7.0", "1.9.0", "1.10.0", "1.12.0", "1.24.0", "1.27.0", "1.28.0", "1.31.0")
 
 BASE = {"batch": 2, "heads_q": 8, "seq_q": 128, "head_dim": 64}
@@ -95,7 +95,7 @@ def _installed(version: str) -> bool:
 @cache
 def _probe(version: str, lower: bool = False, future: bool = False) -> dict[str, Any]:
     if not _installed(version):
-        pytest.skip(f"cudnn-frontend {version} is not installed under {CACHE}: run scripts/old_frontends.sh")
+        pytest.skip(f"cudnn-frontend {version} is not installed under {CACHE}: run scripts/tools/old_frontends.sh")
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(CACHE / f"fe-{version}"), str(REPO)]),

@@ -50,7 +50,7 @@ exec "$BASE_PYTHON" "$@"
 
 VENV_PYTHON = r"""#!/bin/bash
 echo "venv $*" >> "$SHIM_LOG"
-# pip's index, asked by scripts/cpu_torch.sh, lists the lock's CPU torch: whatever torch the Python
+# pip's index, asked by scripts/tools/cpu_torch.sh, lists the lock's CPU torch: whatever torch the Python
 # running these tests has (scripts/test.sh --torch runs them on another), cpu_torch.sh finds the lock's
 # here, never over the network.
 case "$*" in
@@ -62,7 +62,7 @@ esac
 case "$1" in
   # What it checks is the real pip's work, recorded above instead; asked for
   # the packages the lock does not name, it answers SHIM_EXTRAS.
-  scripts/lock_check.py) if [[ "$*" == *--extras* ]]; then echo "${SHIM_EXTRAS:-}"; fi; exit 0 ;;
+  scripts/tools/lock_check.py) if [[ "$*" == *--extras* ]]; then echo "${SHIM_EXTRAS:-}"; fi; exit 0 ;;
 esac
 exec @REAL@ "$@"
 """
@@ -99,14 +99,14 @@ def run_test_sh(tmp_path: Path, *args: str, cuda_torch: str = "", **extra: str) 
     (``cuda_torch``: the one torch not a CPU build that it may install)."""
     env = {**shims(tmp_path), **extra}
     env["GRAPHCACHE_VENV"] = str(tmp_path / "venv")
-    # scripts/old_frontends.sh's cache, as a previous run leaves it (its
+    # scripts/tools/old_frontends.sh's cache, as a previous run leaves it (its
     # .complete stamps), so that it installs nothing here and writes nothing
     # into the checkout.
     cache = tmp_path / "old-frontends"
     env.update(GRAPHCACHE_OLD_FRONTENDS=str(cache), OLD_FRONTENDS_RUNTIME="stand-in-runtime")
     (cache / "runtime").mkdir(parents=True)
     (cache / "runtime" / ".complete").write_text("stand-in-runtime\n")
-    listed = re.search(r"^FRONTENDS=\(([^)]*)\)", (ROOT / "scripts" / "old_frontends.sh").read_text(), re.M)
+    listed = re.search(r"^FRONTENDS=\(([^)]*)\)", (ROOT / "scripts" / "tools" / "old_frontends.sh").read_text(), re.M)
     for version in listed.group(1).split() if listed else ():
         (cache / f"fe-{version}").mkdir()
         (cache / f"fe-{version}" / ".complete").touch()
@@ -132,7 +132,9 @@ def test_scripts_test_sh_installs_the_lock_into_a_venv_never_the_system_python(t
     locked = next(i for i, c in enumerate(log) if "--require-hashes --no-deps -r requirements/test.lock" in c)
     editable = next(i for i, c in enumerate(log) if c.endswith("--disable-pip-version-check --no-deps -e ."))
     checked = next(
-        i for i, c in enumerate(log) if c == "venv scripts/lock_check.py requirements/test.lock --torch 2.13.0+cpu"
+        i
+        for i, c in enumerate(log)
+        if c == "venv scripts/tools/lock_check.py requirements/test.lock --torch 2.13.0+cpu"
     )
     removed = log.index("venv -m pip uninstall --quiet --yes kernels tomlkit")
     assert locked < editable < removed < checked, log
@@ -143,7 +145,7 @@ def test_scripts_test_sh_latest_takes_the_newest_releases_and_says_what_differs_
     log = run_test_sh(tmp_path, "--latest", "-q")
     (upgrade,) = [c for c in log if "--upgrade" in c]
     assert upgrade.endswith("--upgrade --upgrade-strategy eager -c requirements/test.in -e .[dev,gpu,hf]"), upgrade
-    assert "venv scripts/lock_check.py requirements/test.lock --torch 2.13.0+cpu --report-only" in log
+    assert "venv scripts/tools/lock_check.py requirements/test.lock --torch 2.13.0+cpu --report-only" in log
     assert not [c for c in log if "--require-hashes" in c], log
     assert [c for c in log if c.startswith("venv -m pytest")] == ["venv -m pytest -q"], "--latest is not pytest's"
 
@@ -155,7 +157,7 @@ def test_scripts_test_sh_torch_runs_the_suite_on_the_torch_a_users_pip_gives_bes
     locked = next(i for i, c in enumerate(log) if "--require-hashes --no-deps -r requirements/test.lock" in c)
     torch_at = log.index("venv -m pip install --quiet --disable-pip-version-check torch==2.15.0")
     editable = next(i for i, c in enumerate(log) if c.endswith("--disable-pip-version-check --no-deps -e ."))
-    reported = log.index("venv scripts/lock_check.py requirements/test.lock --torch 2.15.0 --report-only")
+    reported = log.index("venv scripts/tools/lock_check.py requirements/test.lock --torch 2.15.0 --report-only")
     assert locked < torch_at < editable < reported, log
     # The lock's torch stays out, and nothing is removed from the venv for being beyond the lock.
     assert not [c for c in log if "uninstall" in c or c.endswith("--torch 2.13.0+cpu")], log

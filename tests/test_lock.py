@@ -1,7 +1,7 @@
 """What the test suite installs (issue 39): requirements/test.lock, made by
-scripts/lock.sh (uv pip compile, with hashes), agrees with pyproject.toml's
-ranges and holds no CUDA build; scripts/lock_check.py names every way a venv
-differs from it; scripts/cpu_torch.sh finds torch's CPU build before any
+scripts/tools/lock.sh (uv pip compile, with hashes), agrees with pyproject.toml's
+ranges and holds no CUDA build; scripts/tools/lock_check.py names every way a venv
+differs from it; scripts/tools/cpu_torch.sh finds torch's CPU build before any
 download, says where in one line, or says why not in one line, quickly.
 
 scripts/test.sh runs lock_check.py on the venv it installed (so CI fails when
@@ -34,7 +34,7 @@ PINS_IN = (ROOT / "requirements" / "test.in").read_text()
 
 
 def lock_check():  # noqa: ANN201 - the script's module
-    spec = importlib.util.spec_from_file_location("lock_check", ROOT / "scripts" / "lock_check.py")
+    spec = importlib.util.spec_from_file_location("lock_check", ROOT / "scripts" / "tools" / "lock_check.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -53,8 +53,8 @@ def test_the_lock_pins_every_requirement_of_the_suite_inside_pyprojects_ranges()
         requirement = Requirement(text)
         name = requirement.name.lower()
         if name == "torch":
-            continue  # its CPU build, installed beside the lock (scripts/cpu_torch.sh)
-        assert name in pins, f"{text}: not in requirements/test.lock (rerun scripts/lock.sh)"
+            continue  # its CPU build, installed beside the lock (scripts/tools/cpu_torch.sh)
+        assert name in pins, f"{text}: not in requirements/test.lock (rerun scripts/tools/lock.sh)"
         assert requirement.specifier.contains(pins[name], prereleases=True), f"{text}: the lock pins {pins[name]}"
     # The suite's own pins: cudnn-frontend's in the lock, torch's CPU build beside it.
     assert pins["nvidia-cudnn-frontend"] == re.search(r"^nvidia-cudnn-frontend==(\S+)", PINS_IN, re.M).group(1)
@@ -93,7 +93,7 @@ def test_lock_check_names_each_difference_and_evaluates_markers():
     ]
 
 
-# -- scripts/cpu_torch.sh ------------------------------------------------------------------------
+# -- scripts/tools/cpu_torch.sh ------------------------------------------------------------------------
 
 VERSION = "9.9.9+cpu"  # no such torch: the decision is what is tested, not a real wheel
 TAG = f"cp{sys.version_info.major}{sys.version_info.minor}"
@@ -151,7 +151,7 @@ def run_cpu_torch(
     )
     started = time.monotonic()
     out = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "cpu_torch.sh"), *args, python, VERSION],
+        ["bash", str(ROOT / "scripts" / "tools" / "cpu_torch.sh"), *args, python, VERSION],
         env={**base, **env},
         capture_output=True,
         text=True,

@@ -4,7 +4,7 @@ then served through each route (``sdpa`` under ``graphcache.torch.patch()``,
 and the ``graphcache`` attention backend). The CPU stand-in compiler
 executes every graph. The families read before, and (issue 32) at least one
 case of every architecture outside them; the whole table, every case on
-both routes, is scripts/bench_hf_models.py --from-config's."""
+both routes, is scripts/bench/bench_hf_models.py --from-config's."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def fresh_runtime():
 @pytest.mark.parametrize(
     ("name", "route"),
     # One route each, the two alternating (the suite's 15-minute budget; every
-    # family on both routes is scripts/bench_hf_models.py --from-config's table,
+    # family on both routes is scripts/bench/bench_hf_models.py --from-config's table,
     # and each family is served on both routes from a recording in
     # tests/test_hf_models.py and tests/test_hf_sdpa_route.py).
     [
@@ -63,7 +63,7 @@ def test_a_model_warmed_only_from_its_config_serves_prompts_and_beams(tmp_path, 
 # attention code: a BERT-style encoder, ModernBERT's own, a mixture of experts,
 # multi-query Falcon, GPT-NeoX's rotary decoder and a Marian encoder-decoder;
 # every architecture of hf_models.ARCHITECTURES, each case on both routes, is
-# scripts/bench_hf_models.py --from-config's table (the suite's time budget).
+# scripts/bench/bench_hf_models.py --from-config's table (the suite's time budget).
 SUITE_ARCHITECTURES = ("bert", "modernbert", "qwen3_moe", "falcon", "gpt_neox", "marian")
 OUTSIDE = [
     (

@@ -3,7 +3,7 @@
 drop-in (graphcache.torch.patch()) by their own code: the model's forward, an
 image-text model's generate(), a diffusers pipeline. One case of each kind,
 the CPU stand-in compiler executing every graph; every case of every model,
-with the reference compiler, is scripts/bench_media_models.py's table."""
+with the reference compiler, is scripts/bench/bench_media_models.py's table."""
 
 from __future__ import annotations
 

@@ -41,7 +41,7 @@ def covered(spec, pool) -> bool:  # noqa: ANN001
 
 # One route each, alternating (the suite's time budget): each route is traced
 # for seven families, decoders and encoder-decoders on both; the serving table
-# over both routes is scripts/bench_hf_models.py --from-config's.
+# over both routes is scripts/bench/bench_hf_models.py --from-config's.
 @pytest.mark.parametrize(("name", "route"), [(name, ROUTES[i % len(ROUTES)]) for i, name in enumerate(FAMILIES)])
 def test_the_traced_manifest_covers_every_spec_the_config_reader_writes(name, route):
     """The offline reader stays (no torch: --method config), held to what the

@@ -80,7 +80,9 @@ def walk_commands(port: int) -> list[str]:
     """The no-GPU walk's lines, against the service on ``port``."""
     commands = example("no-gpu-walk").commands()
     assert commands[0] == ". .venv/bin/activate", "the walk's second shell activates the first command's venv"
-    assert commands[1] == "scripts/cpu_torch.sh python", "torch's CPU build, from a source decided before downloading"
+    assert commands[1] == "scripts/tools/cpu_torch.sh python", (
+        "torch's CPU build, from a source decided before downloading"
+    )
     assert [c.split()[:2] for c in commands[2:5]] == [["graphcache", "warm"]] * 2 + [["graphcache", "prefetch"]]
     commands = [c.replace("127.0.0.1:8080", f"127.0.0.1:{port}") for c in commands]
     assert all("8080" not in c for c in commands)
@@ -128,8 +130,8 @@ def test_try_it_without_a_gpu_runs_as_written(tmp_path):
         for i in range(1, len(commands)):
             # Under scripts/test.sh --torch, the torch step as written would put the lock's torch over the
             # one under test: it says where it would take it from instead (or why from nowhere), one line.
-            which = commands[i] == "scripts/cpu_torch.sh python" and torch.__version__ != pin
-            command = "scripts/cpu_torch.sh --which python" if which else commands[i]
+            which = commands[i] == "scripts/tools/cpu_torch.sh python" and torch.__version__ != pin
+            command = "scripts/tools/cpu_torch.sh --which python" if which else commands[i]
             line = " && ".join([commands[0], command])
             run = subprocess.run(fresh_shell(line, home, work), capture_output=True, text=True, timeout=300)
             if which:

@@ -150,7 +150,7 @@ def test_kill_9_during_large_puts_leaves_no_partial_entry(tmp_path):
 
 def test_load_test_script_finds_no_errors():
     out = subprocess.run(
-        [sys.executable, "scripts/load_test.py", "--readers", "16", "--writers", "4", "--duration", "5"],
+        [sys.executable, "scripts/bench/load_test.py", "--readers", "16", "--writers", "4", "--duration", "5"],
         cwd=ROOT,
         capture_output=True,
         text=True,

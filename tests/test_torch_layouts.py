@@ -2,7 +2,7 @@
 item 1): the real modules (nn.MultiheadAttention, nn.TransformerEncoder,
 transformers' gpt_bigcode), and timm's ViT attention by the same tensor
 operations as timm 1.0.31's ``Attention.forward`` (timm itself does not
-import beside this suite's CPU torch: scripts/bench_timm_vit.py runs the real
+import beside this suite's CPU torch: scripts/bench/bench_timm_vit.py runs the real
 one). Each is recorded at batch 1 (``record(max_batch=4)``), warmed into a
 store with the CPU stand-in compiler, and served at batch 4 under
 ``patch()``: every call a hit, no tensor copied (``stats()["copies"]``), the

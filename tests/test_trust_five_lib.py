@@ -3,7 +3,7 @@ answer, nothing grows per call shape, install()/uninstall() never crash a
 process, and NaN stays NaN. Each finding as it was found, through the public
 library (graphcache.torch, graphcache.hf) and the CLI, with the reference
 compiler on this CPU; docs/reliability.md lists them, and
-``scripts/hardening_probe.py --only zero|strides|race|misses|nan`` measures
+``scripts/probes/hardening_probe.py --only zero|strides|race|misses|nan`` measures
 them (docs/benchmarks.md)."""
 
 from __future__ import annotations

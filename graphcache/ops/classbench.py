@@ -3,7 +3,7 @@ exact graph, its class in the ``padded`` form (declared at the class's
 maxima, copies included) and, where the target has execute-time override,
 its class through override: the figure that decides, per target, whether a
 class is worth its copies (``graphcache bench --classes``,
-scripts/bench_classes_gpu.py).
+scripts/gpu/bench_classes_gpu.py).
 
 Each graph is built here (the compiler's build, with its reference check),
 bound to the call's exact spec as the drop-in binds it, and timed on the

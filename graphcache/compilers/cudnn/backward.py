@@ -17,7 +17,7 @@ NaN-filled buffer: no source shows cuDNN's backward engines honouring an
 execute-time override, so the check decides (a refusal or a wrong gradient
 is an UnsupportedSpec: exact specs serve). Built and checked on this CPU
 against stand-ins and frontend 1.32's ``validate()``; exact graphs also on an
-H200 (cuDNN 9.19, frontend 1.28: scripts/gpu_backward.py); class graphs not
+H200 (cuDNN 9.19, frontend 1.28: scripts/gpu/gpu_backward.py); class graphs not
 yet on a GPU (that one's cuDNN had no execute-time override).
 
 May import: releases, loaded, override; graphcache.reference, canary.
@@ -264,7 +264,7 @@ def checked(artifact: Artifact, loaded: CudnnBackwardGraph) -> Artifact:
 # include/cudnn_frontend/node/scaled_dot_product_flash_attention.h,
 # CompositeSDPABackwardNode: dQ_accum unless use_dp_workspace, which only
 # dBias or is_deterministic_algorithm force). Seen on an H200 with cuDNN 9.19
-# (scripts/gpu_backward.py, 20 runs on one input): dK and dV always the same
+# (scripts/gpu/gpu_backward.py, 20 runs on one input): dK and dV always the same
 # bits, dQ in 5, 16 and 20 patterns for three plans, one of which had given
 # the same bits on 12 runs before. Equal runs at build prove nothing about a
 # later one: with a bit-compared canary, that plan (equal bits at each of 3
