@@ -15,8 +15,8 @@ both times. Prints a markdown table: attention calls served from the store
 over all calls, graphs built while serving, the largest difference of the
 logits from plain torch's, and whether the greedy tokens are equal.
 
-    python scripts/bench_speed_paths.py                         # every case, both routes
-    python scripts/bench_speed_paths.py --cases static "compiled decode" --routes sdpa
+    python scripts/bench/bench_speed_paths.py                         # every case, both routes
+    python scripts/bench/bench_speed_paths.py --cases static "compiled decode" --routes sdpa
 
 Cases (``--cases`` takes any words of their names):
 
@@ -54,9 +54,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MANIFEST_ARGS = ("--max-batch", "4", "--max-seq", "256")
 PROMPTS = (20, 100)
 STATIC_RUNS = ((20,), (100,), (100, 60, 17))
