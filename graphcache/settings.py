@@ -18,8 +18,9 @@ DEFAULT_HEADER_TIMEOUT = 10.0
 DEFAULT_SEND_TIMEOUT = 30.0
 # Specs one manifest may name, counted before it is expanded. The largest
 # real deploy measured (`graphcache manifest docs/examples/configs/llama-3-8b
-# --max-batch 64 --max-seq 8192`) names 182 (224 on route graphcache, 287
-# with --chunk 512): this holds a dozen such models in one manifest.
+# --max-batch 64 --max-seq 8192`) names 616 by default (both cache kinds,
+# eager and compiled code; 182 with --cache dynamic --no-compiled): this
+# holds six such models in one manifest.
 DEFAULT_MAX_SPECS = 4096
 # The server's time a manifest's coverage may take (the status page, open
 # wherever reads are): one 1 KB manifest of 4,096 exact specs costs about
