@@ -32,10 +32,10 @@ from graphcache.errors import NotFound, UnsupportedCall
 from graphcache.torch import aten_math
 from graphcache.torch.aten_plan import aten_plan, meta_outputs, restrided, template
 from graphcache.torch.backward import sdpa_backward
-from graphcache.torch.derive import Derived, derive
-from graphcache.torch.doors import RELAY, capturing
-from graphcache.torch.plan import Plan
-from graphcache.torch.runtime import RUNTIME
+from graphcache.torch.core.derive import Derived, derive
+from graphcache.torch.core.doors import RELAY, capturing
+from graphcache.torch.core.plan import Plan
+from graphcache.torch.core.runtime import RUNTIME
 
 log = logging.getLogger(__name__)
 

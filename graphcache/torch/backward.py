@@ -32,10 +32,11 @@ from graphcache.compilers.classgraph import bind
 from graphcache.errors import GraphCacheError, NoGpu, NotFound, UnsupportedCall, UnsupportedGpu, UnsupportedSpec
 from graphcache.spec import GraphSpec
 from graphcache.spec.backward import backward_of
-from graphcache.torch.derive import derive, packed
-from graphcache.torch.guard import exact_graph
-from graphcache.torch.onmiss import ON_MISS_VAR
-from graphcache.torch.runtime import _PLAIN, MEMO_LIMIT, RUNTIME
+from graphcache.torch.core.derive import derive, packed
+from graphcache.torch.core.guard import exact_graph
+from graphcache.torch.core.memo import MEMO_LIMIT
+from graphcache.torch.core.onmiss import ON_MISS_VAR
+from graphcache.torch.core.runtime import _PLAIN, RUNTIME
 
 __all__ = ["sdpa_backward"]
 

@@ -11,8 +11,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from graphcache.torch.doors import TORCH_SDPA
-from graphcache.torch.runtime import RUNTIME
+from graphcache.torch.core.doors import TORCH_SDPA
+from graphcache.torch.core.runtime import RUNTIME
 from graphcache.torch.varlen import varlen_attn
 from graphcache.torch.varlen_torch import MODULE as torch_varlen  # None: a torch without varlen_attn
 

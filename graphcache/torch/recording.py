@@ -30,8 +30,8 @@ from graphcache.spec import DTYPES, GraphSpec
 from graphcache.spec.backward import backward_of
 from graphcache.spec.classes import check_policy, class_of, policy_from_env
 from graphcache.spec.layout_fits import settled
-from graphcache.torch.counts import Recent
-from graphcache.torch.derive import _DTYPE_NAMES, derive_args
+from graphcache.torch.core.counts import Recent
+from graphcache.torch.core.derive import _DTYPE_NAMES, derive_args
 from graphcache.torch.patching import RUNTIME, patch
 from graphcache.torch.recording_text import manifest_text
 

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from graphcache.errors import ManifestError
 from graphcache.spec import GraphSpec
-from graphcache.torch.counts import Recent
+from graphcache.torch.core.counts import Recent
 
 
 class Recording(Protocol):

@@ -34,9 +34,9 @@ from graphcache.errors import UnsupportedCall
 from graphcache.reference.varlen import varlen_reference
 from graphcache.spec import GraphSpec
 from graphcache.spec.classes import declared
-from graphcache.torch.guard import exact_graph, failed_plan
-from graphcache.torch.plan import Plan
-from graphcache.torch.runtime import RUNTIME
+from graphcache.torch.core.guard import exact_graph, failed_plan
+from graphcache.torch.core.plan import Plan
+from graphcache.torch.core.runtime import RUNTIME
 from graphcache.torch.varlen_derive import effective_window, varlen_spec
 from graphcache.torch.varlen_torch import MODULE, TorchVarlen
 
