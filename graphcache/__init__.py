@@ -40,6 +40,9 @@ MOVED = {
     "graphcache.torch.guard": "graphcache.torch.core.guard",
     "graphcache.torch.onmiss": "graphcache.torch.core.onmiss",
     "graphcache.torch.doors": "graphcache.torch.core.doors",
+    "graphcache.torch.door": "graphcache.torch.aten.install",
+    "graphcache.torch.aten_plan": "graphcache.torch.aten.plan",
+    "graphcache.torch.aten_math": "graphcache.torch.aten.cpu_math",
 }
 
 

@@ -39,10 +39,10 @@ if tuple(int(p) for p in _torch.__version__.split("+")[0].split(".")[:2]) < (2, 
 import graphcache as _graphcache
 from graphcache.cache import GraphCache
 from graphcache.errors import UnsupportedCall
+from graphcache.torch.aten.install import Installation, install, kernels, uninstall
 from graphcache.torch.core import counts as _counts
 from graphcache.torch.core.derive import spec_for
 from graphcache.torch.core.onmiss import ON_MISS, ON_MISS_VAR
-from graphcache.torch.door import Installation, install, kernels, uninstall
 from graphcache.torch.patching import RUNTIME, disable, enable, enabled, patch, scaled_dot_product_attention
 from graphcache.torch.recording import Recorder, record
 from graphcache.torch.varlen import varlen_attn
