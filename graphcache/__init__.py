@@ -43,6 +43,8 @@ MOVED = {
     "graphcache.torch.door": "graphcache.torch.aten.install",
     "graphcache.torch.aten_plan": "graphcache.torch.aten.plan",
     "graphcache.torch.aten_math": "graphcache.torch.aten.cpu_math",
+    "graphcache.torch.varlen_derive": "graphcache.torch.varlen.thd_spec",
+    "graphcache.torch.varlen_torch": "graphcache.torch.varlen.torch_op",
 }
 
 

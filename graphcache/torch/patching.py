@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from graphcache.torch.core.doors import TORCH_SDPA
 from graphcache.torch.core.runtime import RUNTIME
 from graphcache.torch.varlen import varlen_attn
-from graphcache.torch.varlen_torch import MODULE as torch_varlen  # None: a torch without varlen_attn
+from graphcache.torch.varlen.torch_op import MODULE as torch_varlen  # None: a torch without varlen_attn
 
 __all__ = ["RUNTIME", "disable", "enable", "enabled", "patch", "scaled_dot_product_attention"]
 
