@@ -45,6 +45,7 @@ MOVED = {
     "graphcache.torch.aten_math": "graphcache.torch.aten.cpu_math",
     "graphcache.torch.varlen_derive": "graphcache.torch.varlen.thd_spec",
     "graphcache.torch.varlen_torch": "graphcache.torch.varlen.torch_op",
+    "graphcache.torch.patching": "graphcache.torch.sdpa",
 }
 
 

@@ -43,8 +43,8 @@ from graphcache.torch.aten.install import Installation, install, kernels, uninst
 from graphcache.torch.core import counts as _counts
 from graphcache.torch.core.derive import spec_for
 from graphcache.torch.core.onmiss import ON_MISS, ON_MISS_VAR
-from graphcache.torch.patching import RUNTIME, disable, enable, enabled, patch, scaled_dot_product_attention
 from graphcache.torch.recording import Recorder, record
+from graphcache.torch.sdpa import RUNTIME, disable, enable, enabled, patch, scaled_dot_product_attention
 from graphcache.torch.varlen import varlen_attn
 
 # The modules' old names stay attributes of this package (``gt.derive``,

@@ -32,8 +32,9 @@ from graphcache.spec.classes import check_policy, class_of, policy_from_env
 from graphcache.spec.layout_fits import settled
 from graphcache.torch.core.counts import Recent
 from graphcache.torch.core.derive import _DTYPE_NAMES, derive_args
-from graphcache.torch.patching import RUNTIME, patch
+from graphcache.torch.core.runtime import RUNTIME
 from graphcache.torch.recording_text import manifest_text
+from graphcache.torch.sdpa import patch
 
 # Distinct specs (and backward specs) a recording keeps, the most recent; reasons a call is no graph.
 RECORD_LIMIT = 65536
