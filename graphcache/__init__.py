@@ -46,6 +46,7 @@ MOVED = {
     "graphcache.torch.varlen_derive": "graphcache.torch.varlen.thd_spec",
     "graphcache.torch.varlen_torch": "graphcache.torch.varlen.torch_op",
     "graphcache.torch.patching": "graphcache.torch.sdpa",
+    "graphcache.torch.recording_text": "graphcache.torch.recording.text",
 }
 
 
