@@ -47,6 +47,8 @@ def test_each_documented_import_works(statement):
 
 @pytest.mark.parametrize(("old", "new"), sorted(graphcache.MOVED.items()))
 def test_a_moved_module_keeps_its_old_path(old, new):
+    if old.startswith("graphcache.torch."):
+        pytest.importorskip("torch")
     assert importlib.import_module(old) is importlib.import_module(new)
 
 

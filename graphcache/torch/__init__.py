@@ -10,6 +10,12 @@ and ``record()`` to write the manifest of the specs a real run makes.
 Importing this module imports torch (nothing else in graphcache does), and
 registers the ``graphcache::sdpa`` custom op that torch.compile traces.
 
+A package per door, where its calls enter: ``sdpa`` (the drop-in,
+``patch()``), ``aten`` (``install()``'s kernels), ``varlen``
+(``varlen_attn``), ``backward`` (``sdpa_backward``); ``core``, the shared
+core they all go through (call to spec, the per-process runtime and memo,
+counts, the guard); ``recording``, ``record()``, which every door reports to.
+
     import graphcache.torch as gt
 
     with gt.patch():                 # nn.MultiheadAttention, HF "sdpa" models, ...
