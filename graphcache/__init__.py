@@ -31,6 +31,22 @@ MOVED = {
     "graphcache.benchrun": "graphcache.ops.benchrun",
     "graphcache.doctor": "graphcache.ops.doctor",
     "graphcache.lease": "graphcache.stores.lease",
+    # graphcache.torch by door: its shared core, then each door's modules.
+    "graphcache.torch.derive": "graphcache.torch.core.derive",
+    "graphcache.torch.bias": "graphcache.torch.core.bias",
+    "graphcache.torch.plan": "graphcache.torch.core.plan",
+    "graphcache.torch.runtime": "graphcache.torch.core.runtime",
+    "graphcache.torch.counts": "graphcache.torch.core.counts",
+    "graphcache.torch.guard": "graphcache.torch.core.guard",
+    "graphcache.torch.onmiss": "graphcache.torch.core.onmiss",
+    "graphcache.torch.doors": "graphcache.torch.core.doors",
+    "graphcache.torch.door": "graphcache.torch.aten.install",
+    "graphcache.torch.aten_plan": "graphcache.torch.aten.plan",
+    "graphcache.torch.aten_math": "graphcache.torch.aten.cpu_math",
+    "graphcache.torch.varlen_derive": "graphcache.torch.varlen.thd_spec",
+    "graphcache.torch.varlen_torch": "graphcache.torch.varlen.torch_op",
+    "graphcache.torch.patching": "graphcache.torch.sdpa",
+    "graphcache.torch.recording_text": "graphcache.torch.recording.text",
 }
 
 

@@ -100,10 +100,10 @@ def test_the_memo_of_class_bound_call_shapes_is_bounded(tmp_path, monkeypatch):
     import graphcache.torch as gt
     from graphcache import GraphCache
     from graphcache.stores import DiskStore
-    from graphcache.torch import runtime
+    from graphcache.torch.core import memo
     from tests.torch_standins import CpuGraphCompiler
 
-    monkeypatch.setattr(runtime, "MEMO_LIMIT", 8)
+    monkeypatch.setattr(memo, "MEMO_LIMIT", 8)
     cache = GraphCache(DiskStore(tmp_path), CpuGraphCompiler(), shape_classes="pow2")
     gt.reset()
     gt.configure(cache, device="cpu", on_miss="build")
@@ -130,10 +130,10 @@ def test_the_memo_stays_bounded_when_the_class_is_not_stored_and_calls_fall_back
     import graphcache.torch as gt
     from graphcache import GraphCache
     from graphcache.stores import DiskStore
-    from graphcache.torch import runtime
+    from graphcache.torch.core import memo
     from tests.torch_standins import CpuGraphCompiler
 
-    monkeypatch.setattr(runtime, "MEMO_LIMIT", 8)
+    monkeypatch.setattr(memo, "MEMO_LIMIT", 8)
     gt.reset()
     gt.configure(GraphCache(DiskStore(tmp_path), CpuGraphCompiler(), shape_classes="pow2"), device="cpu")
     q = torch.randn(1, 8, 1, 64, dtype=torch.bfloat16)

@@ -157,7 +157,7 @@ def readme_reasons() -> set[str]:
 def code_reasons() -> set[str]:
     """The reasons the SDPA drop-in's code counts calls under, read from it."""
     names = ("derive.py", "runtime.py", "guard.py")
-    text = "".join((ROOT / "graphcache" / "torch" / name).read_text() for name in names)
+    text = "".join((ROOT / "graphcache" / "torch" / "core" / name).read_text() for name in names)
     found = re.findall(r'reason="([a-z_0-9]+)"|Plan\([^()]*?, None, "([a-z_0-9]+)"|return None, "([a-z_0-9]+)"', text)
     return {name for groups in found for name in groups if name}
 

@@ -26,7 +26,8 @@ from graphcache.ops import deploy  # noqa: E402
 from graphcache.ops import manifest as manifests  # noqa: E402
 from graphcache.reference.measure import TOLERANCE, lse_difference, relative_error  # noqa: E402
 from graphcache.stores import DiskStore  # noqa: E402
-from graphcache.torch import aten, doors  # noqa: E402
+from graphcache.torch import aten  # noqa: E402
+from graphcache.torch.core import doors  # noqa: E402
 from tests.docs_examples import example  # noqa: E402
 from tests.test_docs_examples import last_dict, run  # noqa: E402
 from tests.torch_standins import CpuGraphCompiler  # noqa: E402

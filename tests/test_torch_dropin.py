@@ -147,7 +147,7 @@ def test_a_masked_call_shape_is_judged_once(monkeypatch):
     """Masked calls (most HF calls with padding): like any call shape, the
     verdict is reached once per mask shape, not re-derived on every call or
     for every mask value (here a fallback: no cache serves the CPU)."""
-    import graphcache.torch.runtime as runtime
+    import graphcache.torch.core.runtime as runtime
 
     derived = []
     real = runtime._derive

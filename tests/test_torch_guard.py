@@ -17,7 +17,7 @@ import graphcache.torch as gt  # noqa: E402
 from graphcache import GraphCache  # noqa: E402
 from graphcache.spec.classes import class_of  # noqa: E402
 from graphcache.stores import DiskStore  # noqa: E402
-from graphcache.torch import runtime  # noqa: E402
+from graphcache.torch.core import memo  # noqa: E402
 from tests.torch_standins import FailingCompiler  # noqa: E402
 
 SDPA = torch._C._nn.scaled_dot_product_attention  # torch's own, whatever is patched
@@ -99,7 +99,7 @@ def test_without_the_exact_graph_a_failed_class_falls_back_even_under_on_miss_er
 
 
 def test_a_failed_pair_is_not_tried_again_after_the_memo_forgets_its_entry(tmp_path, monkeypatch):
-    monkeypatch.setattr(runtime, "MEMO_LIMIT", 4)
+    monkeypatch.setattr(memo, "MEMO_LIMIT", 4)
     cache, compiler = serve(tmp_path, fails=lambda spec, shape: spec.is_class, classes="pow2", on_miss="torch")
     q = qkv()[0]
     cache.get(class_of(gt.spec_for(q, *qkv(skv=40)[1:]), "pow2"))

@@ -27,7 +27,7 @@ torch = pytest.importorskip("torch", reason="graphcache.torch needs torch")
 cudnn_torch = pytest.importorskip("cudnn.torch", reason="needs nvidia-cudnn-frontend 1.32 (its cudnn.torch provider)")
 
 import graphcache.torch as gt  # noqa: E402
-from graphcache.torch import door  # noqa: E402
+from graphcache.torch.aten import install as door  # noqa: E402
 
 PROVIDER = "cudnn/torch/sdpa_provider.py"
 
@@ -77,7 +77,7 @@ def test_a_provider_activated_after_install_is_named_and_install_again_wins(capl
     handle = gt.install(dispatch_key="CUDA")
     torch.nn.attention.activate_flash_attention_impl("CUDNN")  # torch 2.13's registry route: cudnn.torch's kernels
     assert served_by().endswith(PROVIDER)
-    with caplog.at_level(logging.WARNING, logger="graphcache.torch.door"):
+    with caplog.at_level(logging.WARNING, logger="graphcache.torch.aten.install"):
         shadowed = gt.stats()["kernels"]["CUDA"]
     assert 'activate_flash_attention_impl("CUDNN")' in shadowed and "cudnn-frontend's SDPA provider" in shadowed
     assert "shadowed by cudnn-frontend's SDPA provider" in caplog.text

@@ -164,7 +164,7 @@ import torch
 import graphcache.torch as gt
 from graphcache import GraphCache
 from graphcache.stores import DiskStore
-from graphcache.torch import aten_math
+from graphcache.torch.aten import cpu_math as aten_math
 
 warnings.simplefilter("ignore")
 torch.set_num_threads(1)

@@ -24,7 +24,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="graphcache.torch needs torch")
 
 from graphcache.errors import UnsupportedCall  # noqa: E402
-from graphcache.torch.varlen_torch import TorchVarlen  # noqa: E402
+from graphcache.torch.varlen.torch_op import TorchVarlen  # noqa: E402
 
 SEEN: list[dict] = []
 

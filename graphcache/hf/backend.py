@@ -51,8 +51,8 @@ import torch
 import graphcache.torch as gt
 from graphcache.hf.dense import run_dense
 from graphcache.hf.masks import LENGTHS_ATTR, PADDING_ATTR, dense_mask, padding_side
-from graphcache.torch.doors import TORCH_SDPA
-from graphcache.torch.runtime import Plan
+from graphcache.torch.core.doors import TORCH_SDPA
+from graphcache.torch.core.plan import Plan
 
 # transformers' sdpa_attention_forward (5.24): every argument it reads beyond
 # (module, query, key, value), and what the backend does with each. Any other

@@ -27,8 +27,8 @@ import graphcache.torch as gt
 from graphcache.compilers.classgraph import run_views
 from graphcache.errors import UnsupportedCall
 from graphcache.spec import GraphSpec
-from graphcache.torch.derive import Derived, derive
-from graphcache.torch.plan import Plan, needs_grad
+from graphcache.torch.core.derive import Derived, derive
+from graphcache.torch.core.plan import Plan, needs_grad
 
 _MEMO_TAG = "hf-dense"  # shares the runtime's memo (configure/reset clear it), never its keys
 

@@ -70,7 +70,7 @@ class _Decomposed(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         if getattr(func, "name", lambda: "")() == "graphcache::sdpa":
-            from graphcache.torch.patching import implementation
+            from graphcache.torch.sdpa import implementation
 
             return implementation(*args, **kwargs)
         if func is _aten.cat.default:

@@ -10,6 +10,12 @@ and ``record()`` to write the manifest of the specs a real run makes.
 Importing this module imports torch (nothing else in graphcache does), and
 registers the ``graphcache::sdpa`` custom op that torch.compile traces.
 
+A package per door, where its calls enter: ``sdpa`` (the drop-in,
+``patch()``), ``aten`` (``install()``'s kernels), ``varlen``
+(``varlen_attn``), ``backward`` (``sdpa_backward``); ``core``, the shared
+core they all go through (call to spec, the per-process runtime and memo,
+counts, the guard); ``recording``, ``record()``, which every door reports to.
+
     import graphcache.torch as gt
 
     with gt.patch():                 # nn.MultiheadAttention, HF "sdpa" models, ...
@@ -27,6 +33,7 @@ store, use) or ``error`` (raise NotFound).
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import torch as _torch
@@ -35,15 +42,24 @@ import torch as _torch
 if tuple(int(p) for p in _torch.__version__.split("+")[0].split(".")[:2]) < (2, 5):
     raise ImportError(f"graphcache.torch needs torch >= 2.5, found {_torch.__version__}: pip install -U torch")
 
+import graphcache as _graphcache
 from graphcache.cache import GraphCache
 from graphcache.errors import UnsupportedCall
-from graphcache.torch import counts as _counts
-from graphcache.torch.derive import spec_for
-from graphcache.torch.door import Installation, install, kernels, uninstall
-from graphcache.torch.onmiss import ON_MISS, ON_MISS_VAR
-from graphcache.torch.patching import RUNTIME, disable, enable, enabled, patch, scaled_dot_product_attention
+from graphcache.torch.aten.install import Installation, install, kernels, uninstall
+from graphcache.torch.core import counts as _counts
+from graphcache.torch.core.derive import spec_for
+from graphcache.torch.core.onmiss import ON_MISS, ON_MISS_VAR
 from graphcache.torch.recording import Recorder, record
+from graphcache.torch.sdpa import RUNTIME, disable, enable, enabled, patch, scaled_dot_product_attention
 from graphcache.torch.varlen import varlen_attn
+
+# The modules' old names stay attributes of this package (``gt.derive``,
+# ``gt.runtime``), as before the doors had packages of their own; their old
+# import paths are graphcache.MOVED's.
+for _old, _new in _graphcache.MOVED.items():
+    if _old.rpartition(".")[0] == __name__:
+        globals()[_old.rpartition(".")[2]] = importlib.import_module(_new)
+del _old, _new
 
 __all__ = [
     "ON_MISS",

@@ -43,7 +43,7 @@ import graphcache.torch as gt  # noqa: E402
 from graphcache import GraphCache, GraphSpec  # noqa: E402
 from graphcache.compilers.varlen_args import graph_inputs  # noqa: E402
 from graphcache.stores import DiskStore  # noqa: E402
-from graphcache.torch.varlen_derive import varlen_spec  # noqa: E402
+from graphcache.torch.varlen.thd_spec import varlen_spec  # noqa: E402
 
 
 class OffsetsGraph:

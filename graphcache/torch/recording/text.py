@@ -6,7 +6,7 @@ would be (fields the others imply left out), with comments saying the call
 counts, the exact shapes each class serves, what the recording widened and
 dropped, the tensors it copied and the calls that cannot be graphs.
 
-May import: graphcache.errors, graphcache.spec, graphcache.torch.counts.
+May import: graphcache.errors, graphcache.spec, graphcache.torch.core.counts.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from graphcache.errors import ManifestError
 from graphcache.spec import GraphSpec
-from graphcache.torch.counts import Recent
+from graphcache.torch.core.counts import Recent
 
 
 class Recording(Protocol):

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from graphcache.spec import layouts
-from graphcache.torch.plan import Plan
+from graphcache.torch.core.plan import Plan
 
 _empty_like = torch.empty_like
 _TEMPLATES: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}  # a 0-d tensor per (device, dtype), never written

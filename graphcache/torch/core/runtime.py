@@ -8,7 +8,8 @@ class policy (GRAPHCACHE_SHAPE_CLASSES, the cache's ``shape_classes``) each
 call shape maps to its class: the class graph is loaded once, and the memo
 entry of each call shape holds it bound to that shape (for cuDNN, the
 override lists and seq-len tensors made once), so a decode step whose
-``seq_kv`` is new costs one derive and no store access.
+``seq_kv`` is new costs one derive and no store access. The memo and the
+bounds on what the runtime keeps are memo.py's.
 """
 
 from __future__ import annotations
@@ -30,31 +31,18 @@ from graphcache.compilers.classgraph import bind
 from graphcache.errors import GraphCacheError, NoGpu, NotFound, UnsupportedCall, UnsupportedGpu, UnsupportedSpec
 from graphcache.spec import GraphSpec
 from graphcache.spec.classes import class_of
-from graphcache.torch.counts import Counts, Recent
-from graphcache.torch.derive import Derived, derive_args
-from graphcache.torch.doors import capturing, relayed_sdpa
-from graphcache.torch.guard import Failures, exact_graph, failed_plan, graph_of
-from graphcache.torch.onmiss import ON_MISS, ON_MISS_VAR, on_miss_from_env
-from graphcache.torch.plan import COPIED, COPIED_BYTES, BackwardCalls, Plan
+from graphcache.torch.core.counts import Counts, Recent
+from graphcache.torch.core.derive import Derived, derive_args
+from graphcache.torch.core.doors import capturing, relayed_sdpa
+from graphcache.torch.core.guard import Failures, exact_graph, failed_plan, graph_of
+from graphcache.torch.core.memo import CLASSLESS_LIMIT, GRAPHS_LIMIT, SERVED_LIMIT, Memo
+from graphcache.torch.core.onmiss import ON_MISS, ON_MISS_VAR, on_miss_from_env
+from graphcache.torch.core.plan import COPIED, COPIED_BYTES, BackwardCalls, Plan
 
 log = logging.getLogger(__name__)
 
-# Memo entries past which the class-bound ones and the fallbacks are dropped, then the oldest
-# (Runtime.memoize): each is one derive (and a bind, or a store lookup) to make again.
-MEMO_LIMIT = 65536
-# Memo entries of call shapes torch runs (a miss, a mask no graph takes, ...) made since the memo last
-# dropped them, past which they are dropped: each holds its spec, and a server whose calls keep
-# missing would hold 65,536 of them (about 200 MiB); a dropped one costs a derive and a store lookup.
-FALLBACK_LIMIT = 8192
-# Loaded graphs kept by spec past which the oldest are dropped (a memo entry that holds one keeps it;
-# a call shape planned afresh loads it from the store again).
-GRAPHS_LIMIT = 4096
-# The exact call shapes shapes_served tells apart, and the classes that did not serve here.
-SERVED_LIMIT = 65536
-CLASSLESS_LIMIT = 4096
 
-
-class Runtime:
+class Runtime(Memo):
     """One per process (``graphcache.torch.RUNTIME``); thread-safe."""
 
     def __init__(self) -> None:
@@ -263,34 +251,6 @@ class Runtime:
             self.memoize(memo_key, plan)
             return plan
 
-    def memoize(self, memo_key: tuple[Any, ...], plan: Plan) -> None:
-        """Keep ``plan`` for ``memo_key``'s call shape (the lock held); one made under capture is this call's only."""
-        if plan.reason != "capture":
-            if plan.graph is None:
-                self._fallbacks += 1
-            if len(self._memo) >= MEMO_LIMIT or self._fallbacks > FALLBACK_LIMIT:
-                self._drop_bound()
-            self._memo[memo_key] = plan
-
-    def _drop_bound(self) -> None:
-        """Forget the memo's class-bound entries and its fallbacks, and where
-        that leaves it over half full, its oldest entries down to half (the
-        lock held), when it holds ``MEMO_LIMIT`` entries or ``FALLBACK_LIMIT``
-        fallbacks were made since the last drop: under length classes every
-        decode length of every batch size is a call shape, and so it is for a
-        class never warmed (a miss), a call torch must run (a tensor mask)
-        or, under exact shapes, a graph per shape, so a long-running server
-        would grow the memo without end. Each is one derive (and a bind, or a store lookup for a
-        miss) to make again; the loaded graphs stay loaded (``GRAPHS_LIMIT``)."""
-        for stale in [
-            k for k, p in self._memo.items() if p.graph is None or getattr(p.graph, "class_spec", None) is not None
-        ]:
-            del self._memo[stale]
-        self._fallbacks = 0
-        if len(self._memo) > MEMO_LIMIT // 2:
-            for stale in list(self._memo)[: len(self._memo) - MEMO_LIMIT // 2]:  # oldest first (insertion order)
-                del self._memo[stale]
-
     def _plan_for(self, derived: Derived, device: torch.device) -> Plan:
         spec = derived.spec
         if capturing():  # no build, canary or store round trip in a CUDA graph: torch's kernel, this call only
@@ -411,6 +371,6 @@ def _derived(plan: Plan) -> Derived:
     return Derived(plan.spec, plan.copies, plan.bias, plan.expanded, rows=plan.rows)
 
 
-# The one per process. The SDPA drop-in (patching.py) and varlen_attn
-# (varlen.py) share it, so it lives here, below both.
+# The one per process. Every door (graphcache.torch.sdpa, .aten, .varlen,
+# .backward) and graphcache.hf share it, so it lives here, below them all.
 RUNTIME = Runtime()

@@ -12,13 +12,22 @@ A call no graph serves (``num_splits`` other than None/1, autograd, a dtype
 or head dim cuDNN does not take, a miss under GRAPHCACHE_SDPA_ON_MISS=torch,
 ...) runs torch's own varlen kernel, counted under its reason in
 ``graphcache.torch.stats()``, called the way the installed torch takes it
-(graphcache.torch.varlen_torch: torch 2.11's op takes 10 arguments, 2.13's
+(``torch_op``: torch 2.11's op takes 10 arguments, 2.13's
 14, 2.15's 15, the last the ``backend`` torch's own ``varlen_attn`` would
 choose for the call, cuDNN where it qualifies). Where torch has none for the call (a CPU: ``aten::_flash_attention_forward``
 is CUDA-only; a torch without ``torch.nn.attention.varlen``; paged KV or
 ``seqused_k`` on a torch whose op takes neither, said once in a warning) it
 runs graphcache's float32 reference (``graphcache.reference.varlen``)
 instead, with the same semantics.
+
+The door's own modules: this one (``varlen_attn``: what enters),
+``thd_spec`` (call to thd spec: sizes from shapes and the call's ints) and
+``torch_op`` (torch's own op, called as the installed torch takes it). The
+shared core it goes through (graphcache.torch.core): ``runtime`` (its memo,
+tagged, bounded here by ``MEMO_LIMIT`` too; loaded graphs; miss policy;
+counts under the ``varlen`` door), ``plan``, ``guard`` (a graph that raises
+at execute) and ``derive``'s dtype names and scale. ``patch()`` (the sdpa
+door) puts ``varlen_attn`` in ``torch.nn.attention.varlen``.
 """
 
 from __future__ import annotations
@@ -34,11 +43,11 @@ from graphcache.errors import UnsupportedCall
 from graphcache.reference.varlen import varlen_reference
 from graphcache.spec import GraphSpec
 from graphcache.spec.classes import declared
-from graphcache.torch.guard import exact_graph, failed_plan
-from graphcache.torch.plan import Plan
-from graphcache.torch.runtime import RUNTIME
-from graphcache.torch.varlen_derive import effective_window, varlen_spec
-from graphcache.torch.varlen_torch import MODULE, TorchVarlen
+from graphcache.torch.core.guard import exact_graph, failed_plan
+from graphcache.torch.core.plan import Plan
+from graphcache.torch.core.runtime import RUNTIME
+from graphcache.torch.varlen.thd_spec import effective_window, varlen_spec
+from graphcache.torch.varlen.torch_op import MODULE, TorchVarlen
 
 log = logging.getLogger(__name__)
 

@@ -23,8 +23,8 @@ import torch
 from graphcache.compilers.base import LoadedGraph
 from graphcache.compilers.classgraph import run_views
 from graphcache.spec import GraphSpec
-from graphcache.torch.bias import BiasFrom
-from graphcache.torch.derive import packed, widen
+from graphcache.torch.core.bias import BiasFrom
+from graphcache.torch.core.derive import packed, widen
 
 # Tensors copied for a graph to read, by (tensor, reason): counted where the
 # copy is made, so a hit that copies nothing pays nothing for the count

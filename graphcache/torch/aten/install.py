@@ -45,7 +45,7 @@ from typing import Any
 import torch
 
 from graphcache.torch import aten
-from graphcache.torch.runtime import RUNTIME
+from graphcache.torch.core.runtime import RUNTIME
 
 log = logging.getLogger(__name__)
 

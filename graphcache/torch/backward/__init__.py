@@ -1,4 +1,5 @@
-"""SDPA's backward served from cached graphs: ``sdpa_backward``.
+"""The backward door: SDPA's backward served from cached graphs,
+``sdpa_backward``.
 
     from graphcache.torch.backward import sdpa_backward
 
@@ -10,7 +11,7 @@ its output and its log-sum-exp. It maps to the backward spec
 (``kind="backward"``) of the forward call's spec (``derive``: shapes,
 strides, dtype, GQA, causal, scale) and is served from the process's
 GraphCache, through the same runtime as the forward drop-in
-(``graphcache.torch.runtime.RUNTIME``: its cache and device, its loaded
+(``graphcache.torch.core.runtime.RUNTIME``: its cache and device, its loaded
 graphs, its length classes, its on-miss policy, GRAPHCACHE_SDPA_ON_MISS).
 A call shape's plan is made once and memoized. What it cannot serve raises
 ``UnsupportedCall`` with a named ``reason`` (``miss``, ``device``,
@@ -18,6 +19,13 @@ A call shape's plan is made once and memoized. What it cannot serve raises
 so that the caller runs its own backward and counts the reason; under
 on_miss=error a miss raises NotFound. ``graphcache.torch.stats()["backward"]``
 counts these calls apart from the forward's.
+
+What enters: direct calls, and the aten door's backward kernel
+(``graphcache.torch.aten``), which asks here first. The shared core it goes
+through (graphcache.torch.core): ``derive`` (the forward call's spec),
+``runtime`` (cache, loaded graphs, classes; its own memo and counters,
+``plan.BackwardCalls``, bounded by ``memo.MEMO_LIMIT``), ``onmiss`` and
+``guard`` (a graph that raises at execute).
 """
 
 from __future__ import annotations
@@ -32,10 +40,11 @@ from graphcache.compilers.classgraph import bind
 from graphcache.errors import GraphCacheError, NoGpu, NotFound, UnsupportedCall, UnsupportedGpu, UnsupportedSpec
 from graphcache.spec import GraphSpec
 from graphcache.spec.backward import backward_of
-from graphcache.torch.derive import derive, packed
-from graphcache.torch.guard import exact_graph
-from graphcache.torch.onmiss import ON_MISS_VAR
-from graphcache.torch.runtime import _PLAIN, MEMO_LIMIT, RUNTIME
+from graphcache.torch.core.derive import derive, packed
+from graphcache.torch.core.guard import exact_graph
+from graphcache.torch.core.memo import MEMO_LIMIT
+from graphcache.torch.core.onmiss import ON_MISS_VAR
+from graphcache.torch.core.runtime import _PLAIN, RUNTIME
 
 __all__ = ["sdpa_backward"]
 

@@ -47,7 +47,7 @@ import torch
 from graphcache.errors import SpecError, UnsupportedCall
 from graphcache.spec import DTYPES, GraphSpec, layout_fits
 from graphcache.spec import layouts as spec_layouts
-from graphcache.torch.bias import BiasFrom, bias_from, rows_are_heads
+from graphcache.torch.core.bias import BiasFrom, bias_from, rows_are_heads
 
 _DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
 

@@ -1,5 +1,18 @@
-"""Routing torch's SDPA through graphcache: the drop-in function, the
-``graphcache::sdpa`` custom op torch.compile traces, and patch()."""
+"""The SDPA drop-in door: ``scaled_dot_product_attention``, the
+``graphcache::sdpa`` custom op torch.compile traces, and ``patch()``,
+which routes torch's SDPA through graphcache.
+
+What enters: direct calls of ``graphcache.torch.scaled_dot_product_attention``
+and, under ``patch()``, every call of
+``torch.nn.functional.scaled_dot_product_attention`` (nn.MultiheadAttention,
+HF "sdpa" models, ...); a compiled program's ``graphcache::sdpa`` op.
+``patch()`` also puts the varlen door's ``varlen_attn`` in
+``torch.nn.attention.varlen``. The shared core it goes through
+(graphcache.torch.core): ``runtime`` (``Runtime.call``: the memo key, the
+plan made once per call shape through ``derive``, ``plan`` and ``guard``,
+the miss policy, the counts under the ``sdpa`` door) and ``doors`` (torch's
+own SDPA, captured at import; a call relayed to the aten door is counted
+there)."""
 
 from __future__ import annotations
 
@@ -11,10 +24,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from graphcache.torch.doors import TORCH_SDPA
-from graphcache.torch.runtime import RUNTIME
+from graphcache.torch.core.doors import TORCH_SDPA
+from graphcache.torch.core.runtime import RUNTIME
 from graphcache.torch.varlen import varlen_attn
-from graphcache.torch.varlen_torch import MODULE as torch_varlen  # None: a torch without varlen_attn
+from graphcache.torch.varlen.torch_op import MODULE as torch_varlen  # None: a torch without varlen_attn
 
 __all__ = ["RUNTIME", "disable", "enable", "enabled", "patch", "scaled_dot_product_attention"]
 

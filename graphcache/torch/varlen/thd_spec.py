@@ -21,7 +21,7 @@ import torch
 
 from graphcache.errors import SpecError, UnsupportedCall
 from graphcache.spec import MAX_HEAD_DIM, GraphSpec
-from graphcache.torch.derive import _DTYPE_NAMES, _scale
+from graphcache.torch.core.derive import _DTYPE_NAMES, _scale
 
 _PLAIN = frozenset({torch.Tensor, torch.nn.Parameter})
 _INDEX = (torch.int32, torch.int64)

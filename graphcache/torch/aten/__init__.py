@@ -1,6 +1,6 @@
-"""graphcache's kernels for PyTorch's own door:
-``aten::_scaled_dot_product_cudnn_attention`` and its backward, which
-``graphcache.torch.install()`` registers at a dispatch key (door.py).
+"""PyTorch's own door: ``aten::_scaled_dot_product_cudnn_attention`` and
+its backward, served by graphcache's kernels (here), which
+``graphcache.torch.install()`` registers at a dispatch key.
 
 PyTorch's SDPA dispatcher calls the forward op when it picks cuDNN (H100,
 H200, B200 with cuDNN > 9.15), and so do xDiT, diffusers' context-parallel
@@ -15,8 +15,18 @@ backward asks ``graphcache.torch.backward.sdpa_backward`` (backward
 graphs, docs/backward.md). What neither can serve goes to PyTorch's own
 kernel (the C++ worker ops ``aten::_cudnn_attention_forward`` / ``_backward``
 on CUDA, which installing never shadows; on a CPU, where torch has no such
-kernel, the math in ``graphcache.torch.aten_math``), counted under a named
-reason in ``stats()`` (``doors``: ``aten`` and ``aten_backward``).
+kernel, the math in ``cpu_math``), counted under a named reason in
+``stats()`` (``doors``: ``aten`` and ``aten_backward``).
+
+The door's own modules: this one (the kernels: what enters), ``install``
+(``install()``, ``uninstall()``, which kernel serves a key now:
+``kernels()``), ``plan`` (a hit's nine outputs, planned once per call
+shape: ``AtenPlan``) and ``cpu_math`` (torch's math for the op on a CPU).
+The shared core it goes through (graphcache.torch.core): ``derive`` (call
+to spec), ``runtime`` (the memo, loaded graphs, miss policy and counts every
+door shares), ``plan`` and ``doors`` (a call the sdpa door relayed is
+counted once; nothing built while a CUDA stream captures). Its backward
+kernel asks the backward door, ``graphcache.torch.backward``.
 """
 
 from __future__ import annotations
@@ -29,13 +39,13 @@ from typing import Any
 import torch
 
 from graphcache.errors import NotFound, UnsupportedCall
-from graphcache.torch import aten_math
-from graphcache.torch.aten_plan import aten_plan, meta_outputs, restrided, template
+from graphcache.torch.aten import cpu_math as aten_math
+from graphcache.torch.aten.plan import aten_plan, meta_outputs, restrided, template
 from graphcache.torch.backward import sdpa_backward
-from graphcache.torch.derive import Derived, derive
-from graphcache.torch.doors import RELAY, capturing
-from graphcache.torch.plan import Plan
-from graphcache.torch.runtime import RUNTIME
+from graphcache.torch.core.derive import Derived, derive
+from graphcache.torch.core.doors import RELAY, capturing
+from graphcache.torch.core.plan import Plan
+from graphcache.torch.core.runtime import RUNTIME
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +173,7 @@ def torch_kernel(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """PyTorch's own CUDA kernel for ``op`` (FORWARD or BACKWARD), called
     with the op's arguments: the C++ worker op it runs, which installing never
     shadows. What graphcache's uninstalled kernels pass calls on to where
-    torch cannot hand out the kernel beneath (before torch 2.9: door.py)."""
+    torch cannot hand out the kernel beneath (before torch 2.9: install.py)."""
     if op == BACKWARD:
         return tuple(torch.ops.aten._cudnn_attention_backward(*args, **kwargs))
     return tuple(_cudnn_forward(*args, **kwargs))

@@ -33,8 +33,8 @@ from collections import Counter, OrderedDict
 from typing import Any, TypeVar
 
 from graphcache.spec import GraphSpec
-from graphcache.torch.doors import Doors
-from graphcache.torch.plan import Plan
+from graphcache.torch.core.doors import Doors
+from graphcache.torch.core.plan import Plan
 
 K = TypeVar("K")
 V = TypeVar("V")

@@ -7,7 +7,14 @@ and their call counts in comments; ``exact`` writes the exact specs. With
 also writes its backward spec (``kind: backward``), and a call that needs
 gradients its forward as a training step calls it, writing the stats the
 backward reads (``generate_stats: true``). The manifest's text is
-graphcache.torch.recording_text's."""
+``text``'s.
+
+``record()`` sits beside the doors, not in one: every door hands the calls
+it ran to the recorders the runtime holds (``RUNTIME.recorders``: the sdpa
+door's ``Runtime.call``, ``varlen_attn``, the aten door, graphcache.hf), and
+``record()`` itself patches torch's SDPA through the sdpa door's
+``patch()``. From the shared core it reads ``derive`` (a call's spec and
+its widened layout) and ``counts.Recent`` (its bounded tables)."""
 
 from __future__ import annotations
 
@@ -30,10 +37,11 @@ from graphcache.spec import DTYPES, GraphSpec
 from graphcache.spec.backward import backward_of
 from graphcache.spec.classes import check_policy, class_of, policy_from_env
 from graphcache.spec.layout_fits import settled
-from graphcache.torch.counts import Recent
-from graphcache.torch.derive import _DTYPE_NAMES, derive_args
-from graphcache.torch.patching import RUNTIME, patch
-from graphcache.torch.recording_text import manifest_text
+from graphcache.torch.core.counts import Recent
+from graphcache.torch.core.derive import _DTYPE_NAMES, derive_args
+from graphcache.torch.core.runtime import RUNTIME
+from graphcache.torch.recording.text import manifest_text
+from graphcache.torch.sdpa import patch
 
 # Distinct specs (and backward specs) a recording keeps, the most recent; reasons a call is no graph.
 RECORD_LIMIT = 65536

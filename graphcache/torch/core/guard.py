@@ -32,8 +32,8 @@ from graphcache.cache import GraphCache
 from graphcache.compilers.base import LoadedGraph
 from graphcache.errors import GraphCacheError
 from graphcache.spec import GraphSpec
-from graphcache.torch.counts import Counts, Recent
-from graphcache.torch.plan import Plan
+from graphcache.torch.core.counts import Counts, Recent
+from graphcache.torch.core.plan import Plan
 
 log = logging.getLogger(__name__)
 
