@@ -95,6 +95,21 @@ def transformers_configs() -> dict[str, Any]:
 def diffusers_models() -> dict[str, Any]:
     import diffusers
 
+    sana = diffusers.SanaTransformer2DModel.from_config(
+        dict(
+            in_channels=8,
+            out_channels=8,
+            num_attention_heads=8,
+            attention_head_dim=32,
+            num_layers=2,
+            num_cross_attention_heads=8,
+            cross_attention_head_dim=32,
+            cross_attention_dim=256,
+            caption_channels=128,
+            sample_size=16,
+            patch_size=1,
+        )
+    )
     return {
         "sd-unet": diffusers.UNet2DConditionModel.from_config(
             dict(
@@ -172,21 +187,7 @@ def diffusers_models() -> dict[str, Any]:
                 max_text_seq_length=64,
             )
         ),
-        "sana": diffusers.SanaTransformer2DModel.from_config(
-            dict(
-                in_channels=8,
-                out_channels=8,
-                num_attention_heads=8,
-                attention_head_dim=32,
-                num_layers=2,
-                num_cross_attention_heads=8,
-                cross_attention_head_dim=32,
-                cross_attention_dim=256,
-                caption_channels=128,
-                sample_size=16,
-                patch_size=1,
-            )
-        ),
+        "sana": sana,
         "auraflow": diffusers.AuraFlowTransformer2DModel.from_config(
             dict(
                 sample_size=16,
@@ -255,21 +256,7 @@ def diffusers_models() -> dict[str, Any]:
                 "transformer": ["diffusers", "SanaTransformer2DModel"],
                 "vae": ["diffusers", "AutoencoderDC"],
             },  # fmt: skip
-            "transformer": diffusers.SanaTransformer2DModel.from_config(
-                dict(
-                    in_channels=8,
-                    out_channels=8,
-                    num_attention_heads=8,
-                    attention_head_dim=32,
-                    num_layers=2,
-                    num_cross_attention_heads=8,
-                    cross_attention_head_dim=32,
-                    cross_attention_dim=256,
-                    caption_channels=128,
-                    sample_size=16,
-                    patch_size=1,
-                )
-            ),
+            "transformer": sana,  # the same model as "sana": only the VAE beside it differs
             "vae": diffusers.AutoencoderDC.from_config(
                 dict(
                     latent_channels=8,
