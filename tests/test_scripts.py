@@ -170,7 +170,38 @@ def test_contributing_lists_every_script_in_the_table_of_its_folder():
         str(p.relative_to(ROOT / "scripts")) for p in (ROOT / "scripts").glob("*/*") if p.suffix in (".py", ".sh")
     }
     assert listed == on_disk, f"not listed: {sorted(on_disk - listed)}; listed, not there: {sorted(listed - on_disk)}"
-    # Only the suite's own entry point stays at the top (the README and .ci/run call it there).
+    # At the top: the suite's own entry point (the README and .ci/run call it there), and the paths
+    # instructions outside the repository name, each only running the script of its name in a folder.
     top = sorted(p.name for p in (ROOT / "scripts").iterdir() if p.is_file())
-    assert top == ["test.sh"], f"put {[n for n in top if n != 'test.sh']} in the folder of its purpose, listed here"
-    assert "`scripts/test.sh`" in section
+    kept = sorted(FORWARDS)
+    assert top == sorted(["test.sh", *kept]), (
+        f"put {sorted(set(top) - {'test.sh', *kept})} in the folder of its purpose"
+    )
+    for name in ("test.sh", *kept):
+        assert f"`scripts/{name}`" in section, f"{name} is explained in contributing's scripts section"
+
+
+# The old paths kept at scripts/'s top level, and the script each one runs.
+FORWARDS = {
+    "gpu_check.sh": "gpu/gpu_check.sh",
+    "hardening_probe.py": "probes/hardening_probe.py",
+    "bench_classes_gpu.py": "gpu/bench_classes_gpu.py",
+}
+
+
+@pytest.mark.parametrize("name", sorted(FORWARDS))
+def test_an_old_top_level_script_path_runs_the_moved_script_with_the_same_arguments(name, tmp_path):
+    # A script that records what it was called with stands in for the moved one, in a copy of scripts/.
+    scripts = tmp_path / "scripts"
+    (scripts / FORWARDS[name]).parent.mkdir(parents=True)
+    (scripts / name).write_bytes((ROOT / "scripts" / name).read_bytes())
+    record = tmp_path / "called"
+    if name.endswith(".sh"):
+        (scripts / FORWARDS[name]).write_text(f'echo "$0 $*" > {record}\n')
+        cmd = ["bash", str(scripts / name), "out dir", "--x"]
+    else:
+        (scripts / FORWARDS[name]).write_text(f"import sys; open({str(record)!r}, 'w').write(' '.join(sys.argv))\n")
+        cmd = [sys.executable, str(scripts / name), "out dir", "--x"]
+    subprocess.run(cmd, check=True, timeout=60, cwd=tmp_path)
+    called = record.read_text().strip()
+    assert called.endswith(f"{FORWARDS[name]} out dir --x"), called
