@@ -73,6 +73,31 @@ def test_a_class_graph_is_declared_with_the_override_flag_and_the_padding_mask_i
     assert not analyze(exact.graph).shape_overrides and "seq_len_q" not in exact.tensors
 
 
+@pytest.mark.parametrize(
+    "fields",
+    [{}, {"seq_q": 256, "mask": "causal", "generate_stats": True, "layout": "bhsd"}],
+    ids=["decode", "prefill"],
+)
+def test_a_padded_class_graph_has_the_padding_mask_at_the_maxima_and_no_override_flag_in_the_real_frontend(fields):
+    # What a cuDNN below 9.21 is handed: the frontend's own analyzer reads the validated graph.
+    cudnn = pytest.importorskip("cudnn", reason="needs nvidia-cudnn-frontend 1.32")
+    if tuple(int(x) for x in cudnn.__version__.split(".")[:2]) < (1, 32):
+        pytest.skip(f"validate() without a GPU needs frontend 1.32+, found {cudnn.__version__}")
+    from cudnn.sdpa.graph_analyzer import analyze
+
+    from graphcache.compilers.cudnn import build_graph
+
+    spec = klass(mechanism="padded", **fields)
+    built = build_graph(cudnn, spec, lower=False)  # validate()
+    built.graph.build_operation_graph()
+    facts = analyze(built.graph)
+    assert facts.padded and not facts.shape_overrides, "the padding mask, and no override an old cuDNN lacks"
+    assert (facts.b, facts.s_q, facts.s_kv) == (spec.batch, spec.seq_q, spec.seq_kv)  # declared at the maxima
+    uids = UidMap.default()
+    for role in ("seq_len_q", "seq_len_kv"):
+        assert built.tensors[role].get_uid() == uids[role] and built.tensors[role].get_dim() == [spec.batch, 1, 1, 1]
+
+
 def _signature_job() -> str:
     return (
         "import inspect, json, cudnn\n"
