@@ -143,17 +143,14 @@ CLIENT = """
 import json, resource, sys, time
 resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
 from graphcache.settings import Settings
-from graphcache.stores import HttpStore
+from graphcache.stores import open_store
 
 def peak():
     for line in open("/proc/self/status"):
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
 
-try:
-    store = HttpStore(sys.argv[1], timeout=30, max_artifact=Settings.from_env().max_artifact)
-except TypeError:  # a tree from before the bound
-    store = HttpStore(sys.argv[1], timeout=30)
+store = open_store(Settings.from_env(), sys.argv[1])  # the tree's own HttpStore, bounded where it bounds
 method, *args = json.loads(sys.argv[2])
 before, start = peak(), time.monotonic()
 try:
