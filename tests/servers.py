@@ -3,9 +3,11 @@ configured by the same factory as `graphcache serve` (service.server)."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import uvicorn
@@ -421,3 +423,55 @@ def drained(sock: socket.socket, timeout: float = 10) -> tuple[int, bool]:
     except (TimeoutError, ConnectionResetError) as exc:
         return size, isinstance(exc, ConnectionResetError)
     return size, True
+
+
+class Hostile:
+    """A server on 127.0.0.1 that answers every request with what ``answer``
+    returns for its request line: the head's extra lines and an iterator of
+    body pieces, sent chunked (endless where the iterator is)."""
+
+    def __init__(self, answer) -> None:  # noqa: ANN001 - a function of the request line
+        self.answer = answer
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+
+    def _one(self, conn: socket.socket) -> None:
+        with contextlib.suppress(OSError), conn:
+            head = b""
+            while b"\r\n\r\n" not in head:
+                got = conn.recv(65536)
+                if not got:
+                    return
+                head += got
+            line = head.split(b"\r\n", 1)[0].decode()
+            extra, pieces = self.answer(line)
+            chunked = "content-length" not in extra.lower()
+            conn.sendall(
+                f"HTTP/1.1 200 OK\r\ncontent-type: application/octet-stream\r\n{extra}".encode()
+                + (b"transfer-encoding: chunked\r\n" if chunked else b"")
+                + b"\r\n"
+            )
+            for piece in pieces:
+                conn.sendall(b"%x\r\n%s\r\n" % (len(piece), piece) if chunked else piece)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def endless(piece: bytes, first: bytes = b"") -> Iterator[bytes]:
+    """``first``, then ``piece`` without end: an endless body for ``Hostile``."""
+    if first:
+        yield first
+    while True:
+        yield piece

@@ -14,7 +14,6 @@ import socket
 import stat
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,7 +25,7 @@ from graphcache.artifact import Artifact, frame
 from graphcache.stores import DiskStore
 from tests.clirun import cli
 from tests.fakes import TARGET, make_artifact, spec
-from tests.servers import RedisServer, ServerThread, free_port, serve_one_worker, wait_for_server
+from tests.servers import Hostile, RedisServer, ServerThread, endless, free_port, serve_one_worker, wait_for_server
 
 MiB = 1024**2
 
@@ -39,55 +38,6 @@ def stored(folder: Path, *arts: Artifact) -> None:
 
 
 # -- 4: a worker bounds what a server sends ------------------------------------------------------------
-
-
-class Hostile:
-    """A server on 127.0.0.1 that answers every request with what ``answer``
-    returns for its request line: the head's extra lines and an iterator of
-    body pieces, sent chunked (endless where the iterator is)."""
-
-    def __init__(self, answer) -> None:  # noqa: ANN001 - a function of the request line
-        self.answer = answer
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
-
-    def _one(self, conn: socket.socket) -> None:
-        with contextlib.suppress(OSError), conn:
-            head = b""
-            while b"\r\n\r\n" not in head:
-                got = conn.recv(65536)
-                if not got:
-                    return
-                head += got
-            line = head.split(b"\r\n", 1)[0].decode()
-            extra, pieces = self.answer(line)
-            chunked = "content-length" not in extra.lower()
-            conn.sendall(
-                f"HTTP/1.1 200 OK\r\ncontent-type: application/octet-stream\r\n{extra}".encode()
-                + (b"transfer-encoding: chunked\r\n" if chunked else b"")
-                + b"\r\n"
-            )
-            for piece in pieces:
-                conn.sendall(b"%x\r\n%s\r\n" % (len(piece), piece) if chunked else piece)
-
-    def close(self) -> None:
-        self.sock.close()
-
-
-def endless(piece: bytes) -> Iterator[bytes]:
-    while True:
-        yield piece
 
 
 def envelope_head(payload_size: int) -> bytes:

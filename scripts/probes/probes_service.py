@@ -31,7 +31,6 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -39,7 +38,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -48,7 +47,7 @@ from graphcache.artifact import Artifact, frame
 from graphcache.spec import GraphSpec
 from graphcache.stores import DiskStore
 from graphcache.target import Target
-from tests.servers import raw_gets, serve_one_worker
+from tests.servers import Hostile, endless, raw_gets, serve_one_worker
 
 TARGET = Target.parse("h200-sm90-cudnn9.28.0-fe1.32.0")
 MiB = 1024**2
@@ -89,50 +88,6 @@ def percentiles(times: list[float]) -> str:
 # -- endless ---------------------------------------------------------------------------------------
 
 
-class EndlessServer:
-    """Answers every request with 200 and ``answer(request line)``'s pieces, chunked."""
-
-    def __init__(self, answer: Callable[[str], Iterator[bytes]]) -> None:
-        self.answer = answer
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
-
-    def _one(self, conn: socket.socket) -> None:
-        with contextlib.suppress(OSError), conn:
-            head = b""
-            while b"\r\n\r\n" not in head:
-                got = conn.recv(65536)
-                if not got:
-                    return
-                head += got
-            conn.sendall(
-                b"HTTP/1.1 200 OK\r\ncontent-type: application/octet-stream\r\ntransfer-encoding: chunked\r\n\r\n"
-            )
-            for piece in self.answer(head.split(b"\r\n", 1)[0].decode()):
-                conn.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
-
-    def close(self) -> None:
-        self.sock.close()
-
-
-def _endless(piece: bytes, first: bytes = b"") -> Iterator[bytes]:
-    if first:
-        yield first
-    while True:
-        yield piece
-
-
 def _head(payload_size: int) -> bytes:
     header = artifact(1).header()
     header["payload_size"] = payload_size
@@ -170,16 +125,16 @@ def probe_endless(tree: Path) -> None:
     keys = {name: f"{n:x}" * 64 for n, name in enumerate(("garbage", "huge", "at-limit"), start=10)}
     head = _head(limit - 65536)
 
-    def answer(line: str) -> Iterator[bytes]:
+    def answer(line: str) -> tuple[str, Iterator[bytes]]:
         if keys["garbage"] in line:
-            return _endless(b"\0" * 65536)
+            return "", endless(b"\0" * 65536)
         if keys["huge"] in line:
-            return _endless(b"\0" * 65536, _head(1 << 40))
+            return "", endless(b"\0" * 65536, _head(1 << 40))
         if keys["at-limit"] in line:
-            return _endless(b"\0" * 65536, head)
-        return _endless(b'{"key": "' + b"a" * 64 + b'", "size": 1},' * 1000, b'{"items": [')
+            return "", endless(b"\0" * 65536, head)
+        return "", endless(b'{"key": "' + b"a" * 64 + b'", "size": 1},' * 1000, b'{"items": [')
 
-    server = EndlessServer(answer)
+    server = Hostile(answer)
     cases = {
         "bytes that are no envelope": ["get", keys["garbage"]],
         "an envelope head declaring 1 TiB": ["get", keys["huge"]],
