@@ -235,8 +235,9 @@ class ArtifactReader:
         aside = getattr(self.store, "set_aside", None)
         try:
             if aside is not None and self.quarantine is not None:
+                # Not trimmed here: this runs on the event loop for a local store; the
+                # caller (State.read_entry) trims the folder in a thread.
                 aside(key, private_folder(self.quarantine, "quarantine"), _aside_name(key, exc.reason))
-                self.trim_quarantine()
                 return
         except (OSError, StoreError) as err:
             log.error("could not move unreadable entry %s into quarantine, removing it: %s", key, err)

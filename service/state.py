@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import anyio
 
 from graphcache.cache import GraphCache
-from graphcache.errors import CorruptArtifact, GraphCacheError, NoGpu, StoreError, StoreFull
+from graphcache.errors import CorruptArtifact, GraphCacheError, NoGpu, StoreError, StoreFull, UnreadableEntry
 from graphcache.key import is_key
 from graphcache.settings import Settings
 from graphcache.stores import Store
@@ -136,10 +136,12 @@ class State:
         DiskStore on the event loop (an open() of a local file), a store with
         an asyncio read (Redis) on the loop without blocking it, bounded by
         GRAPHCACHE_TIMEOUT, any other through ``store_call``."""
-        if self.local:
-            return self.reader.lookup(key)
-        if self.reader.aget is None:
-            return await self.store_call(self.reader.lookup, key)
+        if self.local or self.reader.aget is None:
+            try:
+                return self.reader.lookup(key) if self.local else await self.store_call(self.reader.lookup, key)
+            except UnreadableEntry:  # set aside: keep the quarantine within its bounds, off the event loop
+                await anyio.to_thread.run_sync(self.reader.trim_quarantine)
+                raise
         limit = self.settings.timeout
         try:
             with anyio.fail_after(limit):

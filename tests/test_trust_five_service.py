@@ -417,6 +417,31 @@ def test_the_quarantine_keeps_its_cap_oldest_dropped_first_and_counted(tmp_path)
     assert 'graphcache_quarantined_total{reason="digest_mismatch"} 6.0' in metrics
 
 
+def test_entries_set_aside_unread_keep_the_quarantine_cap_too(tmp_path):
+    """The other way into quarantine: a value file that cannot be read (here a
+    planted symlink, set aside as itself, never followed) counts against
+    GRAPHCACHE_QUARANTINE_SIZE as a corrupt copy does, oldest dropped first."""
+    from tests.test_trust_four import value_file
+
+    arts = [make_artifact(spec(batch=n), size=100_000) for n in range(1, 5)]  # in value files
+    stored(tmp_path / "store", *arts)
+    target = "/nonexistent/" + "x" * 187  # a link's size is its target's length: 200 bytes
+    for art in arts:
+        path = value_file(tmp_path / "store", art.key)
+        path.unlink()
+        path.symlink_to(target)
+    env = {"GRAPHCACHE_DIR": str(tmp_path / "store"), "GRAPHCACHE_QUARANTINE_SIZE": "450"}
+    with serve_one_worker(env) as (url, _):
+        for art in arts:
+            answer = httpx.get(f"{url}/v1/artifacts/{art.key}", timeout=10)
+            assert answer.status_code == 404 and "unreadable" in answer.text, answer.text
+            time.sleep(0.01)  # set aside in this order
+        metrics = httpx.get(f"{url}/metrics", timeout=10).text
+    kept = sorted(p.name.split(".")[0] for p in (tmp_path / "store" / "quarantine").iterdir())
+    assert kept == sorted(art.key for art in arts[2:])  # two links of 200 bytes fit in 450
+    assert "graphcache_quarantine_dropped_total 2.0" in metrics
+
+
 def test_an_upload_cut_by_shutdown_is_one_log_line_not_a_traceback(tmp_path):
     """Finding 9: a slow upload cut by SIGTERM logged a CancelledError
     traceback. It is one line saying what was cut."""
