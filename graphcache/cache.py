@@ -19,6 +19,7 @@ from graphcache.errors import (
     BuildError,
     CorruptArtifact,
     GraphCacheError,
+    KnownBad,
     NoGpu,
     NotFound,
     NotSerializable,
@@ -313,6 +314,9 @@ class GraphCache:
                     return loaded
                 except NotFound:  # build=False: the exact graph's lookup counts this load's miss
                     self._stats.bump("misses", -1)
+                    break
+                except KnownBad as exc:  # a window of the release table refuses the call, not a mechanism
+                    log.debug("class %s does not serve %s here: %s", form.summary(), spec.summary(), exc)
                     break
                 except UnsupportedSpec as exc:  # recorded for the target: its padded form, else the exact graph
                     log.debug("class %s does not serve %s here: %s", form.summary(), spec.summary(), exc)

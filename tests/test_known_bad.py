@@ -95,6 +95,16 @@ def test_the_controller_refuses_before_any_stored_plan_and_builds_nothing(tmp_pa
     assert fixed.load(decode()).spec == fixed.serving_class(decode())  # built and served on cuDNN 9.26
 
 
+def test_a_known_bad_class_on_a_target_with_override_goes_to_the_exact_graph_not_its_padded_form(tmp_path):
+    # cuDNN 9.22 on B200: override and the padding mask, inside the decode window. The window is about
+    # the call, not the mechanism: load refuses as warm does, without a padded try warm never made.
+    compiler = FakeCompiler(Target.parse("b200-sm100-cudnn9.22.0-fe1.32.0"))
+    cache = GraphCache(DiskStore(tmp_path), compiler)
+    with pytest.raises(KnownBad, match="pytorch#194927"):
+        cache.load(decode())
+    assert compiler.builds == 0 and cache.stats()["unsupported"] == 2  # its class refused, then the exact spec
+
+
 def test_warm_stores_the_refusal_as_a_named_negative_entry(tmp_path):
     store = DiskStore(tmp_path)
     target = Target.parse(B200)
