@@ -361,6 +361,43 @@ def test_the_build_check_passes_a_padded_plan_and_refuses_one_that_reads_past_th
 
 
 @pytest.mark.usefixtures("_cpu_workspace")
+@pytest.mark.parametrize("graph_of", ["cudnn", "reference"])
+def test_a_bound_padded_runs_checked_call_with_the_callers_lengths_serves_it_and_reuses_its_shape(graph_of):
+    # What a padding mask's call takes (graphcache.hf, a static cache's prefix): the bound run's execute
+    # with the caller's seq-len tensors, b 3 of a class of 4; its declared shapes made once, at bind.
+    from graphcache.compilers.classgraph import bind
+    from graphcache.compilers.torch_sdpa import TorchSdpaGraph
+    from graphcache.reference.dense import random_inputs
+
+    spec = klass(seq_q=128, seq_kv=128, padding=True, mechanism="padded")
+    if graph_of == "cudnn":
+        graph = cpu_graph(spec)
+    else:
+        compiler = reference_compiler()
+        graph = compiler.load(Artifact.decode(compiler.build(spec, compiler.target()).encode()))
+    real = spec.at(3, 100, 100)
+    run = bind(graph, real)
+    made = []
+    saved = padded_mod.PaddedShape.__init__
+
+    def counted(self, *args):  # noqa: ANN001, ANN002
+        made.append(args)
+        saved(self, *args)
+
+    padded_mod.PaddedShape.__init__ = counted
+    try:
+        for seed in range(3):
+            feed = random_inputs(real, "cpu", seed=seed)
+            feed["seq_len_q"] = torch.full_like(feed["seq_len_q"], 100)  # every query row, as graphcache.hf passes
+            want = TorchSdpaGraph(real).execute(**feed)
+            got = run.execute(feed.pop("q"), feed.pop("k"), feed.pop("v"), **feed)
+            assert got.shape == want.shape and torch.allclose(got.float(), want.float(), atol=2e-2)
+    finally:
+        padded_mod.PaddedShape.__init__ = saved
+    assert len(made) <= 1, "the bound run's declared shapes, made once, serve every call of its spec"
+
+
+@pytest.mark.usefixtures("_cpu_workspace")
 def test_a_padded_cudnn_graph_passes_no_override_lists_and_binds_once_per_shape():
     from graphcache.compilers.classgraph import bind
 

@@ -43,8 +43,6 @@ from typing import Any
 
 from graphcache.spec import GraphSpec
 
-# Roles a padded graph reads through its declared strides (the bias where the spec has one).
-ROLES = ("q", "k", "v", "bias")
 REASON = "class_buffer"  # the reason a copy is counted under (``copies``)
 
 _lock = threading.Lock()
@@ -190,6 +188,9 @@ class PaddedShape:
         self.declared = {r: (tuple(klass.dims(r)), tuple(klass.strides(r))) for r in roles}
         # The real lengths, then 1 for the batch rows past the call's batch (run and dropped).
         self.lengths = None if spec.padding else (self._lengths(spec.seq_q), self._lengths(spec.seq_kv or spec.seq_q))
+        extra = klass.batch - spec.batch
+        # A padding spec's lengths are the caller's: these 1s widen them to the class's batch.
+        self._ones = torch.ones((extra, 1, 1, 1), dtype=torch.int32, device=device) if spec.padding and extra else None
 
     def _lengths(self, n: int) -> Any:
         torch = self._torch
@@ -199,10 +200,9 @@ class PaddedShape:
     def widened(self, given: Any) -> Any:
         """A padding spec's caller-given (b, 1, 1, 1) seq-len tensor at the class's batch (1 past it)."""
         torch = self._torch
-        extra = self.klass.batch - self.spec.batch
-        if not extra:
+        if self._ones is None:
             return given
-        ones = torch.ones((extra, 1, 1, 1), dtype=torch.int32, device=given.device)
+        ones = self._ones if self._ones.device == given.device else self._ones.to(given.device)
         return torch.cat([given.to(torch.int32), ones])
 
     def place(

@@ -103,13 +103,16 @@ class ReferencePaddedGraph:
         seq_len_kv: Any = None,
         bias: Any = None,
         sink: Any = None,
+        shape: PaddedShape | None = None,
     ) -> Any:
         """As ``TorchSdpaGraph.execute`` of a class: real tensors in the
-        class's layout, of any shape it covers (ExecutionError otherwise)."""
+        class's layout, of any shape it covers (ExecutionError otherwise).
+        ``shape``: a bound run's, used where it is this call's spec and device."""
         spec = real_spec(self.spec, q, k)
         given = {"q": q, "k": k, "v": v, "o": out, "seq_len_q": seq_len_q, "seq_len_kv": seq_len_kv, "bias": bias}
         check_inputs(spec, given)
-        shape = PaddedShape(self.spec, spec, q.device)
+        if shape is None or shape.spec != spec or shape.device != q.device:
+            shape = PaddedShape(self.spec, spec, q.device)
         views = [bhsd_view(spec, r, t) for r, t in (("q", q), ("k", k), ("v", v))]
         result = self.run(shape, *views, bias=bias, seq_len_q=seq_len_q, seq_len_kv=seq_len_kv, sink=sink)
         o, stats = result if spec.generate_stats else (result, None)
@@ -166,16 +169,20 @@ class ReferencePaddedRun:
         self._shape: PaddedShape | None = None
 
     def execute(self, q: Any, k: Any, v: Any, **kwargs: Any) -> Any:
-        """The checked path: the class graph's ``execute``."""
-        return self.graph.execute(q, k, v, **kwargs)
+        """The checked path: the class graph's ``execute``, with this run's
+        declared shapes where the call is its spec."""
+        return self.graph.execute(q, k, v, **kwargs, shape=self._shape_on(q.device))
 
     def run_views(self, q: Any, k: Any, v: Any, bias: Any = None) -> Any:
         """The drop-in's per-call path: torch's (b, h, s, d) views of this
         exact shape in (and a bias spec's packed bias), the output's view out."""
+        return self.graph.run(self._shape_on(q.device), q, k, v, bias=bias)
+
+    def _shape_on(self, device: Any) -> PaddedShape:
         shape = self._shape
-        if shape is None or shape.device != q.device:
-            shape = self._shape = PaddedShape(self.graph.spec, self.spec, q.device)
-        return self.graph.run(shape, q, k, v, bias=bias)
+        if shape is None or shape.device != device:
+            shape = self._shape = PaddedShape(self.graph.spec, self.spec, device)
+        return shape
 
 
 class ReferenceCompiler:

@@ -42,14 +42,18 @@ def execute_padded(
     stats: Any = None,
     bias: Any = None,
     sink: Any = None,
+    *,
+    shape: PaddedShape | None = None,
 ) -> Any:
     """``CudnnGraph.execute`` of a padded class graph: real tensors in the
     class's layout, of any shape it covers, any strides with a packed last
     dim (``override.checked_call``; ExecutionError otherwise). ``out`` and
     ``stats``, where given, receive the real rows (the check's NaN-poisoned
-    views); else the call gets views of the declared output."""
+    views); else the call gets views of the declared output. ``shape``: a
+    bound run's, used where it is this call's spec (else made here)."""
     spec = checked_call(graph, q, k, v, out, seq_len_q, seq_len_kv, bias, sink)  # as an override class checks
-    shape = PaddedShape(graph.spec, spec, graph.device)
+    if shape is None or shape.spec != spec:
+        shape = PaddedShape(graph.spec, spec, graph.device)
     views = [to_bhsd(spec, t, r) for r, t in (("q", q), ("k", k), ("v", v))]
     result = run(graph, shape, *views, bias=bias, seq_len_q=seq_len_q, seq_len_kv=seq_len_kv, sink=sink)
     o, written = result if spec.generate_stats else (result, None)
@@ -115,9 +119,21 @@ class PaddedRun:
         self.class_spec = graph.spec
         self.shape = PaddedShape(graph.spec, spec, graph.device)
 
-    def execute(self, q: Any, k: Any, v: Any, **kwargs: Any) -> Any:
-        """The checked path: ``CudnnGraph.execute`` of the class graph."""
-        return self.graph.execute(q, k, v, **kwargs)
+    def execute(
+        self,
+        q: Any,
+        k: Any,
+        v: Any,
+        *,
+        out: Any = None,
+        seq_len_q: Any = None,
+        seq_len_kv: Any = None,
+        bias: Any = None,
+        sink: Any = None,
+    ) -> Any:
+        """The checked path (``CudnnGraph.execute`` of the class graph), with
+        this run's declared shapes and seq-len tensors where the call is its spec."""
+        return execute_padded(self.graph, q, k, v, out, seq_len_q, seq_len_kv, bias=bias, sink=sink, shape=self.shape)
 
     def run_views(self, q: Any, k: Any, v: Any, bias: Any = None) -> Any:
         """The drop-in's per-call path (as ``CudnnGraph.run_views``): torch's
