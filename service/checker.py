@@ -41,7 +41,7 @@ from graphcache.errors import GraphCacheError, ManifestError, ManifestTooLarge
 from graphcache.stores import Store
 from graphcache.target import Target
 from service.errors import ServiceError
-from service.scans import SCAN_DEADLINE, SCAN_NICE, OverBudget, Stop, Stopped
+from service.scans import SCAN_DEADLINE, SCAN_NICE, OverBudget, Stop, Stopped, watch_client
 
 log = logging.getLogger("graphcache.service")
 Rows = list[tuple[str, int, int]]
@@ -98,7 +98,7 @@ class Checker:
         answer: dict[str, Any] | None = None
         async with anyio.create_task_group() as tasks:
             if watch is not None:
-                tasks.start_soon(_watch, watch, stop, tasks.cancel_scope)
+                tasks.start_soon(watch_client, watch, stop, tasks.cancel_scope)
             with anyio.move_on_after(SCAN_DEADLINE):
                 async with self._lock:
                     try:
@@ -181,15 +181,6 @@ def _exchange(proc: subprocess.Popen[bytes], line: bytes) -> bytes:
     proc.stdin.write(line)
     proc.stdin.flush()
     return proc.stdout.readline()
-
-
-async def _watch(request: Any, stop: Stop, scope: anyio.CancelScope) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            stop.set("its client went away")
-            scope.cancel()
-            return
 
 
 # -- the helper process ----------------------------------------------------------------------------

@@ -214,7 +214,7 @@ class Scans:
         failed: list[Exception] = []  # raised outside the task group, not as an ExceptionGroup
         async with anyio.create_task_group() as tasks:
             if watch is not None:
-                tasks.start_soon(_watch, watch, stop, tasks.cancel_scope)
+                tasks.start_soon(watch_client, watch, stop, tasks.cancel_scope)
             try:
                 with anyio.fail_after(SCAN_DEADLINE):
                     result.append(await self._in_thread(_call, fn, args, stop))
@@ -316,7 +316,7 @@ def _call(fn: Callable[..., T], args: tuple[Any, ...], stop: Stop) -> T:
         stop.tally()  # what it spent, to its end
 
 
-async def _watch(request: Any, stop: Stop, scope: anyio.CancelScope) -> None:
+async def watch_client(request: Any, stop: Stop, scope: anyio.CancelScope) -> None:
     """Wait for ``request``'s client to go away; then stop the read."""
     while True:
         message = await request.receive()

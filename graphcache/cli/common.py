@@ -304,13 +304,11 @@ def _scalar(value: str) -> Any:
 def server_store(ctx: Context, server: str | None, *, read_only: bool = False) -> Store:
     """The service at ``server`` (else $GRAPHCACHE_SERVER) as an HttpStore, else the
     store --store / --cache-dir name (see ``Context.store`` for ``read_only``)."""
-    from graphcache.stores import HttpStore
+    from graphcache.stores import service_store
 
     url = server or ctx.settings.server
     if url:
-        return HttpStore(
-            url, token=ctx.settings.token, timeout=ctx.settings.timeout, max_artifact=ctx.settings.max_artifact
-        )
+        return service_store(ctx.settings, url)
     return ctx.store(read_only=read_only)
 
 

@@ -192,7 +192,7 @@ def prefetch_cmd(
     """Fill the local store with every artifact MANIFEST needs, in one request to the server."""
     from graphcache.cache import GraphCache
     from graphcache.ops import manifest as manifest_mod
-    from graphcache.stores import HttpStore, TieredStore
+    from graphcache.stores import HttpStore, TieredStore, service_store
     from graphcache.target import Target
 
     specs = manifest_mod.load(manifest, max_specs=ctx.settings.max_specs)
@@ -202,9 +202,7 @@ def prefetch_cmd(
     local = ctx.store()
     if isinstance(local, HttpStore):
         raise click.UsageError("prefetch fills a local store: --store must be a folder or redis://, not http://")
-    remote = HttpStore(
-        url, token=ctx.settings.token, timeout=ctx.settings.timeout, max_artifact=ctx.settings.max_artifact
-    )
+    remote = service_store(ctx.settings, url)
     if target:
         tgt = Target.parse(target)
     else:

@@ -23,6 +23,7 @@ __all__ = [
     "check_location",
     "disk_folder",
     "open_store",
+    "service_store",
     "stored_header",
     "stored_headers",
     "worker_store",
@@ -41,8 +42,14 @@ def open_store(settings: Settings, location: str | None = None) -> Store:
 
         return RedisStore(where, timeout=settings.timeout)
     if where.startswith(("http://", "https://")):
-        return HttpStore(where, token=settings.token, timeout=settings.timeout, max_artifact=settings.max_artifact)
+        return service_store(settings, where)
     return DiskStore(where or settings.cache_dir, size_limit=settings.size_limit)
+
+
+def service_store(settings: Settings, url: str) -> HttpStore:
+    """The service at ``url`` as an HttpStore, with the token, timeout and
+    largest artifact ``settings`` give."""
+    return HttpStore(url, token=settings.token, timeout=settings.timeout, max_artifact=settings.max_artifact)
 
 
 SCHEMES = ("redis://", "rediss://", "unix://", "http://", "https://")
@@ -75,10 +82,7 @@ def worker_store(settings: Settings) -> Store:
     local = open_store(settings)
     if not settings.server:
         return local
-    return TieredStore(
-        local,
-        HttpStore(settings.server, token=settings.token, timeout=settings.timeout, max_artifact=settings.max_artifact),
-    )
+    return TieredStore(local, service_store(settings, settings.server))
 
 
 def stored_header(store: Store, key: str) -> dict[str, Any] | None:
