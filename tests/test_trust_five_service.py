@@ -417,6 +417,26 @@ def test_the_quarantine_keeps_its_cap_oldest_dropped_first_and_counted(tmp_path)
     assert 'graphcache_quarantined_total{reason="digest_mismatch"} 6.0' in metrics
 
 
+def test_a_batch_answers_overlong_record_names_the_setting_only_where_raising_it_helps():
+    """An envelope record past GRAPHCACHE_MAX_ARTIFACT may be a larger plan: the
+    error says to raise it. A note record (absent, end) past its 64 KiB is no
+    answer any setting makes readable: the error does not send the user there."""
+    from graphcache.batch import ABSENT, ENVELOPE, MAGIC, record_head
+    from graphcache.errors import AnswerTooLarge
+    from graphcache.stores import HttpStore
+
+    key = "ab" * 32
+    heads = {ENVELOPE: record_head(ENVELOPE, key, 1 << 40), ABSENT: record_head(ABSENT, key, 1 << 20)}
+    for kind, hint in ((ENVELOPE, True), (ABSENT, False)):
+        server = Hostile(lambda line, kind=kind: ("", iter([MAGIC + heads[kind], b"\0" * 4096])))
+        try:
+            with pytest.raises(AnswerTooLarge) as refused:
+                HttpStore(server.url, timeout=10, max_artifact=8 * MiB).get_many([key])
+        finally:
+            server.close()
+        assert ("raise GRAPHCACHE_MAX_ARTIFACT" in str(refused.value)) is hint, str(refused.value)
+
+
 def test_entries_set_aside_unread_keep_the_quarantine_cap_too(tmp_path):
     """The other way into quarantine: a value file that cannot be read (here a
     planted symlink, set aside as itself, never followed) counts against

@@ -233,10 +233,16 @@ class HttpStore:
                             progress(rec.key)
         except httpx.TransportError as exc:
             raise self._unavailable(exc) from exc
-        except AnswerTooLarge as exc:  # a record longer than any artifact this client reads, refused from its head
+        except AnswerTooLarge as exc:  # a record longer than this client reads, refused from its head
+            # An envelope past the artifact bound may be a larger plan; a longer note is no batch answer.
+            hint = (
+                "; if the service stores artifacts that large (GRAPHCACHE_MAX_UPLOAD), raise "
+                "GRAPHCACHE_MAX_ARTIFACT here to match"
+                if exc.limit == self.max_artifact
+                else ""
+            )
             raise AnswerTooLarge(
-                f"{self.shown} answered POST /v1/batch with more than this client reads: {exc}; if the service "
-                "stores artifacts that large (GRAPHCACHE_MAX_UPLOAD), raise GRAPHCACHE_MAX_ARTIFACT here to match",
+                f"{self.shown} answered POST /v1/batch with more than this client reads: {exc}{hint}",
                 sent=exc.sent,
                 limit=exc.limit,
             ) from exc
