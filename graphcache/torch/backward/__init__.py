@@ -42,7 +42,7 @@ from graphcache.spec import GraphSpec
 from graphcache.spec.backward import backward_of
 from graphcache.torch.core.derive import derive, packed
 from graphcache.torch.core.guard import exact_graph
-from graphcache.torch.core.memo import MEMO_LIMIT
+from graphcache.torch.core.memo import MEMO_LIMIT, drop_bound
 from graphcache.torch.core.onmiss import ON_MISS_VAR
 from graphcache.torch.core.runtime import _PLAIN, RUNTIME
 
@@ -149,10 +149,7 @@ def _memoized(memo_key: tuple[Any, ...], tensors: tuple[Any, ...], *flags: Any) 
         if plan is None:
             plan = _plan_of(tensors, *flags)
             if len(state.memo) >= MEMO_LIMIT:  # class-bound and refused entries are one derive to make again
-                for stale in [k for k, p in state.memo.items() if p.graph is None or hasattr(p.graph, "class_spec")]:
-                    del state.memo[stale]
-                for stale in list(state.memo)[: max(0, len(state.memo) - MEMO_LIMIT // 2)]:  # then the oldest
-                    del state.memo[stale]
+                drop_bound(state.memo)
             state.memo[memo_key] = plan
         return plan
 

@@ -58,11 +58,17 @@ class Memo:
         or, under exact shapes, a graph per shape, so a long-running server
         would grow the memo without end. Each is one derive (and a bind, or a store lookup for a
         miss) to make again; the loaded graphs stay loaded (``GRAPHS_LIMIT``)."""
-        for stale in [
-            k for k, p in self._memo.items() if p.graph is None or getattr(p.graph, "class_spec", None) is not None
-        ]:
-            del self._memo[stale]
+        drop_bound(self._memo)
         self._fallbacks = 0
-        if len(self._memo) > MEMO_LIMIT // 2:
-            for stale in list(self._memo)[: len(self._memo) - MEMO_LIMIT // 2]:  # oldest first (insertion order)
-                del self._memo[stale]
+
+
+def drop_bound(memo: dict[tuple[Any, ...], Any]) -> None:
+    """Forget ``memo``'s plans without a graph or with a class-bound one,
+    then, where that leaves it over half of ``MEMO_LIMIT``, its oldest
+    entries down to half (the lock held): the runtime's memo and
+    sdpa_backward's alike (each plan has a ``graph``)."""
+    for stale in [k for k, p in memo.items() if p.graph is None or getattr(p.graph, "class_spec", None) is not None]:
+        del memo[stale]
+    if len(memo) > MEMO_LIMIT // 2:
+        for stale in list(memo)[: len(memo) - MEMO_LIMIT // 2]:  # oldest first (insertion order)
+            del memo[stale]

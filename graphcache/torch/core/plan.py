@@ -79,10 +79,10 @@ class Plan:
         if self.bias is None:
             if self.copies or self.expanded:  # two flag reads on every other call's hit path, as before
                 q, k, v = self.reads(q, k, v)
+            if self.views:  # never with rows: a prefix's spec has padding, which views leave out
+                return self.graph.run_views(q, k, v)  # type: ignore[attr-defined]
             if self.rows:
                 return self.run_prefix(q, k, v)
-            if self.views:
-                return self.graph.run_views(q, k, v)  # type: ignore[attr-defined]
             return run_views(self.graph, q, k, v)
         bias, hidden = self.bias(mask)
         q = self.bias.fold(q)  # derive read q's layout off the folded query

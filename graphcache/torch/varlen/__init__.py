@@ -44,6 +44,7 @@ from graphcache.reference.varlen import varlen_reference
 from graphcache.spec import GraphSpec
 from graphcache.spec.classes import declared
 from graphcache.torch.core.guard import exact_graph, failed_plan
+from graphcache.torch.core.memo import MEMO_LIMIT
 from graphcache.torch.core.plan import Plan
 from graphcache.torch.core.runtime import RUNTIME
 from graphcache.torch.varlen.thd_spec import effective_window, varlen_spec
@@ -60,9 +61,8 @@ _SAID: set[str] = set()  # what torch's op lacks, warned once each
 _AUTOGRAD = Plan(None, None, "autograd", "an input requires grad: varlen graphs are inference-only")
 _MEMO_TAG = "varlen"  # varlen memo keys share the runtime's memo (configure/reset clear them), never its keys
 # Memo keys hold the call's exact max_q and max_k, so a server's prefills
-# make new ones for as long as it runs; past this many the varlen entries are
-# dropped (each is one derive and one dict lookup to make again).
-MEMO_LIMIT = 65536
+# make new ones for as long as it runs; past the runtime's MEMO_LIMIT the
+# varlen entries are dropped (each is one derive and one dict lookup to make again).
 
 
 def varlen_attn(
