@@ -467,3 +467,15 @@ def test_a_static_cache_keys_past_the_tokens_seen_are_masked_not_attended():
         torch.testing.assert_close(g.float(), w.float(), atol=2e-2, rtol=2e-2)
     stats = gt.stats()
     assert stats["calls"] == 2 * 3 and stats["built_here"] + stats["fallbacks"].get("mask", 0) == stats["calls"]
+
+
+def test_a_static_caches_mask_without_an_attention_mask_is_made_on_the_models_device():
+    # transformers hands the mask interface the model's device; with an int offset and no attention
+    # mask nothing else says it (the meta device stands in for a GPU: never this CPU's).
+    from transformers.masking_utils import causal_mask_function
+
+    from graphcache.hf.masks import LENGTHS_ATTR
+
+    mask = padding_mask(2, 3, 16, 5, 0, causal_mask_function, None, device=torch.device("meta"))
+    assert getattr(mask, PADDING_ATTR) == "static"
+    assert mask.device.type == "meta" and getattr(mask, LENGTHS_ATTR).device.type == "meta"

@@ -154,7 +154,7 @@ def padding_mask(
         # A static cache: keys past the tokens seen, which only a mask (or lengths) leaves out.
         found = None
         if kv_offset == 0 and names <= {"causal_mask_function"}:
-            found = static_prefix(batch_size, q_length, kv_length, q_offset, attention_mask)
+            found = static_prefix(batch_size, q_length, kv_length, q_offset, attention_mask, kwargs.get("device"))
         return dense() if found is None else found
     if attention_mask is None:
         return None
@@ -171,7 +171,12 @@ def padding_mask(
 
 
 def static_prefix(
-    batch_size: int, q_length: int, kv_length: int, q_offset: Any, attention_mask: torch.Tensor | None
+    batch_size: int,
+    q_length: int,
+    kv_length: int,
+    q_offset: Any,
+    attention_mask: torch.Tensor | None,
+    device: Any = None,
 ) -> torch.Tensor | None:
     """A static cache's mask where every row's tokens fill its first slots,
     up to this call's (no row padded): transformers' 4-D boolean mask
@@ -180,10 +185,11 @@ def static_prefix(
     int32 on the device), which the attention serves with the lengths as a
     padding mask; None where a row is padded (transformers' mask, a bias).
     With a padding mask, reads one flag on the host (one sync, as
-    ``padding_side``); without one, nothing."""
+    ``padding_side``); without one, nothing. ``device``: the model's (the
+    mask interface's ``device``), where neither the offset nor a mask says it."""
     offset = q_offset.reshape(-1)[:1].to(torch.int64) if isinstance(q_offset, torch.Tensor) else int(q_offset)
     if attention_mask is None:
-        device = q_offset.device if isinstance(q_offset, torch.Tensor) else None
+        device = q_offset.device if isinstance(q_offset, torch.Tensor) else device
         lengths = (torch.zeros(1, dtype=torch.int64, device=device) + offset + q_length).to(torch.int32)
         lengths = lengths.expand(batch_size)
     else:
