@@ -11,7 +11,6 @@ May import: graphcache.envelope_check, graphcache.errors, graphcache.stores.spac
 from __future__ import annotations
 
 import io
-import json
 from collections.abc import Callable
 
 import httpx
@@ -133,11 +132,10 @@ def detail(response: httpx.Response) -> str:
         return response.text[:200]
 
 
-def code(response: httpx.Response | bytes) -> str:
+def code(response: httpx.Response) -> str:
     """An error answer's ``error`` code, ``corrupt`` where it names none."""
     try:
-        data = json.loads(response) if isinstance(response, bytes) else response.json()
-        return str(data.get("error", "corrupt"))
+        return str(response.json().get("error", "corrupt"))
     except (ValueError, AttributeError):
         return "corrupt"
 
