@@ -198,17 +198,9 @@ def _plan_for(spec: GraphSpec, device: torch.device) -> BackwardPlan:
     if cache is None:
         where = f"{RUNTIME._device}" if RUNTIME._device is not None else "a CUDA GPU"
         return BackwardPlan(spec, None, "device", f"tensors are on {device}; the graphs run on {where}")
-    klass = cache.serving_class(spec)
-    graph = RUNTIME._graphs.get(klass) if klass not in RUNTIME._classless else None
+    graph, reason, message = RUNTIME.graph_for(cache, spec, _load)
     if graph is None:
-        graph = RUNTIME._graphs.get(spec)
-    if graph is None:
-        graph, reason, message = _load(cache, spec)
-        if graph is None:
-            return BackwardPlan(spec, None, reason, message)
-        RUNTIME._graphs[graph.spec.as_listed()] = graph
-        if klass != spec and graph.spec.as_listed() != klass:
-            RUNTIME._classless.add(klass)
+        return BackwardPlan(spec, None, reason, message)
     if RUNTIME.failures.failed(graph.spec, spec):  # it raised at execute for this shape (graphcache.torch.guard)
         build = RUNTIME.on_miss() == "build"
         found = exact_graph(RUNTIME.failures, RUNTIME._graphs, cache, graph.spec, spec, build, RUNTIME.counts)

@@ -259,18 +259,9 @@ class Runtime(Memo):
         if cache is None:
             where = f"{self._device}" if self._device is not None else "a CUDA GPU"
             return Plan(spec, None, "device", f"tensors are on {device}; the graphs run on {where}")
-        klass = cache.serving_class(spec)  # its own class, or the smallest stored one covering it
-        graph = self._graphs.get(klass) if klass not in self._classless else None
+        graph, reason, message = self.graph_for(cache, spec, self._load)
         if graph is None:
-            graph = self._graphs.get(spec)
-        if graph is None:
-            graph, reason, message = self._load(cache, spec)
-            if graph is None:
-                return Plan(spec, None, reason, message)
-            # By the spec as the memo asks for it: a class's graph whatever mechanism serves it (padded, override).
-            self._graphs[graph.spec.as_listed()] = graph
-            if klass != spec and graph.spec.as_listed() != klass:
-                self._classless.add(klass)
+            return Plan(spec, None, reason, message)
         if self.failures.failed(graph.spec, spec):  # it raised at execute for this shape (guard.py)
             build = self.on_miss() == "build"
             found = exact_graph(self.failures, self._graphs, cache, graph.spec, spec, build, self.counts)
@@ -289,6 +280,28 @@ class Runtime(Memo):
             spec, graph, "", "", copies, views, work(serving), work(spec), larger, derived.bias, expanded,
             built=serving in self.counts.built, rows=derived.rows,
         )  # fmt: skip
+
+    def graph_for(
+        self, cache: GraphCache, spec: GraphSpec, load: Callable[[GraphCache, GraphSpec], tuple[Any, str, str]]
+    ) -> tuple[Any, str, str]:
+        """The graph that serves ``spec`` (the lock held): its class's or its
+        own, as loaded before, else ``load``'s (a door's miss policy), kept by
+        the spec the memo asks for; or None, the reason and message why not."""
+        klass = cache.serving_class(spec)  # its own class, or the smallest stored one covering it
+        graph = self._graphs.get(klass) if klass not in self._classless else None
+        if graph is None:
+            graph = self._graphs.get(spec)
+        if graph is not None:
+            return graph, "", ""
+        graph, reason, message = load(cache, spec)
+        if graph is None:
+            return None, reason, message
+        # By the spec as the memo asks for it: a class's graph whatever mechanism serves it (padded, override).
+        listed = graph.spec.as_listed()
+        self._graphs[listed] = graph
+        if klass != spec and listed != klass:
+            self._classless.add(klass)
+        return graph, "", ""
 
     def _load(self, cache: GraphCache, spec: GraphSpec) -> tuple[LoadedGraph | None, str, str]:
         """Load ``spec``'s graph, or say why not. Misses follow on_miss."""
