@@ -85,3 +85,26 @@ def test_explain_says_which_mechanism_serves_a_class_on_a_target_and_why(tmp_pat
         text = " ".join(out.stdout.split())
         assert f"mechanism: {mechanism} length classes on reference-sm00-cudnn{cudnn}-fe0.0.0: {why}" in text, text
         assert "is served by its class's graph" in text
+
+
+@pytest.mark.parametrize(
+    ("cudnn", "refused"),
+    [("9.4.0", "a paged K/V cache needs cuDNN >= 9.5"), ("9.19.0", None)],
+)
+def test_a_reference_cudnn_refuses_at_preflight_what_that_release_cannot_build(cudnn, refused):
+    # The reference compiler standing in for a release runs the cuDNN compiler's own preflight.
+    from graphcache.compilers.reference import ReferenceCompiler
+    from graphcache.errors import UnsupportedSpec
+    from graphcache.spec import GraphSpec
+
+    paged = GraphSpec.from_dict(
+        dict(batch=4, heads_q=8, seq_q=1, seq_kv=256, head_dim=64, dtype="bfloat16", layout="thd",
+             page_size=16, num_pages=64, pages_per_seq=16)
+    )  # fmt: skip
+    compiler = ReferenceCompiler(cudnn=cudnn, frontend="1.28.0")
+    if refused is None:
+        assert compiler.build(paged, compiler.target()).spec == paged
+        return
+    with pytest.raises(UnsupportedSpec, match=refused) as exc:
+        compiler.build(paged, compiler.target())
+    assert exc.value.step == "preflight" and f"cuDNN {cudnn}" in str(exc.value)

@@ -39,7 +39,7 @@ from graphcache.compilers.classgraph import bhsd_view, check_covered, real_spec,
 from graphcache.compilers.padded import PaddedShape, real
 from graphcache.compilers.torch_backward import TorchSdpaBackwardGraph
 from graphcache.compilers.torch_sdpa import TorchSdpaGraph, compute
-from graphcache.errors import PlanRejected, TargetMismatch, UnsupportedGpu, UnsupportedSpec
+from graphcache.errors import PlanRejected, TargetMismatch, UnsupportedGpu
 from graphcache.reference.checks import check_inputs
 from graphcache.settings import Settings
 from graphcache.spec import GraphSpec
@@ -281,24 +281,12 @@ def _preflight(spec: GraphSpec, target: Target) -> GraphSpec:
     release table's checks the cuDNN compiler makes, for a reference target
     that names a cuDNN or frontend (the default reference target: none, as
     before). Raises UnsupportedGpu / UnsupportedSpec as that compiler does."""
-    from graphcache.compilers.cudnn import backward, override, ragged, releases
+    from graphcache.compilers.cudnn import releases
+    from graphcache.compilers.cudnn.compiler import preflight_spec
 
     if target == TARGET:
         return spec
-    frontend, cudnn, cc = releases.table_versions(target)
-    runtime = releases.missing(releases.SERIALIZED_PLANS, cudnn=cudnn)
+    runtime = releases.missing(releases.SERIALIZED_PLANS, cudnn=releases.table_versions(target)[1])
     if runtime:
         raise UnsupportedGpu(f"{runtime} (GRAPHCACHE_REFERENCE_CUDNN={target.cudnn})")
-    if spec.is_class:
-        chosen = releases.class_mechanism(spec, target)
-        assert chosen is not None
-        if not chosen.serves:
-            raise UnsupportedSpec(f"{spec.summary()} is a length class on {target}: {chosen.why}", step="preflight")
-        spec = releases.resolved(spec, target)
-        if spec.mechanism is None:
-            override.check_target(spec, frontend, cudnn)
-    if spec.layout == "thd":
-        ragged.check_target(spec, frontend, cudnn, cc)
-    if spec.kind == "backward":
-        backward.check_target(spec, frontend, cudnn, cc)
-    return spec
+    return preflight_spec(spec, target)

@@ -23,7 +23,14 @@ from graphcache.compilers.cudnn import backward, override, padded, ragged
 from graphcache.compilers.cudnn.build import build_graph
 from graphcache.compilers.cudnn.failures import execute_failure
 from graphcache.compilers.cudnn.loaded import CudnnGraph, _output
-from graphcache.compilers.cudnn.releases import FUSED_ATTENTION, SERIALIZED_PLANS, class_mechanism, missing, resolved
+from graphcache.compilers.cudnn.releases import (
+    FUSED_ATTENTION,
+    SERIALIZED_PLANS,
+    class_mechanism,
+    missing,
+    resolved,
+    table_versions,
+)
 from graphcache.compilers.cudnn.serialize import (
     _behavior_notes,
     _serialize,
@@ -51,6 +58,28 @@ from graphcache.spec.uids import UidMap
 from graphcache.target import Target, runtime_info
 
 log = logging.getLogger(__name__)
+
+
+def preflight_spec(spec: GraphSpec, target: Target) -> GraphSpec:
+    """``spec`` as ``target`` builds it (a class in its mechanism: the
+    artifact names it, its key is the same, graphcache.key), after the
+    release table's checks of what ``target``'s cuDNN and frontend build
+    (``releases.table_versions``: a GPU's own versions, or those a reference
+    target names). Raises UnsupportedSpec naming what is missing."""
+    frontend, cudnn, cc = table_versions(target)
+    if spec.is_class:  # override needs cuDNN >= 9.21 and frontend >= 1.24; else the padded form
+        chosen = class_mechanism(spec, target)
+        assert chosen is not None
+        if not chosen.serves:
+            raise UnsupportedSpec(f"{spec.summary()} is a length class on {target}: {chosen.why}", step="preflight")
+        spec = resolved(spec, target)
+        if spec.mechanism is None:
+            override.check_target(spec, frontend, cudnn)
+    if spec.layout == "thd":  # paged >= 9.5, ragged over pages >= 9.7, ragged on SM8x >= 9.18.1
+        ragged.check_target(spec, frontend, cudnn, cc)
+    if spec.kind == "backward":  # sdpa_backward, and its mask keywords, by release
+        backward.check_target(spec, frontend, cudnn, cc)
+    return spec
 
 
 class CudnnCompiler:
@@ -159,18 +188,7 @@ class CudnnCompiler:
         if target is not None and target != here:
             raise TargetMismatch(f"cannot build for {target} on this machine ({here}); run the build there")
         self.preflight()
-        if spec.is_class:  # override needs cuDNN >= 9.21 and frontend >= 1.24; else the padded form
-            chosen = class_mechanism(spec, here)
-            assert chosen is not None
-            if not chosen.serves:
-                raise UnsupportedSpec(f"{spec.summary()} is a length class on {here}: {chosen.why}", step="preflight")
-            spec = resolved(spec, here)  # the artifact names its mechanism; its key is the same (graphcache.key)
-            if spec.mechanism is None:
-                override.check_target(spec, here.frontend, here.cudnn)
-        if spec.layout == "thd":  # paged >= 9.5, ragged over pages >= 9.7, ragged on SM8x >= 9.18.1
-            ragged.check_target(spec, here.frontend, here.cudnn, here.compute_capability)
-        if spec.kind == "backward":  # sdpa_backward, and its mask keywords, by release
-            backward.check_target(spec, here.frontend, here.cudnn, here.compute_capability)
+        spec = preflight_spec(spec, here)
         cudnn = self.cudnn()
         start = time.perf_counter()
         built = build_graph(cudnn, spec, uids, self.handle())
