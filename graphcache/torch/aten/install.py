@@ -173,7 +173,7 @@ def install(dispatch_key: str | None = None) -> Installation:
         raise ValueError(f"dispatch_key={dispatch_key!r}: graphcache's kernels go at 'CUDA' or 'CPU'")
     RUNTIME.on_miss()
     with _lock:
-        top = _registered(key)[0] if _registered(key) else None
+        top = next(iter(_registered(key)), None)  # the kernel serving there now
         if key not in _registrations or not _ours(top):
             if top is not None and not _ours(top) and not top.endswith((".cpp", ".cu")):
                 warnings.warn(
