@@ -192,6 +192,9 @@ class Settings:
                     raise SettingsError(f"GRAPHCACHE_{name}={v!r} must be seconds, e.g. 5") from None
                 if not float(v) > 0:
                     raise SettingsError(f"GRAPHCACHE_{name}={v!r} must be more than 0 seconds, e.g. 5")
+                if name in ("MANIFEST_SECONDS", "CLIENT_SECONDS") and float(v) == float("inf"):
+                    # A budget, not a wait: an endless one would leave every check unbounded.
+                    raise SettingsError(f"GRAPHCACHE_{name}={v!r} must be a finite number of CPU seconds, e.g. 2")
         # Checked here, at start, so a typo fails the worker before its first call.
         values["shape_classes"] = policy_from_env(env)
         values["class_slack"] = slack_from_env(env)

@@ -417,6 +417,17 @@ def test_the_quarantine_keeps_its_cap_oldest_dropped_first_and_counted(tmp_path)
     assert 'graphcache_quarantined_total{reason="digest_mismatch"} 6.0' in metrics
 
 
+@pytest.mark.parametrize("name", ["GRAPHCACHE_MANIFEST_SECONDS", "GRAPHCACHE_CLIENT_SECONDS"])
+def test_an_endless_manifest_budget_is_refused_at_start_naming_the_setting(name, tmp_path):
+    # inf parses as seconds, but a client's share of inf minus inf is no budget at all.
+    env = {"GRAPHCACHE_MANIFEST_SECONDS": "inf", "GRAPHCACHE_CLIENT_SECONDS": "inf", name: "inf"}
+    if name == "GRAPHCACHE_CLIENT_SECONDS":
+        env["GRAPHCACHE_MANIFEST_SECONDS"] = "2"
+    started = cli("serve", "--port", str(free_port()), env={**env, "GRAPHCACHE_DIR": str(tmp_path)}, timeout=60)
+    assert started.returncode != 0
+    assert f"{name}='inf' must be a finite number of CPU seconds" in started.stderr + started.stdout
+
+
 def test_a_batch_answers_overlong_record_names_the_setting_only_where_raising_it_helps():
     """An envelope record past GRAPHCACHE_MAX_ARTIFACT may be a larger plan: the
     error says to raise it. A note record (absent, end) past its 64 KiB is no
