@@ -346,7 +346,9 @@ def _int(name: str, value: str, allow_zero: bool = False, unit: str = "bytes") -
     except ValueError:
         raise SettingsError(f"{name}={value!r} must be a whole number of {unit}") from None
     if number < 0 or (number == 0 and not allow_zero):
-        raise SettingsError(f"{name}={value!r} must be > 0")
+        bound = ">= 0" if allow_zero else "> 0"
+        example = f", e.g. {name}=67108864 (64 MiB)" if unit == "bytes" else ""
+        raise SettingsError(f"{name}={value!r} must be {bound} {unit}{example}")
     return number
 
 

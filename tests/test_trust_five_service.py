@@ -428,6 +428,15 @@ def test_an_endless_manifest_budget_is_refused_at_start_naming_the_setting(name,
     assert f"{name}='inf' must be a finite number of CPU seconds" in started.stderr + started.stdout
 
 
+def test_a_byte_size_setting_below_one_says_the_unit_and_gives_an_example():
+    from graphcache.settings import Settings, SettingsError
+
+    with pytest.raises(SettingsError, match=r"GRAPHCACHE_MAX_ARTIFACT='0' must be > 0 bytes, e\.g\. GRAPHCACHE_MAX"):
+        Settings.from_env({"GRAPHCACHE_MAX_ARTIFACT": "0"})
+    with pytest.raises(SettingsError, match=r"GRAPHCACHE_HOT_CACHE='-1' must be >= 0 bytes"):
+        Settings.from_env({"GRAPHCACHE_HOT_CACHE": "-1"})
+
+
 def test_a_batch_answers_overlong_record_names_the_setting_only_where_raising_it_helps():
     """An envelope record past GRAPHCACHE_MAX_ARTIFACT may be a larger plan: the
     error says to raise it. A note record (absent, end) past its 64 KiB is no
